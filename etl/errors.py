@@ -1,0 +1,46 @@
+"""Typed errors. Every user-facing error names where the problem is: file, row group/row and column."""
+
+from __future__ import annotations
+
+
+class EtlError(Exception):
+    """Base class of errors caused by the user's input or configuration (the CLI exits 2 on them)."""
+
+
+class SpecError(EtlError, ValueError):
+    """A schema or pipeline file is invalid. The message names the file and the offending field."""
+
+    def __init__(self, path: str, field: str, problem: str):
+        self.path, self.field, self.problem = path, field, problem
+        super().__init__(f"{path}: field '{field}': {problem}")
+
+
+class InputError(EtlError, ValueError):
+    """An input shard cannot be used: missing, not Parquet, truncated, missing column, wrong type.
+
+    ``row_group`` and ``column`` are set when the problem is local to them.
+    """
+
+    def __init__(self, path: str, problem: str, *, row_group: int | None = None, column: str | None = None):
+        self.path, self.problem, self.row_group, self.column = path, problem, row_group, column
+        where = [path]
+        if row_group is not None:
+            where.append(f"row group {row_group}")
+        if column is not None:
+            where.append(f"column '{column}'")
+        super().__init__(f"{', '.join(where)}: {problem}")
+
+
+class RowError(EtlError, ValueError):
+    """A single value is invalid (malformed hex, NaN/inf dense value, ...).
+
+    ``row`` is the 0-based row index within the file; ``row_group`` the Parquet row group holding it.
+    """
+
+    def __init__(self, path: str, row_group: int, row: int, column: str, problem: str):
+        self.path, self.row_group, self.row, self.column, self.problem = path, row_group, row, column, problem
+        super().__init__(f"{path}, row group {row_group}, row {row}, column '{column}': {problem}")
+
+
+class ArtifactError(EtlError, ValueError):
+    """Fitted artifacts are missing, of another format version, or do not match the pipeline."""

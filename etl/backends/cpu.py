@@ -1,0 +1,364 @@
+"""The CPU backend: numpy plus numba kernels over flat buffers (Arrow buffers viewed as numpy, no copies).
+
+Every kernel releases the GIL (``nogil=True``), so worker threads transform row groups in parallel. The formulas
+for hashing, range reduction and string keys are defined in ``etl.backends.hashing``; ids follow the reserved-id
+convention of ``etl.ops.categorical`` (0 padding, 1 null, then the op's own ids).
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from etl.backends.hashing import C1, C2, FNV_OFFSET, FNV_PRIME, check_buckets, seed_word
+from etl.batch import Strings
+
+NULL_ID = 1
+FIRST_ID = 2
+_jit = nb.njit(nogil=True, cache=True)
+
+_C1 = np.uint64(C1)
+_C2 = np.uint64(C2)
+_FNV_OFFSET = np.uint64(FNV_OFFSET)
+_FNV_PRIME = np.uint64(FNV_PRIME)
+_S33 = np.uint64(33)
+_S32 = np.uint64(32)
+
+
+@_jit
+def _fmix64(k):
+    k ^= k >> _S33
+    k *= _C1
+    k ^= k >> _S33
+    k *= _C2
+    k ^= k >> _S33
+    return k
+
+
+@_jit
+def _reduce(h, n):
+    return np.int64((h >> _S32) * np.uint64(n) >> _S32)
+
+
+# ---------------------------------------------------------------- dense
+
+
+def fill_null(values: np.ndarray, valid: np.ndarray | None, value: float) -> np.ndarray:
+    """float64 copy of ``values`` with missing entries replaced by ``value``."""
+    out = values.astype(np.float64)
+    if valid is not None:
+        out[~valid] = value
+    return out
+
+
+def clamp(values: np.ndarray, lo: float | None, hi: float | None) -> np.ndarray:
+    return np.clip(values, lo, hi)
+
+
+def log1p(values: np.ndarray) -> np.ndarray:
+    return np.log1p(values)
+
+
+def normalize(values: np.ndarray, mean: float, std: float) -> np.ndarray:
+    return (values - mean) / std
+
+
+def bucketize(values: np.ndarray, valid: np.ndarray | None, boundaries: np.ndarray, out_dtype) -> np.ndarray:
+    """id = 2 + number of boundaries <= value (right-closed buckets); missing → 1."""
+    ids = (np.searchsorted(boundaries, values, side="right") + FIRST_ID).astype(out_dtype)
+    if valid is not None:
+        ids[~valid] = NULL_ID
+    return ids
+
+
+def nonfinite_mask(values: np.ndarray, valid: np.ndarray | None) -> np.ndarray | None:
+    """Rows whose present value is NaN or ±inf, or None when there are none."""
+    if values.dtype.kind != "f":
+        return None
+    bad = ~np.isfinite(values)
+    if valid is not None:
+        bad &= valid
+    return bad if bad.any() else None
+
+
+# ---------------------------------------------------------------- decode
+
+
+@_jit
+def _decode_hex(data, offsets, valid, width, keys, bad):
+    nbad = 0
+    for i in range(len(keys)):
+        if valid is not None and not valid[i]:
+            keys[i] = 0
+            continue
+        s = offsets[i]
+        e = offsets[i + 1]
+        n = e - s
+        ok = n > 0 and n <= 16 and (width == 0 or n == width)
+        k = np.uint64(0)
+        if ok:
+            for j in range(s, e):
+                c = data[j]
+                if 48 <= c <= 57:
+                    d = c - 48
+                elif 97 <= c <= 102:
+                    d = c - 87
+                elif 65 <= c <= 70:
+                    d = c - 55
+                else:
+                    ok = False
+                    break
+                k = (k << np.uint64(4)) | np.uint64(d)
+        keys[i] = k
+        if not ok:
+            bad[i] = True
+            nbad += 1
+    return nbad
+
+
+@_jit
+def _decode_int_text(data, offsets, valid, keys, bad):
+    nbad = 0
+    for i in range(len(keys)):
+        if valid is not None and not valid[i]:
+            keys[i] = 0
+            continue
+        s = offsets[i]
+        e = offsets[i + 1]
+        neg = False
+        if s < e and (data[s] == 45 or data[s] == 43):
+            neg = data[s] == 45
+            s += 1
+        ok = 0 < e - s <= 19
+        v = np.int64(0)
+        if ok:
+            for j in range(s, e):
+                c = data[j]
+                if c < 48 or c > 57:
+                    ok = False
+                    break
+                v = v * 10 + (c - 48)
+        keys[i] = np.uint64(-v if neg else v)
+        if not ok:
+            bad[i] = True
+            nbad += 1
+    return nbad
+
+
+@_jit
+def _decode_string(data, offsets, valid, keys):
+    for i in range(len(keys)):
+        if valid is not None and not valid[i]:
+            keys[i] = 0
+            continue
+        h = _FNV_OFFSET
+        for j in range(offsets[i], offsets[i + 1]):
+            h = (h ^ np.uint64(data[j])) * _FNV_PRIME
+        keys[i] = _fmix64(h)
+
+
+def decode_hex(s: Strings, valid: np.ndarray | None, width: int | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Hex text → uint64 keys. Returns (keys, bad) where bad marks malformed present values (None if none)."""
+    keys = np.empty(len(s), np.uint64)
+    bad = np.zeros(len(s), np.bool_)
+    nbad = _decode_hex(s.data, s.offsets, valid, width or 0, keys, bad)
+    return keys, (bad if nbad else None)
+
+
+def decode_int_text(s: Strings, valid: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Decimal integer text (optional sign, at most 19 digits) → its int64 value as a uint64 word."""
+    keys = np.empty(len(s), np.uint64)
+    bad = np.zeros(len(s), np.bool_)
+    nbad = _decode_int_text(s.data, s.offsets, valid, keys, bad)
+    return keys, (bad if nbad else None)
+
+
+def decode_string(s: Strings, valid: np.ndarray | None) -> np.ndarray:
+    """Any text → ``string_key`` of its UTF-8 bytes."""
+    keys = np.empty(len(s), np.uint64)
+    _decode_string(s.data, s.offsets, valid, keys)
+    return keys
+
+
+def decode_int(values: np.ndarray) -> np.ndarray:
+    """int64 values → the same bits as uint64 keys (zero copy)."""
+    return values.astype(np.int64, copy=False).view(np.uint64)
+
+
+# ---------------------------------------------------------------- hash and cross
+
+
+@_jit
+def _hash_ids(keys, valid, sw, n, out):
+    for i in range(len(keys)):
+        if valid is not None and not valid[i]:
+            out[i] = 1
+        else:
+            out[i] = 2 + _reduce(_fmix64(keys[i] ^ sw), n)
+
+
+def hash_ids(keys: np.ndarray, valid: np.ndarray | None, seed: int, n: int, out_dtype) -> np.ndarray:
+    """id = 2 + reduce(hash64(key, seed), n); missing → 1."""
+    check_buckets(n)
+    out = np.empty(len(keys), out_dtype)
+    _hash_ids(keys, valid, np.uint64(seed_word(seed)), n, out)
+    return out
+
+
+@_jit
+def _cross_step(h, k, sw, first):
+    for i in range(len(h)):
+        x = k[i] if first else (h[i] ^ k[i])
+        h[i] = _fmix64(x ^ sw)
+
+
+def cross_keys(keys: list[np.ndarray], valids: list[np.ndarray | None], seed: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """``cross_key`` of aligned key columns; a row is missing when any input is missing."""
+    sw = np.uint64(seed_word(seed))
+    h = np.empty(len(keys[0]), np.uint64)
+    for j, k in enumerate(keys):
+        _cross_step(h, k, sw, j == 0)
+    valid = None
+    for v in valids:
+        if v is not None:
+            valid = v.copy() if valid is None else (valid & v)
+    return h, valid
+
+
+# ---------------------------------------------------------------- vocabulary lookup (open addressing)
+
+
+@_jit
+def _table_insert(tkeys, tvals, keys, vals):
+    mask = np.uint64(len(tkeys) - 1)
+    for i in range(len(keys)):
+        k = keys[i]
+        j = _fmix64(k) & mask
+        while tvals[j] >= 0 and tkeys[j] != k:
+            j = (j + np.uint64(1)) & mask
+        tkeys[j] = k
+        tvals[j] = vals[i]
+
+
+@_jit
+def _lookup(tkeys, tvals, keys, valid, oov_base, oov_n, sw, out):
+    mask = np.uint64(len(tkeys) - 1)
+    for i in range(len(keys)):
+        if valid is not None and not valid[i]:
+            out[i] = 1
+            continue
+        k = keys[i]
+        j = _fmix64(k) & mask
+        v = -1
+        while tvals[j] >= 0:
+            if tkeys[j] == k:
+                v = tvals[j]
+                break
+            j = (j + np.uint64(1)) & mask
+        if v < 0:
+            v = oov_base + _reduce(_fmix64(k ^ sw), oov_n)
+        out[i] = v
+
+
+class LookupTable:
+    """Open-addressing hash table from uint64 keys to int64 ids (load factor <= 0.5, linear probing)."""
+
+    def __init__(self, keys: np.ndarray, ids: np.ndarray):
+        cap = 16
+        while cap < 2 * len(keys):
+            cap *= 2
+        self.keys = np.zeros(cap, np.uint64)
+        self.vals = np.full(cap, -1, np.int64)
+        _table_insert(self.keys, self.vals, keys.astype(np.uint64, copy=False), ids.astype(np.int64, copy=False))
+
+    def lookup(self, keys: np.ndarray, valid: np.ndarray | None, oov_base: int, oov_n: int, seed: int, out_dtype) -> np.ndarray:
+        """ids of ``keys``; an absent key gets ``oov_base + reduce(hash64(key, seed), oov_n)``, missing → 1."""
+        out = np.empty(len(keys), out_dtype)
+        _lookup(self.keys, self.vals, keys, valid, oov_base, oov_n, np.uint64(seed_word(seed)), out)
+        return out
+
+
+# ---------------------------------------------------------------- counting (fit)
+
+
+@_jit
+def _count(tkeys, tcounts, keys, valid):
+    mask = np.uint64(len(tkeys) - 1)
+    added = 0
+    for i in range(len(keys)):
+        if valid is not None and not valid[i]:
+            continue
+        k = keys[i]
+        j = _fmix64(k) & mask
+        while tcounts[j] > 0 and tkeys[j] != k:
+            j = (j + np.uint64(1)) & mask
+        if tcounts[j] == 0:
+            tkeys[j] = k
+            added += 1
+        tcounts[j] += 1
+    return added
+
+
+class KeyCounter:
+    """Counts occurrences of uint64 keys in bounded memory (proportional to the number of distinct keys)."""
+
+    def __init__(self) -> None:
+        self.keys = np.zeros(1024, np.uint64)
+        self.counts = np.zeros(1024, np.int64)
+        self.size = 0
+
+    def add(self, keys: np.ndarray, valid: np.ndarray | None) -> None:
+        if 2 * (self.size + len(keys)) > len(self.keys):
+            self._grow(self.size + len(keys))
+        self.size += _count(self.keys, self.counts, keys, valid)
+
+    def add_counts(self, keys: np.ndarray, counts: np.ndarray) -> None:
+        """Add ``counts[i]`` occurrences of ``keys[i]`` (keys distinct)."""
+        if 2 * (self.size + len(keys)) > len(self.keys):
+            self._grow(self.size + len(keys))
+        self.size += _count_weighted(self.keys, self.counts, keys, counts)
+
+    def _grow(self, need: int) -> None:
+        cap = len(self.keys)
+        while cap < 2 * need:
+            cap *= 2
+        k, c = self.items()
+        self.keys = np.zeros(cap, np.uint64)
+        self.counts = np.zeros(cap, np.int64)
+        self.size = 0
+        self.size = _count_weighted(self.keys, self.counts, k, c)
+
+    def items(self) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, counts), keys ascending."""
+        used = self.counts > 0
+        k, c = self.keys[used], self.counts[used]
+        order = np.argsort(k, kind="stable")
+        return k[order], c[order]
+
+
+@_jit
+def _count_weighted(tkeys, tcounts, keys, counts):
+    mask = np.uint64(len(tkeys) - 1)
+    added = 0
+    for i in range(len(keys)):
+        k = keys[i]
+        j = _fmix64(k) & mask
+        while tcounts[j] > 0 and tkeys[j] != k:
+            j = (j + np.uint64(1)) & mask
+        if tcounts[j] == 0:
+            tkeys[j] = k
+            added += 1
+        tcounts[j] += counts[i]
+    return added
+
+
+# ---------------------------------------------------------------- lists
+
+
+def first_x(offsets: np.ndarray, x: int) -> tuple[np.ndarray, np.ndarray]:
+    """Keep the first ``x`` elements of each list: returns (element indices to keep, new offsets)."""
+    lens = np.minimum(np.diff(offsets), x)
+    new_off = np.zeros(len(offsets), np.int64)
+    np.cumsum(lens, out=new_off[1:])
+    idx = np.arange(new_off[-1], dtype=np.int64) - np.repeat(new_off[:-1], lens) + np.repeat(offsets[:-1].astype(np.int64), lens)
+    return idx, new_off

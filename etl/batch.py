@@ -1,0 +1,117 @@
+"""In-memory columns and batches that ops read and write.
+
+A ``Column`` holds one feature for the rows of a batch:
+
+- ``values``: a numpy array (dense numbers, uint64 keys, int ids) or ``Strings`` (raw text, before decode);
+- ``valid``: a bool array, True where the value is present; ``None`` means no value is missing;
+- ``offsets``: for list (multi-hot) columns, int64 array of length rows+1; row i holds
+  ``values[offsets[i]:offsets[i+1]]`` and ``valid`` is per element. A null list is an empty list.
+- ``raw``: for keys decoded from free text (``encoding: string``), the text they came from, so that a fitted
+  vocabulary can record each key's raw value.
+
+A ``Batch`` is a set of equally long columns plus where its rows came from (file, row group, the row number of
+each row within the file), so that errors and quarantine can name the exact source row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Strings:
+    """Variable-length byte strings in Arrow layout: string i is ``data[offsets[i]:offsets[i+1]]``."""
+
+    data: np.ndarray  # uint8
+    offsets: np.ndarray  # int32 or int64, length n+1
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def to_list(self) -> list[str]:
+        raw = self.data.tobytes()
+        o = self.offsets
+        return [raw[o[i] : o[i + 1]].decode("utf-8", "replace") for i in range(len(self))]
+
+    def take(self, idx: np.ndarray) -> Strings:
+        """The strings at positions ``idx`` (used on rare paths: quarantine, error messages)."""
+        starts, ends = self.offsets[idx].astype(np.int64), self.offsets[idx + 1].astype(np.int64)
+        lens = ends - starts
+        new_off = np.zeros(len(idx) + 1, dtype=np.int64)
+        np.cumsum(lens, out=new_off[1:])
+        pieces = [self.data[s:e] for s, e in zip(starts, ends)]
+        data = np.concatenate(pieces) if pieces else np.zeros(0, np.uint8)
+        return Strings(data.astype(np.uint8, copy=False), new_off)
+
+
+@dataclass(frozen=True)
+class Column:
+    values: np.ndarray | Strings
+    valid: np.ndarray | None = None
+    offsets: np.ndarray | None = None
+    raw: Strings | None = None
+
+    @property
+    def is_list(self) -> bool:
+        return self.offsets is not None
+
+    def __len__(self) -> int:
+        """Number of rows (lists count as one row each)."""
+        return len(self.offsets) - 1 if self.offsets is not None else len(self.values)
+
+    def null_count(self) -> int:
+        return 0 if self.valid is None else int(len(self.valid) - np.count_nonzero(self.valid))
+
+    def take(self, rows: np.ndarray) -> Column:
+        """The rows at positions ``rows`` (an int array)."""
+        offsets = None
+        elems = rows
+        if self.offsets is not None:
+            starts, ends = self.offsets[rows].astype(np.int64), self.offsets[rows + 1].astype(np.int64)
+            offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+            np.cumsum(ends - starts, out=offsets[1:])
+            pieces = [np.arange(s, e, dtype=np.int64) for s, e in zip(starts, ends)]
+            elems = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
+        return Column(
+            take_values(self.values, elems),
+            None if self.valid is None else self.valid[elems],
+            offsets,
+            None if self.raw is None else self.raw.take(elems),
+        )
+
+
+def take_values(values: np.ndarray | Strings, idx: np.ndarray) -> np.ndarray | Strings:
+    return values.take(idx) if isinstance(values, Strings) else values[idx]
+
+
+@dataclass
+class Batch:
+    """Columns of ``num_rows`` rows. ``row_ids[i]`` is the row number (within ``source``) of row i."""
+
+    columns: dict[str, Column]
+    num_rows: int
+    source: str = "<memory>"
+    row_group: int = 0
+    row_ids: np.ndarray | None = None
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.row_ids is None:
+            self.row_ids = np.arange(self.num_rows, dtype=np.int64)
+
+    def __getitem__(self, name: str) -> Column:
+        return self.columns[name]
+
+    def with_columns(self, updates: dict[str, Column]) -> Batch:
+        return replace(self, columns={**self.columns, **updates})
+
+    def take(self, rows: np.ndarray) -> Batch:
+        """The rows at positions ``rows``, with their source row numbers."""
+        return replace(
+            self,
+            columns={k: c.take(rows) for k, c in self.columns.items()},
+            num_rows=len(rows),
+            row_ids=self.row_ids[rows],
+        )

@@ -1,0 +1,108 @@
+"""What every op is: the columns it reads and writes, and ``transform(batch, xp)`` over a backend namespace ``xp``.
+
+Ops never import a compute library beyond numpy for bookkeeping; the per-value work goes through ``xp`` (the CPU
+backend ``etl.backends.cpu`` today). Fittable ops add:
+
+- ``new_stats() -> stats``: an empty accumulator;
+- ``partial_fit(stats, batch, xp)``: add one batch to an accumulator;
+- ``merge(a, b) -> stats``: combine two accumulators; associative and commutative, so shards are fitted in
+  parallel, in any order, by any number of workers, with the same result;
+- ``finalize(stats)``: set the fitted state;
+- ``state() -> (json_dict, tables)`` and ``load_state(json_dict, tables)``: the fitted state as JSON plus named
+  Arrow tables (saved as Parquet), never pickle.
+
+An op that finds invalid values raises ``InvalidRows``; the pipeline turns it into a ``RowError`` naming the file,
+row and column, or quarantines those rows and runs the op again on the rest.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+import pyarrow as pa
+
+from etl.batch import Batch, Column
+from etl.schema import ColumnSpec
+
+Stats = Any
+
+
+class InvalidRows(Exception):
+    """Rows of a batch hold values an op cannot transform. ``mask`` is per row of the batch."""
+
+    def __init__(self, column: str, mask: np.ndarray, reason: str):
+        self.column, self.mask, self.reason = column, mask, reason
+        super().__init__(f"column '{column}': {reason} ({int(mask.sum())} rows)")
+
+
+def rows_with_bad_elements(col: Column, elem_mask: np.ndarray) -> np.ndarray:
+    """Per-row mask from a per-value mask (a list row is bad when any of its elements is)."""
+    if col.offsets is None:
+        return elem_mask
+    counts = np.add.reduceat(elem_mask.astype(np.int64), col.offsets[:-1]) if len(elem_mask) else None
+    lens = np.diff(col.offsets)
+    out = np.zeros(len(lens), np.bool_)
+    if counts is not None:
+        out[:] = (counts > 0) & (lens > 0)
+    return out
+
+
+class Op:
+    """Base class. Subclasses set ``name`` (the key used in pipeline YAML) and implement ``transform``."""
+
+    name: ClassVar[str]
+    fittable: ClassVar[bool] = False
+    #: kind of values the op reads and writes: "number", "raw" (undecoded text/ints), "keys" (uint64), "ids";
+    #: None means any kind, passed through unchanged
+    reads: ClassVar[str | None] = "number"
+    writes: ClassVar[str | None] = "number"
+
+    def __init__(self, columns: list[str], **params: Any):
+        self.columns = list(columns)
+        self.params = params
+        self.specs: dict[str, ColumnSpec] = {}
+
+    def bind(self, specs: dict[str, ColumnSpec]) -> None:
+        """Attach the raw column specs of the columns this op reads (those that are schema columns)."""
+        self.specs = {c: specs[c] for c in self.columns if c in specs}
+
+    @property
+    def outputs(self) -> list[str]:
+        """Columns this op writes (by default, in place: the columns it reads)."""
+        return self.columns
+
+    def transform(self, batch: Batch, xp: Any) -> dict[str, Column]:
+        raise NotImplementedError
+
+    @property
+    def is_fitted(self) -> bool:
+        return True
+
+    def cardinalities(self) -> dict[str, int]:
+        """Embedding table size of each id column this op outputs (ids are in [0, size))."""
+        return {}
+
+    # fittable ops override these
+    def new_stats(self, xp: Any) -> Stats:
+        raise NotImplementedError
+
+    def partial_fit(self, stats: Stats, batch: Batch, xp: Any) -> None:
+        raise NotImplementedError
+
+    def merge(self, a: Stats, b: Stats) -> Stats:
+        raise NotImplementedError
+
+    def finalize(self, stats: Stats) -> None:
+        raise NotImplementedError
+
+    def state(self) -> tuple[dict[str, Any], dict[str, pa.Table]]:
+        return {}, {}
+
+    def load_state(self, doc: dict[str, Any], tables: dict[str, pa.Table]) -> None:
+        return None
+
+
+def id_dtype(cardinality: int) -> np.dtype:
+    """int32 when every id fits, else int64."""
+    return np.dtype(np.int32) if cardinality <= np.iinfo(np.int32).max else np.dtype(np.int64)

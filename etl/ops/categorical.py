@@ -1,0 +1,273 @@
+"""Ops on categorical values: raw value → uint64 key (Decode) → embedding id (Hash, Categorify, HashedCross).
+
+Id encoding shared by every id-producing op (so one embedding-table convention holds everywhere):
+
+- ``0``: padding (never produced for a value; lists are padded with it downstream);
+- ``1``: missing value;
+- ``2 ..``: the op's own ids (hash buckets; or OOV buckets then the vocabulary).
+
+The hash, range reduction and string keys are defined in ``etl.backends.hashing``. All ops work on list
+(multi-hot) columns too, value by value, keeping the offsets.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from etl.backends.hashing import check_buckets
+from etl.batch import Batch, Column, Strings
+from etl.ops.base import InvalidRows, Op, Stats, id_dtype, rows_with_bad_elements
+from etl.schema import ColumnSpec
+
+RESERVED_IDS = 2  # 0 padding, 1 missing
+
+
+class Decode(Op):
+    """Raw categorical value → uint64 key, by the column's schema encoding:
+
+    - ``hex``: hexadecimal text (either case; exactly ``width`` digits when the schema gives a width, else 1-16)
+      → its integer value, exactly (``"68fd1e64"`` → 0x68FD1E64). Anything else is invalid input.
+    - ``int``: an int64 column → its two's-complement bits as uint64 (so -1 → 2**64 - 1); integer text
+      (optional sign, up to 19 digits) → the same.
+    - ``string``: any text → ``string_key`` = fmix64(FNV-1a-64(UTF-8 bytes)).
+
+    Missing values stay missing (``valid`` is kept)."""
+
+    name = "Decode"
+    reads, writes = "raw", "keys"
+
+    def transform(self, batch: Batch, xp: Any) -> dict[str, Column]:
+        out = {}
+        for c in self.columns:
+            col = batch[c]
+            spec = self.specs[c]
+            keys, raw, bad = _decode(col, spec, xp)
+            if bad is not None:
+                want = f"{spec.width} hex digits" if spec.encoding == "hex" and spec.width else f"{spec.encoding} text"
+                raise InvalidRows(c, rows_with_bad_elements(col, bad), f"malformed value (expected {want})")
+            out[c] = Column(keys, col.valid, col.offsets, raw)
+        return out
+
+
+def _decode(col: Column, spec: ColumnSpec, xp: Any) -> tuple[np.ndarray, Strings | None, np.ndarray | None]:
+    v = col.values
+    if not isinstance(v, Strings):
+        if spec.encoding != "int":
+            raise ValueError(f"column '{spec.name}': {spec.encoding} encoding needs text values")
+        return xp.decode_int(v), None, None
+    if spec.encoding == "hex":
+        keys, bad = xp.decode_hex(v, col.valid, spec.width)
+        return keys, None, bad
+    if spec.encoding == "int":
+        keys, bad = xp.decode_int_text(v, col.valid)
+        return keys, None, bad
+    return xp.decode_string(v, col.valid), v, None
+
+
+def render_keys(keys: np.ndarray, spec: ColumnSpec) -> list[str]:
+    """Canonical raw text of keys decoded with an invertible encoding (hex: lowercase digits, zero-padded to the
+    width; int: signed decimal)."""
+    if spec.encoding == "hex":
+        fmt = f"{{:0{spec.width or 1}x}}"
+        return [fmt.format(int(k)) for k in keys]
+    if spec.encoding == "int":
+        return [str(int(k)) for k in keys.view(np.int64)]
+    raise ValueError(f"column '{spec.name}': string keys are not invertible")
+
+
+def _require_keys(op: str, c: str, col: Column) -> None:
+    if isinstance(col.values, Strings) or col.values.dtype != np.uint64:
+        raise ValueError(f"{op}: column '{c}' holds raw values; put a Decode op before it")
+
+
+class Hash(Op):
+    """Key → ``2 + reduce(hash64(key, seed), num_buckets)``; missing → 1. Cardinality ``num_buckets + 2``.
+
+    ``num_buckets`` is 1 .. 2**31. The same key gets the same id on every backend, shard and worker."""
+
+    name = "Hash"
+    reads, writes = "keys", "ids"
+
+    def __init__(self, columns: list[str], num_buckets: int, seed: int = 0):
+        super().__init__(columns)
+        check_buckets(num_buckets)
+        if not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"Hash.seed must be an integer >= 0, got {seed!r}")
+        self.num_buckets, self.seed = num_buckets, seed
+
+    def cardinalities(self) -> dict[str, int]:
+        return {c: self.num_buckets + RESERVED_IDS for c in self.columns}
+
+    def transform(self, batch: Batch, xp: Any) -> dict[str, Column]:
+        dt = id_dtype(self.num_buckets + RESERVED_IDS)
+        out = {}
+        for c in self.columns:
+            col = batch[c]
+            _require_keys(self.name, c, col)
+            out[c] = Column(xp.hash_ids(col.values, col.valid, self.seed, self.num_buckets, dt), None, col.offsets)
+        return out
+
+
+class HashedCross(Op):
+    """Feature cross of two or more categorical columns, hashed into ``num_buckets``:
+    ``2 + reduce(cross_key(k1, ..., km, seed), num_buckets)``, 1 when any input is missing. Writes one new
+    column ``name`` (default: the input names joined by ``_x_``). Inputs must be single-valued (not lists)."""
+
+    name = "HashedCross"
+    reads, writes = "keys", "ids"
+
+    def __init__(self, columns: list[str], num_buckets: int, seed: int = 0, name: str | None = None):
+        super().__init__(columns)
+        if len(columns) < 2:
+            raise ValueError("HashedCross needs at least two columns")
+        check_buckets(num_buckets)
+        self.num_buckets, self.seed = num_buckets, seed
+        self.output = name or "_x_".join(columns)
+
+    @property
+    def outputs(self) -> list[str]:
+        return [self.output]
+
+    def cardinalities(self) -> dict[str, int]:
+        return {self.output: self.num_buckets + RESERVED_IDS}
+
+    def transform(self, batch: Batch, xp: Any) -> dict[str, Column]:
+        cols = [batch[c] for c in self.columns]
+        for c, col in zip(self.columns, cols):
+            _require_keys(self.name, c, col)
+            if col.is_list:
+                raise ValueError(f"HashedCross: column '{c}' is a list column")
+        keys, valid = xp.cross_keys([col.values for col in cols], [col.valid for col in cols], self.seed)
+        dt = id_dtype(self.num_buckets + RESERVED_IDS)
+        return {self.output: Column(xp.hash_ids(keys, valid, 0, self.num_buckets, dt))}
+
+
+class Categorify(Op):
+    """Key → vocabulary id, with the vocabulary fitted over all shards.
+
+    Ids: 0 padding, 1 missing, ``2 .. 2+B-1`` out-of-vocabulary buckets (``B = oov_buckets`` >= 1; an unknown key
+    gets ``2 + reduce(hash64(key, seed), B)``), then the vocabulary from ``2 + B``: keys seen at least
+    ``freq_threshold`` times, ordered by count descending, ties by key ascending, cut to ``max_size`` entries.
+    The ids therefore depend only on the counts, never on shard order or worker count.
+    Cardinality: ``2 + B + len(vocabulary)``.
+
+    Fitted state per column: a Parquet table (key uint64, raw string, count int64, id int64) in id order;
+    ``raw`` is the value's text (the canonical rendering for hex/int keys, the original text for strings)."""
+
+    name = "Categorify"
+    reads, writes = "keys", "ids"
+    fittable = True
+
+    def __init__(self, columns: list[str], freq_threshold: int = 1, max_size: int | None = None, oov_buckets: int = 1, seed: int = 0):
+        super().__init__(columns)
+        if not isinstance(freq_threshold, int) or freq_threshold < 1:
+            raise ValueError(f"Categorify.freq_threshold must be an integer >= 1, got {freq_threshold!r}")
+        if max_size is not None and (not isinstance(max_size, int) or max_size < 0):
+            raise ValueError(f"Categorify.max_size must be an integer >= 0, got {max_size!r}")
+        if not isinstance(oov_buckets, int) or oov_buckets < 1:
+            raise ValueError(f"Categorify.oov_buckets must be an integer >= 1, got {oov_buckets!r}")
+        check_buckets(oov_buckets)
+        self.freq_threshold, self.max_size, self.oov_buckets, self.seed = freq_threshold, max_size, oov_buckets, seed
+        self.vocab: dict[str, pa.Table] = {}
+        self._tables: dict[str, Any] = {}
+
+    @property
+    def is_fitted(self) -> bool:
+        return bool(self.vocab)
+
+    def cardinalities(self) -> dict[str, int]:
+        return {c: RESERVED_IDS + self.oov_buckets + self.vocab[c].num_rows for c in self.columns}
+
+    # ---- fit
+    def new_stats(self, xp: Any) -> Stats:
+        return {c: {"counter": xp.KeyCounter(), "nulls": 0, "raw": {}} for c in self.columns}
+
+    def partial_fit(self, stats: Stats, batch: Batch, xp: Any) -> None:
+        for c in self.columns:
+            col = batch[c]
+            _require_keys(self.name, c, col)
+            s = stats[c]
+            s["counter"].add(col.values, col.valid)
+            s["nulls"] += col.null_count()
+            if col.raw is not None:
+                _remember_raw(s["raw"], col)
+
+    def merge(self, a: Stats, b: Stats) -> Stats:
+        out = {}
+        for c in self.columns:
+            counter = type(a[c]["counter"])()
+            for s in (a[c], b[c]):
+                counter.add_counts(*s["counter"].items())
+            raw = dict(a[c]["raw"])
+            for k, v in b[c]["raw"].items():
+                raw[k] = min(raw.get(k, v), v)
+            out[c] = {"counter": counter, "nulls": a[c]["nulls"] + b[c]["nulls"], "raw": raw}
+        return out
+
+    def finalize(self, stats: Stats) -> None:
+        for c in self.columns:
+            keys, counts = stats[c]["counter"].items()
+            keep = counts >= self.freq_threshold
+            keys, counts = keys[keep], counts[keep]
+            order = np.lexsort((keys, -counts))
+            if self.max_size is not None:
+                order = order[: self.max_size]
+            keys, counts = keys[order], counts[order]
+            raw_map = stats[c]["raw"]
+            raw = [raw_map[int(k)] for k in keys] if self.specs[c].encoding == "string" else render_keys(keys, self.specs[c])
+            ids = np.arange(len(keys), dtype=np.int64) + RESERVED_IDS + self.oov_buckets
+            self.vocab[c] = pa.table(
+                {"key": pa.array(keys, pa.uint64()), "raw": pa.array(raw, pa.string()), "count": pa.array(counts, pa.int64()), "id": pa.array(ids, pa.int64())}
+            )
+            self.vocab[c] = self.vocab[c].replace_schema_metadata({"nulls": str(stats[c]["nulls"])})
+        self._tables = {}
+
+    # ---- transform
+    def _table(self, c: str, xp: Any) -> Any:
+        """The lookup table of column ``c`` for backend ``xp``, built once."""
+        t = self._tables.get((c, xp.__name__))
+        if t is None:
+            v = self.vocab[c]
+            t = self._tables[(c, xp.__name__)] = xp.LookupTable(v.column("key").to_numpy(), v.column("id").to_numpy())
+        return t
+
+    def transform(self, batch: Batch, xp: Any) -> dict[str, Column]:
+        out = {}
+        for c in self.columns:
+            col = batch[c]
+            _require_keys(self.name, c, col)
+            dt = id_dtype(self.cardinalities()[c])
+            ids = self._table(c, xp).lookup(col.values, col.valid, RESERVED_IDS, self.oov_buckets, self.seed, dt)
+            out[c] = Column(ids, None, col.offsets)
+        return out
+
+    # ---- artifacts
+    def state(self) -> tuple[dict[str, Any], dict[str, pa.Table]]:
+        doc = {"sizes": {c: self.vocab[c].num_rows for c in self.columns}, "cardinalities": self.cardinalities()}
+        return doc, dict(self.vocab)
+
+    def load_state(self, doc: dict[str, Any], tables: dict[str, pa.Table]) -> None:
+        for c in self.columns:
+            if c not in tables:
+                raise ValueError(f"Categorify: no vocabulary for column '{c}'")
+            t = tables[c]
+            if t.schema.names != ["key", "raw", "count", "id"]:
+                raise ValueError(f"Categorify: vocabulary of '{c}' has columns {t.schema.names}")
+            self.vocab[c] = t
+        self._tables = {}
+
+
+def _remember_raw(raw: dict[int, str], col: Column) -> None:
+    """Record the text of keys not seen before (string-encoded columns only)."""
+    keys = col.values if col.valid is None else col.values[col.valid]
+    uniq, first = np.unique(keys, return_index=True)
+    new = [i for i, k in enumerate(uniq.tolist()) if k not in raw]
+    if not new:
+        return
+    positions = np.flatnonzero(col.valid) if col.valid is not None else np.arange(len(col.values))
+    texts = col.raw.take(positions[first[new]]).to_list()
+    for i, t in zip(new, texts):
+        raw[int(uniq[i])] = t

@@ -1,0 +1,142 @@
+"""Ops on dense (numeric) columns. Values are computed in float64 and written as float32 at the end of the
+pipeline, so ``FillMissing(0) → Clamp(min=0) → Log1p`` yields exactly ``float32(ln(1 + max(fill0(x), 0)))``."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from etl.batch import Batch, Column
+from etl.ops.base import InvalidRows, Op, Stats, id_dtype
+
+
+class FillMissing(Op):
+    """Replace missing values by ``value`` (default 0). Output: float64 values, no missing entries.
+
+    A present NaN or ±inf is not a missing value: it is invalid input (``InvalidRows``)."""
+
+    name = "FillMissing"
+
+    def __init__(self, columns: list[str], value: float = 0.0):
+        super().__init__(columns)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ValueError(f"FillMissing.value must be a finite number, got {value!r}")
+        self.value = float(value)
+
+    def transform(self, batch: Batch, xp: Any) -> dict[str, Column]:
+        out = {}
+        for c in self.columns:
+            col = batch[c]
+            bad = xp.nonfinite_mask(col.values, col.valid)
+            if bad is not None:
+                raise InvalidRows(c, bad, "value is NaN or infinite")
+            out[c] = Column(xp.fill_null(col.values, col.valid, self.value))
+        return out
+
+
+class Clamp(Op):
+    """Limit values to ``[min, max]`` (either bound optional). Missing values stay missing."""
+
+    name = "Clamp"
+
+    def __init__(self, columns: list[str], min: float | None = None, max: float | None = None):
+        super().__init__(columns)
+        if min is None and max is None:
+            raise ValueError("Clamp needs min, max or both")
+        if min is not None and max is not None and min > max:
+            raise ValueError(f"Clamp.min {min} is above Clamp.max {max}")
+        self.lo, self.hi = min, max
+
+    def transform(self, batch: Batch, xp: Any) -> dict[str, Column]:
+        return {c: Column(xp.clamp(batch[c].values.astype(np.float64, copy=False), self.lo, self.hi), batch[c].valid) for c in self.columns}
+
+
+class Log1p(Op):
+    """ln(1 + x) in float64. Values below -1 give NaN: clamp first (the DLRM pipeline clamps at 0)."""
+
+    name = "Log1p"
+
+    def transform(self, batch: Batch, xp: Any) -> dict[str, Column]:
+        return {c: Column(xp.log1p(batch[c].values.astype(np.float64, copy=False)), batch[c].valid) for c in self.columns}
+
+
+class Normalize(Op):
+    """(x - mean) / std with mean and population std fitted over the present values of all shards.
+
+    Fitting keeps one (count, sum, sum of squares) triple per batch and adds them with ``math.fsum`` at the end,
+    so the fitted numbers are the same bits whatever the order in which shards and batches were seen.
+    A column whose std is 0 is divided by 1."""
+
+    name = "Normalize"
+    fittable = True
+
+    def __init__(self, columns: list[str]):
+        super().__init__(columns)
+        self.mean: dict[str, float] = {}
+        self.std: dict[str, float] = {}
+
+    @property
+    def is_fitted(self) -> bool:
+        return bool(self.mean)
+
+    def new_stats(self, xp: Any) -> Stats:
+        return {c: [] for c in self.columns}
+
+    def partial_fit(self, stats: Stats, batch: Batch, xp: Any) -> None:
+        for c in self.columns:
+            col = batch[c]
+            v = col.values.astype(np.float64, copy=False)
+            if col.valid is not None:
+                v = v[col.valid]
+            stats[c].append((len(v), float(v.sum()), float((v * v).sum())))
+
+    def merge(self, a: Stats, b: Stats) -> Stats:
+        return {c: sorted(a[c] + b[c]) for c in self.columns}
+
+    def finalize(self, stats: Stats) -> None:
+        for c in self.columns:
+            parts = stats[c]
+            n = sum(p[0] for p in parts)
+            if n == 0:
+                raise ValueError(f"Normalize: column '{c}' has no values to fit")
+            mean = math.fsum(p[1] for p in parts) / n
+            var = max(math.fsum(p[2] for p in parts) / n - mean * mean, 0.0)
+            self.mean[c], self.std[c] = mean, (math.sqrt(var) or 1.0)
+
+    def transform(self, batch: Batch, xp: Any) -> dict[str, Column]:
+        return {
+            c: Column(xp.normalize(batch[c].values.astype(np.float64, copy=False), self.mean[c], self.std[c]), batch[c].valid)
+            for c in self.columns
+        }
+
+    def state(self) -> tuple[dict[str, Any], dict[str, pa.Table]]:
+        return {"mean": self.mean, "std": self.std}, {}
+
+    def load_state(self, doc: dict[str, Any], tables: dict[str, pa.Table]) -> None:
+        self.mean = {c: float(doc["mean"][c]) for c in self.columns}
+        self.std = {c: float(doc["std"][c]) for c in self.columns}
+
+
+class Bucketize(Op):
+    """Dense value → bucket id. Ids: 0 padding, 1 missing, ``2 + i`` where i is the number of ``boundaries``
+    (sorted ascending) that are <= the value. Cardinality: len(boundaries) + 3."""
+
+    name = "Bucketize"
+    writes = "ids"
+
+    def __init__(self, columns: list[str], boundaries: list[float]):
+        super().__init__(columns)
+        b = np.asarray(boundaries, dtype=np.float64)
+        if b.ndim != 1 or len(b) == 0 or not np.all(np.diff(b) > 0):
+            raise ValueError("Bucketize.boundaries must be a non-empty, strictly increasing list of numbers")
+        self.boundaries = b
+
+    def cardinalities(self) -> dict[str, int]:
+        return {c: len(self.boundaries) + 3 for c in self.columns}
+
+    def transform(self, batch: Batch, xp: Any) -> dict[str, Column]:
+        dt = id_dtype(len(self.boundaries) + 3)
+        return {c: Column(xp.bucketize(batch[c].values, batch[c].valid, self.boundaries, dt)) for c in self.columns}

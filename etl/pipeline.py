@@ -1,0 +1,383 @@
+"""Pipelines: a schema plus an ordered list of ops; fit over shards, transform batches, save/load artifacts.
+
+A pipeline file (YAML)::
+
+    name: criteo
+    schema: ../schemas/criteo.yaml     # relative to this file
+    ops:
+      - {op: FillMissing, columns: "@dense", value: 0}
+      - {op: Clamp, columns: "@dense", min: 0}
+      - {op: Log1p, columns: "@dense"}
+      - {op: Decode, columns: "@categorical"}
+      - {op: Categorify, columns: "@categorical", freq_threshold: 3}
+
+``columns`` is a list of column names, or ``"@role"`` (every schema column of that role), or a list mixing both.
+Every categorical and list column must end as ids (Decode, then Hash or Categorify). The output holds every schema
+column, in schema order, then the columns ops create: label and dense as float32, ids as int32 (int64 when an
+op's cardinality needs it), lists as list<id>.
+
+Artifacts (a directory): ``pipeline.json`` — format name and version, the pipeline and schema documents, each
+op's fitted JSON state, the output columns and their cardinalities — plus ``<op index>-<op>/<table>.parquet``
+for fitted tables (vocabularies). Loading never unpickles anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+
+from etl.backends import cpu
+from etl.batch import Batch, Column, Strings
+from etl.errors import ArtifactError, RowError, SpecError
+from etl.ops import REGISTRY, InvalidRows, Op
+from etl.readers import Shard, open_shard
+from etl.schema import Schema, load_schema, parse_schema, schema_to_dict
+
+ARTIFACT_FORMAT = "etl-artifacts"
+ARTIFACT_VERSION = 1
+ON_ERROR = ("raise", "quarantine")
+
+
+@dataclass
+class Rejected:
+    """Rows removed from a batch because a value in ``column`` was invalid (``rows`` are file row numbers)."""
+
+    rows: np.ndarray
+    column: str
+    reason: str
+
+
+@dataclass
+class Transformed:
+    batch: Batch
+    rejected: list[Rejected] = field(default_factory=list)
+
+    @property
+    def num_rejected(self) -> int:
+        return sum(len(r.rows) for r in self.rejected)
+
+
+def _resolve(selector: Any, schema: Schema, path: str, where: str) -> list[str]:
+    items = selector if isinstance(selector, list) else [selector]
+    out: list[str] = []
+    for s in items:
+        if not isinstance(s, str):
+            raise SpecError(path, where, f"expected a column name or @role, got {s!r}")
+        if s.startswith("@"):
+            names = schema.by_role(s[1:])
+            if not names:
+                raise SpecError(path, where, f"the schema has no column with role '{s[1:]}'")
+            out.extend(names)
+        else:
+            out.append(s)
+    return out
+
+
+class Pipeline:
+    """An ordered list of ops over a schema. Build with ``Pipeline.from_file`` or ``Pipeline.load``."""
+
+    def __init__(self, doc: dict[str, Any], schema: Schema, path: str = "<memory>", xp: Any = cpu):
+        self.doc, self.schema, self.path, self.xp = doc, schema, path, xp
+        self.name = str(doc.get("name", schema.name))
+        self.ops: list[Op] = []
+        raw_ops = doc.get("ops")
+        if not isinstance(raw_ops, list) or not raw_ops:
+            raise SpecError(path, "ops", "expected a non-empty list of ops")
+        specs = {c.name: c for c in schema.columns}
+        for i, raw in enumerate(raw_ops):
+            where = f"ops[{i}]"
+            if not isinstance(raw, dict) or "op" not in raw:
+                raise SpecError(path, where, "expected a mapping with an 'op' key")
+            cls = REGISTRY.get(raw["op"])
+            if cls is None:
+                raise SpecError(path, f"{where}.op", f"unknown op {raw['op']!r}; known: {sorted(REGISTRY)}")
+            where = f"{where} ({raw['op']})"
+            if "columns" not in raw:
+                raise SpecError(path, f"{where}.columns", "missing")
+            params = {k: v for k, v in raw.items() if k not in ("op", "columns")}
+            columns = _resolve(raw["columns"], schema, path, f"{where}.columns")
+            try:
+                op = cls(columns, **params)
+            except TypeError as e:
+                raise SpecError(path, where, f"bad parameters: {e}") from None
+            except ValueError as e:
+                raise SpecError(path, where, str(e)) from None
+            op.bind(specs)
+            self.ops.append(op)
+        self.output_columns = self._check_flow()
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_file(cls, path: str | Path, xp: Any = cpu) -> Pipeline:
+        p = Path(path)
+        try:
+            doc = yaml.safe_load(p.read_text())
+        except FileNotFoundError:
+            raise SpecError(str(p), "<file>", "no such file") from None
+        except yaml.YAMLError as e:
+            raise SpecError(str(p), "<file>", f"invalid YAML: {e}") from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("schema"), str):
+            raise SpecError(str(p), "schema", "expected the path of a schema file")
+        schema = load_schema(p.parent / doc["schema"])
+        return cls(doc, schema, str(p), xp)
+
+    def _check_flow(self) -> list[str]:
+        """Follow each column's kind (raw → keys → ids; numbers) through the ops; return the output columns."""
+        kind = {c.name: ("number" if c.role in ("label", "dense") else "raw") for c in self.schema.columns}
+        order = list(kind)
+        for i, op in enumerate(self.ops):
+            where = f"ops[{i}] ({op.name}).columns"
+            for c in op.columns:
+                if c not in kind:
+                    raise SpecError(self.path, where, f"no column named '{c}'")
+                if op.reads is not None and kind[c] != op.reads:
+                    hint = " (put a Decode op before it)" if kind[c] == "raw" else ""
+                    raise SpecError(self.path, where, f"column '{c}' holds {kind[c]} values, the op needs {op.reads}{hint}")
+            for c in op.outputs:
+                if c not in kind:
+                    order.append(c)
+                kind[c] = op.writes or kind.get(c, "raw")
+        for c in self.schema.columns:
+            if c.role in ("categorical", "list") and kind[c.name] != "ids":
+                raise SpecError(self.path, "ops", f"categorical column '{c.name}' is not turned into ids (add Decode, then Hash or Categorify)")
+        return order
+
+    # ------------------------------------------------------------------ transform
+    @property
+    def is_fitted(self) -> bool:
+        return all(op.is_fitted for op in self.ops)
+
+    def cardinalities(self) -> dict[str, int]:
+        """Embedding table size of every id column."""
+        out: dict[str, int] = {}
+        for op in self.ops:
+            out.update(op.cardinalities())
+        return out
+
+    def _apply(self, op: Op, t: Transformed, on_error: str, run: Callable[[Op, Batch], dict[str, Column]]) -> None:
+        """Run one op; on invalid rows raise ``RowError`` or move the rows to ``t.rejected`` and run it again."""
+        while True:
+            try:
+                t.batch = t.batch.with_columns(run(op, t.batch))
+                return
+            except InvalidRows as e:
+                if on_error == "raise":
+                    raise self._row_error(t.batch, e) from None
+                keep = np.flatnonzero(~e.mask)
+                t.rejected.append(Rejected(t.batch.row_ids[e.mask], e.column, e.reason))
+                t.batch = t.batch.take(keep)
+
+    def _row_error(self, batch: Batch, e: InvalidRows) -> RowError:
+        i = int(np.flatnonzero(e.mask)[0])
+        col = batch[e.column].take(np.array([i]))
+        value = col.values.to_list() if isinstance(col.values, Strings) else col.values.tolist()
+        shown = value if col.is_list else value[0]
+        return RowError(batch.source, batch.row_group, int(batch.row_ids[i]), e.column, f"{e.reason}: {shown!r}")
+
+    def transform(self, batch: Batch, on_error: str = "raise") -> Transformed:
+        """Run every op (the pipeline must be fitted). Invalid rows raise ``RowError`` or, with
+        ``on_error="quarantine"``, are left out and listed in ``Transformed.rejected``."""
+        if on_error not in ON_ERROR:
+            raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+        if not self.is_fitted:
+            raise ArtifactError("the pipeline is not fitted: run fit first or load fitted artifacts")
+        t = Transformed(batch)
+        for op in self.ops:
+            self._apply(op, t, on_error, lambda o, b: o.transform(b, self.xp))
+        self._apply(_OUTPUT_CHECK, t, on_error, lambda o, b: self._check_output(b))
+        return t
+
+    def _check_output(self, batch: Batch) -> dict[str, Column]:
+        for c in self.output_columns:
+            col = batch[c]
+            if c in self.schema.names and self.schema.column(c).role == "label" and col.valid is not None:
+                raise InvalidRows(c, ~col.valid, "label is missing")
+            bad = self.xp.nonfinite_mask(col.values, col.valid) if not isinstance(col.values, Strings) else None
+            if bad is not None:
+                raise InvalidRows(c, bad, "value is NaN or infinite after the transform")
+        return {}
+
+    def to_arrow(self, batch: Batch) -> pa.Table:
+        """The output table of a transformed batch: float32 label/dense, int ids, list<id> lists."""
+        arrays = {}
+        for c in self.output_columns:
+            col = batch[c]
+            values = col.values.astype(np.float32) if col.values.dtype.kind == "f" or self._is_number(c) else col.values
+            mask = None if col.valid is None else ~col.valid
+            if col.is_list:
+                arrays[c] = pa.ListArray.from_arrays(pa.array(col.offsets.astype(np.int32)), pa.array(values, mask=mask))
+            else:
+                arrays[c] = pa.array(values, mask=mask)
+        return pa.table(arrays)
+
+    def _is_number(self, c: str) -> bool:
+        return c in self.schema.names and self.schema.column(c).role in ("label", "dense")
+
+    # ------------------------------------------------------------------ fit
+    def fit(self, shards: list[Path], workers: int = 1, on_error: str = "raise", progress: Callable[[int], None] | None = None) -> None:
+        """Fit every fittable op, streaming over ``shards`` row group by row group with ``workers`` threads.
+
+        Each worker keeps its own accumulators; they are merged at the end. Merges are associative and commutative
+        and finalize orders everything canonically, so the fitted state (and the artifact bytes) do not depend on
+        shard order or worker count. Ops that read the output of another unfitted op are fitted in a later pass."""
+        while not self.is_fitted:
+            stage = self._next_stage()
+            accs = _parallel_over_shards(shards, self.schema, workers, lambda: [op.new_stats(self.xp) for op in stage], lambda acc, b: self._fit_batch(stage, acc, b, on_error), progress)
+            total = accs[0]
+            for acc in accs[1:]:
+                total = [op.merge(a, b) for op, a, b in zip(stage, total, acc)]
+            for op, stats in zip(stage, total):
+                op.finalize(stats)
+
+    def _next_stage(self) -> list[Op]:
+        """Unfitted ops whose inputs do not depend on another unfitted op."""
+        stale: set[str] = set()
+        stage = []
+        for op in self.ops:
+            if stale & set(op.columns):
+                stale |= set(op.outputs)
+            elif not op.is_fitted:
+                stage.append(op)
+                stale |= set(op.outputs)
+        return stage
+
+    def _fit_batch(self, stage: list[Op], accs: list[Any], batch: Batch, on_error: str) -> int:
+        t = Transformed(batch)
+        stale: set[str] = set()
+        for op in self.ops:
+            if stale & set(op.columns):
+                stale |= set(op.outputs)
+            elif op in stage:
+                self._apply(op, t, on_error, lambda o, b: (o.partial_fit(accs[stage.index(o)], b, self.xp) or {}))
+                stale |= set(op.outputs)
+            else:
+                self._apply(op, t, on_error, lambda o, b: o.transform(b, self.xp))
+        return batch.num_rows
+
+    # ------------------------------------------------------------------ artifacts
+    def save(self, directory: str | Path) -> None:
+        """Write the fitted state: ``pipeline.json`` plus one Parquet file per fitted table (atomic per file)."""
+        if not self.is_fitted:
+            raise ArtifactError("cannot save an unfitted pipeline")
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        ops_doc = []
+        for i, op in enumerate(self.ops):
+            doc, tables = op.state()
+            names = {}
+            for name, table in tables.items():
+                rel = f"{i:02d}-{op.name}/{name}.parquet"
+                (d / rel).parent.mkdir(parents=True, exist_ok=True)
+                _atomic_parquet(table, d / rel)
+                names[name] = rel
+            ops_doc.append({"op": op.name, "state": doc, "tables": names})
+        manifest = {
+            "format": ARTIFACT_FORMAT,
+            "version": ARTIFACT_VERSION,
+            "pipeline": self.doc,
+            "schema": schema_to_dict(self.schema),
+            "output_columns": self.output_columns,
+            "cardinalities": self.cardinalities(),
+            "id_encoding": "0 = padding, 1 = missing, 2.. = op ids (Hash: buckets; Categorify: OOV buckets then vocabulary by count desc, key asc)",
+            "ops": ops_doc,
+        }
+        _atomic_write(d / "pipeline.json", json.dumps(manifest, indent=1, sort_keys=True).encode())
+
+    @classmethod
+    def load(cls, directory: str | Path, xp: Any = cpu) -> Pipeline:
+        """Rebuild a fitted pipeline from artifacts written by ``save`` (JSON + Parquet only)."""
+        d = Path(directory)
+        try:
+            manifest = json.loads((d / "pipeline.json").read_text())
+        except FileNotFoundError:
+            raise ArtifactError(f"{d}: no pipeline.json (not an artifacts directory)") from None
+        except json.JSONDecodeError as e:
+            raise ArtifactError(f"{d / 'pipeline.json'}: invalid JSON: {e}") from None
+        if manifest.get("format") != ARTIFACT_FORMAT or manifest.get("version") != ARTIFACT_VERSION:
+            raise ArtifactError(f"{d}: artifacts format {manifest.get('format')!r} version {manifest.get('version')!r}, expected {ARTIFACT_FORMAT!r} version {ARTIFACT_VERSION}")
+        schema = parse_schema(manifest["schema"], str(d / "pipeline.json"))
+        pipe = cls(manifest["pipeline"], schema, str(d / "pipeline.json"), xp)
+        for op, entry in zip(pipe.ops, manifest["ops"]):
+            tables = {}
+            for name, rel in entry["tables"].items():
+                try:
+                    tables[name] = pq.read_table(d / rel)
+                except (OSError, pa.ArrowException) as e:
+                    raise ArtifactError(f"{d / rel}: cannot read: {e}") from None
+            try:
+                op.load_state(entry["state"], tables)
+            except (KeyError, ValueError) as e:
+                raise ArtifactError(f"{d}: state of {op.name}: {e}") from None
+        return pipe
+
+
+class _OutputCheck(Op):
+    """Pseudo-op standing for the final output checks (only its name is used, in error messages)."""
+
+    name = "output"
+
+
+_OUTPUT_CHECK = _OutputCheck([])
+
+
+def _parallel_over_shards(shards: list[Path], schema: Schema, workers: int, new_acc: Callable[[], Any], step: Callable[[Any, Batch], int], progress: Callable[[int], None] | None) -> list[Any]:
+    """Run ``step(acc, batch)`` over every row group of every shard with ``workers`` threads, each thread owning
+    one accumulator from ``new_acc``; returns the accumulators. The first error stops all threads and is raised."""
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    todo: queue.Queue[Path] = queue.Queue()
+    for s in shards:
+        todo.put(s)
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def work(acc: Any) -> None:
+        while not errors:
+            try:
+                path = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                shard: Shard = open_shard(path, schema)
+                for i in range(shard.num_row_groups):
+                    if errors:
+                        return
+                    n = step(acc, shard.read(i))
+                    if progress is not None:
+                        with lock:
+                            progress(n)
+            except BaseException as e:  # noqa: BLE001 - re-raised in the caller
+                errors.append(e)
+                return
+
+    accs = [new_acc() for _ in range(min(workers, max(len(shards), 1)))]
+    threads = [threading.Thread(target=work, args=(a,), daemon=True) for a in accs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return accs
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _atomic_parquet(table: pa.Table, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)

@@ -1,0 +1,162 @@
+"""Parquet shards → ``Batch`` objects, one per row group, validated against the schema.
+
+Arrow buffers are viewed as numpy arrays (no copies) wherever their layout allows: fixed-width values, string
+offsets and bytes, list offsets. Validity bitmaps become bool arrays; a column without nulls has ``valid=None``.
+Reading uses pyarrow's Parquet reader row group by row group (measured here faster per row group than polars,
+whose Arrow export adds a copy of every string column; see BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from etl.batch import Batch, Column, Strings
+from etl.errors import InputError
+from etl.schema import ColumnSpec, Schema
+
+
+def list_shards(inputs: str | Path | list[str | Path]) -> list[Path]:
+    """Parquet files named by ``inputs``: files as given, directories expanded to their ``*.parquet`` files in
+    name order. Raises ``InputError`` for a missing path or a directory without Parquet files."""
+    items = inputs if isinstance(inputs, list) else [inputs]
+    out: list[Path] = []
+    for item in items:
+        p = Path(item)
+        if p.is_dir():
+            found = sorted(q for q in p.glob("*.parquet") if q.is_file())
+            if not found:
+                raise InputError(str(p), "directory holds no .parquet files")
+            out.extend(found)
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise InputError(str(p), "no such file or directory")
+    return out
+
+
+def _is_type(t: pa.DataType, dtype: str) -> bool:
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    if dtype == "int64":
+        return pa.types.is_integer(t)
+    if dtype == "float64":
+        return pa.types.is_floating(t) or pa.types.is_integer(t)
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+
+
+def check_type(path: str, spec: ColumnSpec, t: pa.DataType) -> None:
+    """Raise ``InputError`` unless Arrow type ``t`` can hold the column described by ``spec``."""
+    if spec.is_list:
+        ok = (pa.types.is_list(t) or pa.types.is_large_list(t)) and _is_type(t.value_type, spec.dtype)
+        want = f"list<{spec.dtype}>"
+    else:
+        ok = _is_type(t, spec.dtype)
+        want = spec.dtype
+    if not ok:
+        raise InputError(path, f"expected {want} values, found {t}", column=spec.name)
+
+
+def _valid(arr: pa.Array) -> np.ndarray | None:
+    if arr.null_count == 0:
+        return None
+    bits = np.unpackbits(np.frombuffer(arr.buffers()[0], np.uint8), bitorder="little")
+    return bits[arr.offset : arr.offset + len(arr)].view(np.bool_)
+
+
+def _values(arr: pa.Array, dtype: str) -> tuple[np.ndarray | Strings, np.ndarray | None]:
+    t = arr.type
+    if pa.types.is_dictionary(t):
+        arr = arr.dictionary_decode()
+        t = arr.type
+    if dtype == "string":
+        if pa.types.is_string_view(t):
+            arr = arr.cast(pa.large_string())
+            t = arr.type
+        off_type = np.int64 if pa.types.is_large_string(t) else np.int32
+        bufs = arr.buffers()
+        offsets = np.frombuffer(bufs[1], off_type)[arr.offset : arr.offset + len(arr) + 1]
+        data = np.frombuffer(bufs[2], np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
+        return Strings(data, offsets), _valid(arr)
+    want = np.int64 if dtype == "int64" else np.float64
+    np_type = t.to_pandas_dtype()
+    values = np.frombuffer(arr.buffers()[1], np_type)[arr.offset : arr.offset + len(arr)]
+    return values.astype(want, copy=False), _valid(arr)
+
+
+def column_from_arrow(arr: pa.Array | pa.ChunkedArray, spec: ColumnSpec) -> Column:
+    """One Arrow column (single chunk preferred) → ``Column``. A null list becomes an empty list."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
+    if not spec.is_list:
+        values, valid = _values(arr, spec.dtype)
+        return Column(values, valid)
+    if arr.null_count:
+        arr = arr.fill_null(pa.scalar([], arr.type))
+    off_type = np.int64 if pa.types.is_large_list(arr.type) else np.int32
+    offsets = np.frombuffer(arr.buffers()[1], off_type)[arr.offset : arr.offset + len(arr) + 1].astype(np.int64)
+    child = arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+    values, valid = _values(child, spec.dtype)
+    return Column(values, valid, offsets - offsets[0])
+
+
+def batch_from_arrow(table: pa.Table, schema: Schema, source: str = "<memory>", row_group: int = 0, first_row: int = 0) -> Batch:
+    """An Arrow table holding the schema's columns → ``Batch`` (what serving uses to transform one batch)."""
+    columns = {}
+    for spec in schema.columns:
+        if spec.name not in table.column_names:
+            raise InputError(source, "column missing", column=spec.name)
+        check_type(source, spec, table.schema.field(spec.name).type)
+        columns[spec.name] = column_from_arrow(table.column(spec.name), spec)
+    return Batch(columns, table.num_rows, source, row_group, np.arange(first_row, first_row + table.num_rows, dtype=np.int64))
+
+
+@dataclass
+class Shard:
+    """An open Parquet shard checked against the schema: its row groups and their first row numbers."""
+
+    path: Path
+    schema: Schema
+    file: pq.ParquetFile
+    row_group_starts: list[int]
+
+    @property
+    def num_rows(self) -> int:
+        return self.file.metadata.num_rows
+
+    @property
+    def num_row_groups(self) -> int:
+        return self.file.num_row_groups
+
+    def read(self, i: int) -> Batch:
+        """Row group ``i`` as a Batch; row ids count from the start of the file."""
+        try:
+            table = self.file.read_row_group(i, columns=self.schema.names, use_threads=False)
+        except (OSError, pa.ArrowException) as e:
+            raise InputError(str(self.path), f"cannot read: {e}", row_group=i) from None
+        return batch_from_arrow(table, self.schema, str(self.path), i, self.row_group_starts[i])
+
+
+def open_shard(path: Path, schema: Schema) -> Shard:
+    """Open a Parquet file and check that every schema column is present with a compatible type."""
+    try:
+        f = pq.ParquetFile(path)
+    except FileNotFoundError:
+        raise InputError(str(path), "no such file") from None
+    except (OSError, pa.ArrowException) as e:
+        raise InputError(str(path), f"not a readable Parquet file (truncated or another format?): {e}") from None
+    arrow_schema = f.schema_arrow
+    for spec in schema.columns:
+        if spec.name not in arrow_schema.names:
+            names = arrow_schema.names
+            shown = ", ".join(names[:10]) + (", ..." if len(names) > 10 else "")
+            raise InputError(str(path), f"column missing (the file has {len(names)} columns: {shown})", column=spec.name)
+        check_type(str(path), spec, arrow_schema.field(spec.name).type)
+    starts = [0]
+    for i in range(f.num_row_groups):
+        starts.append(starts[-1] + f.metadata.row_group(i).num_rows)
+    return Shard(Path(path), schema, f, starts[:-1])

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,8 +39,10 @@ from etl.backends import cpu
 from etl.batch import Batch, Column, Strings
 from etl.errors import ArtifactError, RowError, SpecError
 from etl.ops import REGISTRY, InvalidRows, Op
-from etl.readers import Shard, open_shard
+from etl.ops.base import id_dtype
+from etl.readers import open_shard
 from etl.schema import Schema, load_schema, parse_schema, schema_to_dict
+from etl.workers import run_workers
 
 ARTIFACT_FORMAT = "etl-artifacts"
 ARTIFACT_VERSION = 1
@@ -207,21 +208,34 @@ class Pipeline:
                 raise InvalidRows(c, bad, "value is NaN or infinite after the transform")
         return {}
 
-    def to_arrow(self, batch: Batch) -> pa.Table:
-        """The output table of a transformed batch: float32 label/dense, int ids, list<id> lists."""
-        arrays = {}
+    def output_schema(self) -> pa.Schema:
+        """Arrow schema of the output: float32 label/dense, int32/int64 ids by cardinality, list<id> lists."""
+        cards = self.cardinalities()
+        fields = []
         for c in self.output_columns:
-            col = batch[c]
-            values = col.values.astype(np.float32) if col.values.dtype.kind == "f" or self._is_number(c) else col.values
+            if c in cards:
+                t = pa.from_numpy_dtype(id_dtype(cards[c]))
+                fields.append(pa.field(c, pa.list_(t) if self._is_list(c) else t, nullable=False))
+            else:
+                fields.append(pa.field(c, pa.float32()))
+        return pa.schema(fields)
+
+    def _is_list(self, c: str) -> bool:
+        return c in self.schema.names and self.schema.column(c).is_list
+
+    def to_arrow(self, batch: Batch) -> pa.Table:
+        """The output table of a transformed batch, typed by ``output_schema``."""
+        schema = self.output_schema()
+        arrays = []
+        for f in schema:
+            col = batch[f.name]
             mask = None if col.valid is None else ~col.valid
             if col.is_list:
-                arrays[c] = pa.ListArray.from_arrays(pa.array(col.offsets.astype(np.int32)), pa.array(values, mask=mask))
+                values = pa.array(col.values.astype(f.type.value_type.to_pandas_dtype(), copy=False), mask=mask)
+                arrays.append(pa.ListArray.from_arrays(pa.array(col.offsets.astype(np.int32)), values, type=f.type))
             else:
-                arrays[c] = pa.array(values, mask=mask)
-        return pa.table(arrays)
-
-    def _is_number(self, c: str) -> bool:
-        return c in self.schema.names and self.schema.column(c).role in ("label", "dense")
+                arrays.append(pa.array(col.values.astype(f.type.to_pandas_dtype(), copy=False), mask=mask))
+        return pa.Table.from_arrays(arrays, schema=schema)
 
     # ------------------------------------------------------------------ fit
     def fit(self, shards: list[Path], workers: int = 1, on_error: str = "raise", progress: Callable[[int], None] | None = None) -> None:
@@ -230,9 +244,23 @@ class Pipeline:
         Each worker keeps its own accumulators; they are merged at the end. Merges are associative and commutative
         and finalize orders everything canonically, so the fitted state (and the artifact bytes) do not depend on
         shard order or worker count. Ops that read the output of another unfitted op are fitted in a later pass."""
+        lock = threading.Lock()
         while not self.is_fitted:
             stage = self._next_stage()
-            accs = _parallel_over_shards(shards, self.schema, workers, lambda: [op.new_stats(self.xp) for op in stage], lambda acc, b: self._fit_batch(stage, acc, b, on_error), progress)
+            accs = [[op.new_stats(self.xp) for op in stage] for _ in range(max(1, min(workers, len(shards))))]
+
+            def fit_shard(w: int, path: Path, stop: threading.Event) -> None:
+                shard = open_shard(path, self.schema)
+                for i in range(shard.num_row_groups):
+                    if stop.is_set():
+                        return
+                    batch = shard.read(i)
+                    self._fit_batch(stage, accs[w], batch, on_error)
+                    if progress is not None:
+                        with lock:
+                            progress(batch.num_rows)
+
+            run_workers(shards, workers, fit_shard)
             total = accs[0]
             for acc in accs[1:]:
                 total = [op.merge(a, b) for op, a, b in zip(stage, total, acc)]
@@ -251,7 +279,7 @@ class Pipeline:
                 stale |= set(op.outputs)
         return stage
 
-    def _fit_batch(self, stage: list[Op], accs: list[Any], batch: Batch, on_error: str) -> int:
+    def _fit_batch(self, stage: list[Op], accs: list[Any], batch: Batch, on_error: str) -> None:
         t = Transformed(batch)
         stale: set[str] = set()
         for op in self.ops:
@@ -262,7 +290,6 @@ class Pipeline:
                 stale |= set(op.outputs)
             else:
                 self._apply(op, t, on_error, lambda o, b: o.transform(b, self.xp))
-        return batch.num_rows
 
     # ------------------------------------------------------------------ artifacts
     def save(self, directory: str | Path) -> None:
@@ -328,47 +355,6 @@ class _OutputCheck(Op):
 
 
 _OUTPUT_CHECK = _OutputCheck([])
-
-
-def _parallel_over_shards(shards: list[Path], schema: Schema, workers: int, new_acc: Callable[[], Any], step: Callable[[Any, Batch], int], progress: Callable[[int], None] | None) -> list[Any]:
-    """Run ``step(acc, batch)`` over every row group of every shard with ``workers`` threads, each thread owning
-    one accumulator from ``new_acc``; returns the accumulators. The first error stops all threads and is raised."""
-    if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
-    todo: queue.Queue[Path] = queue.Queue()
-    for s in shards:
-        todo.put(s)
-    errors: list[BaseException] = []
-    lock = threading.Lock()
-
-    def work(acc: Any) -> None:
-        while not errors:
-            try:
-                path = todo.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                shard: Shard = open_shard(path, schema)
-                for i in range(shard.num_row_groups):
-                    if errors:
-                        return
-                    n = step(acc, shard.read(i))
-                    if progress is not None:
-                        with lock:
-                            progress(n)
-            except BaseException as e:  # noqa: BLE001 - re-raised in the caller
-                errors.append(e)
-                return
-
-    accs = [new_acc() for _ in range(min(workers, max(len(shards), 1)))]
-    threads = [threading.Thread(target=work, args=(a,), daemon=True) for a in accs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return accs
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

@@ -132,13 +132,16 @@ class Shard:
     def num_row_groups(self) -> int:
         return self.file.num_row_groups
 
-    def read(self, i: int) -> Batch:
-        """Row group ``i`` as a Batch; row ids count from the start of the file."""
+    def read_table(self, i: int) -> pa.Table:
+        """Row group ``i`` as an Arrow table of the schema's columns."""
         try:
-            table = self.file.read_row_group(i, columns=self.schema.names, use_threads=False)
+            return self.file.read_row_group(i, columns=self.schema.names, use_threads=False)
         except (OSError, pa.ArrowException) as e:
             raise InputError(str(self.path), f"cannot read: {e}", row_group=i) from None
-        return batch_from_arrow(table, self.schema, str(self.path), i, self.row_group_starts[i])
+
+    def read(self, i: int) -> Batch:
+        """Row group ``i`` as a Batch; row ids count from the start of the file."""
+        return batch_from_arrow(self.read_table(i), self.schema, str(self.path), i, self.row_group_starts[i])
 
 
 def open_shard(path: Path, schema: Schema) -> Shard:

@@ -1,0 +1,232 @@
+"""Offline preprocessing: raw Parquet shards → processed Parquet shards, resumable.
+
+Output directory::
+
+    part-00000.parquet ...     one processed file per input shard (input order), one row group per input row group
+    quarantine/part-00000.parquet   rejected raw rows with _row (row number in the source), _column, _reason
+    artifacts/                 the fitted pipeline used (see ``etl.pipeline``)
+    manifest.json              per output file: source, rows in/out/quarantined, sha256 of the output bytes
+
+Every file is written under a temporary name and renamed when complete; the manifest is rewritten (atomically)
+after each shard. A rerun skips the shards whose manifest entry still matches (same source size, same fitted
+artifacts, output present with the recorded checksum), so a run killed at any point and rerun ends with the same
+bytes as an uninterrupted run. Rows are accounted exactly: rows_in = rows_out + rows_quarantined.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from etl.errors import ArtifactError
+from etl.pipeline import ON_ERROR, Pipeline, Transformed
+from etl.readers import batch_from_arrow, open_shard
+from etl.workers import run_workers
+
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = "etl-manifest"
+MANIFEST_VERSION = 1
+
+
+@dataclass
+class Summary:
+    """Totals over all shards (skipped ones included); ``rows_processed`` counts the shards transformed now."""
+
+    files: int
+    files_skipped: int
+    rows_in: int
+    rows_out: int
+    rows_quarantined: int
+    rows_processed: int
+    fit_seconds: float
+    transform_seconds: float
+
+    @property
+    def rows_per_second(self) -> float:
+        """Rows transformed in this run per second of transform (fit excluded)."""
+        return self.rows_processed / self.transform_seconds if self.transform_seconds > 0 else 0.0
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _tmp(path: Path) -> Path:
+    return path.with_name(path.name + ".tmp")
+
+
+def write_json_atomic(path: Path, doc: Any) -> None:
+    tmp = _tmp(path)
+    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def _load_manifest(path: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+    if doc.get("format") != MANIFEST_FORMAT or doc.get("version") != MANIFEST_VERSION:
+        return {}
+    return {e["output"]: e for e in doc.get("files", [])}
+
+
+def _quarantine_table(raw: pa.Table, first_row: int, t: Transformed) -> pa.Table:
+    rows = np.concatenate([r.rows for r in t.rejected])
+    columns = np.concatenate([[r.column] * len(r.rows) for r in t.rejected])
+    reasons = np.concatenate([[r.reason] * len(r.rows) for r in t.rejected])
+    order = np.argsort(rows, kind="stable")
+    rows = rows[order]
+    q = raw.take(pa.array(rows - first_row))
+    q = q.append_column("_row", pa.array(rows, pa.int64()))
+    q = q.append_column("_column", pa.array(columns[order].tolist(), pa.string()))
+    return q.append_column("_reason", pa.array(reasons[order].tolist(), pa.string()))
+
+
+def process_shard(pipeline: Pipeline, source: Path, out: Path, quarantine: Path, on_error: str, stop: threading.Event, progress: Callable[[int], None] | None = None) -> dict[str, Any] | None:
+    """Transform one shard into ``out`` (and rejected rows into ``quarantine``); returns its manifest entry,
+    or None when ``stop`` was set before the end."""
+    shard = open_shard(source, pipeline.schema)
+    schema = pipeline.output_schema()
+    rows_in = rows_out = rows_q = 0
+    q_writer = None
+    with pq.ParquetWriter(_tmp(out), schema) as writer:
+        for i in range(shard.num_row_groups):
+            if stop.is_set():
+                return None
+            raw = shard.read_table(i)
+            first = shard.row_group_starts[i]
+            t = pipeline.transform(batch_from_arrow(raw, pipeline.schema, str(source), i, first), on_error)
+            writer.write_table(pipeline.to_arrow(t.batch))
+            rows_in += raw.num_rows
+            rows_out += t.batch.num_rows
+            if t.rejected:
+                q = _quarantine_table(raw, first, t)
+                if q_writer is None:
+                    quarantine.parent.mkdir(exist_ok=True)
+                    q_writer = pq.ParquetWriter(_tmp(quarantine), q.schema)
+                q_writer.write_table(q)
+                rows_q += q.num_rows
+            if progress is not None:
+                progress(raw.num_rows)
+    if q_writer is not None:
+        q_writer.close()
+        os.replace(_tmp(quarantine), quarantine)
+    os.replace(_tmp(out), out)
+    if rows_in != rows_out + rows_q:
+        raise RuntimeError(f"{source}: row accounting broke: {rows_in} in, {rows_out} out, {rows_q} quarantined")
+    return {
+        "output": out.name,
+        "source": str(source.resolve()),
+        "source_bytes": source.stat().st_size,
+        "rows_in": rows_in,
+        "rows_out": rows_out,
+        "rows_quarantined": rows_q,
+        "quarantine": f"quarantine/{quarantine.name}" if rows_q else None,
+        "sha256": sha256_file(out),
+    }
+
+
+def preprocess(
+    pipeline: Pipeline,
+    shards: list[Path],
+    out_dir: Path,
+    *,
+    artifacts: Path | None = None,
+    workers: int = 1,
+    on_error: str = "raise",
+    progress: Callable[[int], None] | None = None,
+    on_fit_done: Callable[[], None] | None = None,
+) -> Summary:
+    """Fit (unless ``artifacts`` holds a fitted state of this pipeline), then transform every shard."""
+    if on_error not in ON_ERROR:
+        raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    if artifacts is not None:
+        fitted = Pipeline.load(artifacts)
+        if fitted.doc != pipeline.doc or fitted.schema.columns != pipeline.schema.columns:
+            raise ArtifactError(f"{artifacts}: these artifacts were fitted with another pipeline or schema than {pipeline.path}")
+        pipeline = fitted
+    elif not pipeline.is_fitted:
+        pipeline.fit(shards, workers=workers, on_error=on_error, progress=progress)
+    pipeline.save(out_dir / "artifacts")
+    fit_seconds = time.perf_counter() - t0
+    if on_fit_done is not None:
+        on_fit_done()
+    artifacts_sha = sha256_file(out_dir / "artifacts" / "pipeline.json")
+
+    manifest_path = out_dir / MANIFEST
+    previous = _load_manifest(manifest_path)
+    outputs = [out_dir / f"part-{i:05d}.parquet" for i in range(len(shards))]
+    entries: dict[str, dict[str, Any]] = {}
+    todo: list[int] = []
+    for i, (src, out) in enumerate(zip(shards, outputs)):
+        e = previous.get(out.name)
+        if (
+            e is not None
+            and e["source"] == str(src.resolve())
+            and e["source_bytes"] == src.stat().st_size
+            and e.get("artifacts_sha256") == artifacts_sha
+            and out.exists()
+            and sha256_file(out) == e["sha256"]
+        ):
+            entries[out.name] = e
+        else:
+            todo.append(i)
+    lock = threading.Lock()
+
+    def write_manifest() -> None:
+        files = [entries[k] for k in sorted(entries)]
+        write_json_atomic(
+            manifest_path,
+            {
+                "format": MANIFEST_FORMAT,
+                "version": MANIFEST_VERSION,
+                "pipeline": pipeline.name,
+                "artifacts": "artifacts",
+                "complete": len(files) == len(shards),
+                "totals": {k: sum(f[k] for f in files) for k in ("rows_in", "rows_out", "rows_quarantined")},
+                "files": files,
+            },
+        )
+
+    def work(w: int, i: int, stop: threading.Event) -> None:
+        out = outputs[i]
+        entry = process_shard(pipeline, shards[i], out, out_dir / "quarantine" / out.name, on_error, stop, progress)
+        if entry is None:
+            return
+        entry["artifacts_sha256"] = artifacts_sha
+        with lock:
+            entries[out.name] = entry
+            write_manifest()
+
+    t1 = time.perf_counter()
+    write_manifest()
+    run_workers(todo, workers, work)
+    seconds = time.perf_counter() - t1
+    done = list(entries.values())
+    return Summary(
+        files=len(shards),
+        files_skipped=len(shards) - len(todo),
+        rows_in=sum(e["rows_in"] for e in done),
+        rows_out=sum(e["rows_out"] for e in done),
+        rows_quarantined=sum(e["rows_quarantined"] for e in done),
+        fit_seconds=fit_seconds,
+        transform_seconds=seconds,
+        rows_processed=sum(entries[outputs[i].name]["rows_in"] for i in todo),
+    )

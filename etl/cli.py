@@ -1,0 +1,173 @@
+"""The ``etl`` command line. User errors (bad input, bad spec) exit 2 with one line naming file, row group/row and
+column; no traceback."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from etl.errors import EtlError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Streaming ETL for recommender training data.")
+err = Console(stderr=True)
+console = Console()
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn the project's typed errors into a one-line message and exit status 2."""
+    try:
+        yield
+    except EtlError as e:
+        err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+
+
+@contextmanager
+def progress_bar(label: str, total: int | None) -> Iterator:
+    """A rows progress bar on stderr; yields ``advance(n)``."""
+    with Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("rows"),
+        TimeElapsedColumn(), TimeRemainingColumn(), console=err, transient=True, disable=not err.is_terminal,
+    ) as p:
+        task = p.add_task(label, total=total)
+        yield lambda n: p.advance(task, n)
+
+
+def _total_rows(shards: list[Path]) -> int:
+    import pyarrow.parquet as pq
+
+    total = 0
+    for s in shards:
+        try:
+            total += pq.ParquetFile(s).metadata.num_rows
+        except Exception:  # noqa: BLE001 - an unreadable file is reported by the reader with context
+            return 0
+    return total
+
+
+@app.command()
+def convert(
+    inputs: list[Path] = typer.Argument(..., help="Delimited text files (optionally .gz)."),
+    schema: Path = typer.Option(..., help="Schema YAML describing the columns and the text layout."),
+    out: Path = typer.Option(..., help="Output directory for Parquet shards."),
+    rows_per_file: int = typer.Option(1_000_000, help="Rows per output shard."),
+) -> None:
+    """Convert delimited text (e.g. Criteo TSV) into Parquet shards in the raw layout."""
+    from etl.convert import convert as run
+    from etl.schema import load_schema
+
+    with user_errors():
+        s = load_schema(schema)
+        with progress_bar("convert", None) as advance:
+            seen = [0]
+
+            def report(n: int) -> None:
+                advance(n - seen[0])
+                seen[0] = n
+
+            paths = run(list(inputs), s, out, rows_per_file=rows_per_file, progress=report)
+    console.print(f"wrote {len(paths)} shard(s), {seen[0]:,} rows, to {out}")
+
+
+@app.command()
+def generate(
+    schema: Path = typer.Option(..., help="Schema YAML."),
+    rows: int = typer.Option(..., help="Number of rows."),
+    files: int = typer.Option(1, help="Number of shards."),
+    out: Path = typer.Option(..., help="Output directory."),
+    seed: int = typer.Option(0, help="Random seed (same seed → same bytes)."),
+) -> None:
+    """Generate synthetic shards shaped like the schema's data (Zipf categoricals, nulls, heavy tails)."""
+    from etl.schema import load_schema
+    from etl.synth import generate as run
+
+    with user_errors():
+        s = load_schema(schema)
+        with progress_bar("generate", rows) as advance:
+            paths = run(s, rows, files, out, seed=seed, progress=advance)
+    console.print(f"wrote {len(paths)} shard(s), {rows:,} rows, to {out}")
+
+
+@app.command()
+def fit(
+    pipeline: Path = typer.Option(..., help="Pipeline YAML."),
+    input: list[Path] = typer.Option(..., help="Raw Parquet shards or directories of them."),
+    artifacts: Path = typer.Option(..., help="Directory to write the fitted artifacts to."),
+    workers: int = typer.Option(2, help="Worker threads."),
+    on_error: str = typer.Option("raise", help="raise | quarantine (skip invalid rows while fitting)."),
+) -> None:
+    """Fit the pipeline's statistics and vocabularies over all shards, in bounded memory."""
+    import time
+
+    from etl.pipeline import Pipeline
+    from etl.readers import list_shards
+
+    with user_errors():
+        _check_choice("--on-error", on_error, ("raise", "quarantine"))
+        p = Pipeline.from_file(pipeline)
+        shards = list_shards(list(input))
+        t0 = time.perf_counter()
+        with progress_bar("fit", _total_rows(shards)) as advance:
+            p.fit(shards, workers=workers, on_error=on_error, progress=advance)
+        seconds = time.perf_counter() - t0
+        p.save(artifacts)
+    rows = _total_rows(shards)
+    console.print(f"fitted {p.name} on {rows:,} rows in {seconds:.2f} s ({rows / max(seconds, 1e-9):,.0f} rows/s) → {artifacts}")
+    _print_cardinalities(p.cardinalities())
+
+
+@app.command()
+def preprocess(
+    pipeline: Path = typer.Option(..., help="Pipeline YAML."),
+    input: list[Path] = typer.Option(..., help="Raw Parquet shards or directories of them."),
+    out: Path = typer.Option(..., help="Output directory."),
+    artifacts: Optional[Path] = typer.Option(None, help="Fitted artifacts to use (fits first when omitted)."),
+    workers: int = typer.Option(2, help="Worker threads."),
+    on_error: str = typer.Option("raise", help="raise: stop at the first invalid value; quarantine: set invalid rows aside."),
+) -> None:
+    """Fit (when no artifacts are given) and transform every shard; resumable after an interruption."""
+    from etl.pipeline import Pipeline
+    from etl.preprocess import preprocess as run
+    from etl.readers import list_shards
+
+    with user_errors():
+        _check_choice("--on-error", on_error, ("raise", "quarantine"))
+        p = Pipeline.from_file(pipeline)
+        shards = list_shards(list(input))
+        total = _total_rows(shards)
+        needs_fit = artifacts is None and not p.is_fitted
+        with progress_bar("fit" if needs_fit else "transform", total) as advance:
+            summary = run(p, shards, out, artifacts=artifacts, workers=workers, on_error=on_error, progress=advance)
+    c = console
+    c.print(f"files: {summary.files} ({summary.files_skipped} already complete, skipped)")
+    c.print(f"rows: {summary.rows_in:,} in = {summary.rows_out:,} out + {summary.rows_quarantined:,} quarantined")
+    if summary.fit_seconds:
+        c.print(f"fit: {summary.fit_seconds:.2f} s")
+    c.print(f"transform: {summary.rows_processed:,} rows in {summary.transform_seconds:.2f} s ({summary.rows_per_second:,.0f} rows/s)")
+    c.print(f"output: {out}")
+
+
+@app.command()
+def inspect(path: Path = typer.Argument(..., help="A raw or processed shard directory/file, or an artifacts directory.")) -> None:
+    """Show the schema, row counts and vocabulary sizes of a raw, processed or artifacts directory."""
+    from etl.inspect import describe
+
+    with user_errors():
+        text = describe(path)
+    console.print(text, highlight=False)
+
+
+def _check_choice(flag: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise EtlError(f"{flag} must be one of {', '.join(choices)}, got {value!r}")
+
+
+def _print_cardinalities(cards: dict[str, int]) -> None:
+    if cards:
+        console.print("cardinalities: " + ", ".join(f"{k}={v:,}" for k, v in cards.items()), highlight=False)

@@ -1,0 +1,83 @@
+"""Human-readable descriptions of raw shard directories, processed outputs and artifacts (``etl inspect``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from etl.errors import ArtifactError, InputError
+from etl.readers import list_shards
+
+
+def describe(path: Path) -> str:
+    """Describe ``path``: an artifacts directory (pipeline.json), a processed output (manifest.json) or Parquet."""
+    if (path / "pipeline.json").is_file():
+        return describe_artifacts(path)
+    if (path / "manifest.json").is_file():
+        return describe_processed(path)
+    return describe_parquet(list_shards(path))
+
+
+def describe_artifacts(path: Path) -> str:
+    try:
+        doc = json.loads((path / "pipeline.json").read_text())
+    except json.JSONDecodeError as e:
+        raise ArtifactError(f"{path / 'pipeline.json'}: invalid JSON: {e}") from None
+    lines = [
+        f"artifacts: {path}",
+        f"format: {doc.get('format')} v{doc.get('version')}",
+        f"pipeline: {doc.get('pipeline', {}).get('name')}   schema: {doc.get('schema', {}).get('name')}",
+        f"id encoding: {doc.get('id_encoding')}",
+        "ops: " + ", ".join(o["op"] for o in doc.get("ops", [])),
+    ]
+    for o in doc.get("ops", []):
+        sizes = o.get("state", {}).get("sizes")
+        if sizes:
+            lines.append(f"{o['op']} vocabulary sizes: " + ", ".join(f"{k}={v:,}" for k, v in sizes.items()))
+    cards = doc.get("cardinalities", {})
+    if cards:
+        lines.append("cardinalities (embedding rows): " + ", ".join(f"{k}={v:,}" for k, v in cards.items()))
+    return "\n".join(lines)
+
+
+def describe_processed(path: Path) -> str:
+    doc = json.loads((path / "manifest.json").read_text())
+    t = doc.get("totals", {})
+    lines = [
+        f"processed output: {path}   pipeline: {doc.get('pipeline')}   complete: {doc.get('complete')}",
+        f"files: {len(doc.get('files', []))}   rows in: {t.get('rows_in', 0):,}   out: {t.get('rows_out', 0):,}   quarantined: {t.get('rows_quarantined', 0):,}",
+    ]
+    outputs = [path / f["output"] for f in doc.get("files", [])]
+    if outputs:
+        lines.append(describe_parquet(outputs))
+    if (path / "artifacts" / "pipeline.json").is_file():
+        lines.append(describe_artifacts(path / "artifacts"))
+    return "\n".join(lines)
+
+
+def describe_parquet(files: list[Path]) -> str:
+    rows = groups = 0
+    schema: pa.Schema | None = None
+    nulls: dict[str, int] = {}
+    for f in files:
+        try:
+            meta = pq.ParquetFile(f).metadata
+        except (OSError, pa.ArrowException) as e:
+            raise InputError(str(f), f"not a readable Parquet file: {e}") from None
+        rows += meta.num_rows
+        groups += meta.num_row_groups
+        schema = schema or meta.schema.to_arrow_schema()
+        for g in range(meta.num_row_groups):
+            rg = meta.row_group(g)
+            for c in range(rg.num_columns):
+                col = rg.column(c)
+                if col.statistics is not None and col.statistics.has_null_count:
+                    nulls[col.path_in_schema] = nulls.get(col.path_in_schema, 0) + col.statistics.null_count
+    lines = [f"parquet: {len(files)} file(s), {rows:,} rows, {groups} row groups"]
+    for field in schema or []:
+        n = nulls.get(field.name)
+        lines.append(f"  {field.name}: {field.type}" + (f"   nulls {n:,} ({n / rows:.1%})" if n and rows else ""))
+    return "\n".join(lines)

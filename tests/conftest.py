@@ -1,0 +1,37 @@
+"""Shared test fixtures: paths of the repository and of the real data sets beside it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("ETL_SHARED_DATA", REPO.parent / "shared" / "data"))
+CRITEO_8K = DATA / "criteo-kaggle-8k"
+MOVIELENS = DATA / "movielens-ml-latest-small"
+
+
+def run_etl(*args: str, check: bool = True, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """Run the ``etl`` command as a user would, in a subprocess."""
+    proc = subprocess.run([sys.executable, "-m", "etl", *map(str, args)], cwd=cwd, capture_output=True, text=True)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"etl {' '.join(map(str, args))} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture(scope="session")
+def criteo_8k() -> Path:
+    if not (CRITEO_8K / "train.csv").is_file():
+        pytest.skip(f"real Criteo sample not found at {CRITEO_8K}")
+    return CRITEO_8K
+
+
+@pytest.fixture(scope="session")
+def movielens() -> Path:
+    if not (MOVIELENS / "ratings.csv").is_file():
+        pytest.skip(f"MovieLens sample not found at {MOVIELENS}")
+    return MOVIELENS

@@ -170,6 +170,8 @@ def preprocess(
         on_fit_done()
     artifacts_sha = sha256_file(out_dir / "artifacts" / "pipeline.json")
 
+    for stale in [*out_dir.glob("*.tmp"), *out_dir.glob("quarantine/*.tmp")]:
+        stale.unlink()  # left by an interrupted run
     manifest_path = out_dir / MANIFEST
     previous = _load_manifest(manifest_path)
     outputs = [out_dir / f"part-{i:05d}.parquet" for i in range(len(shards))]

@@ -130,20 +130,23 @@ def preprocess(
     artifacts: Optional[Path] = typer.Option(None, help="Fitted artifacts to use (fits first when omitted)."),
     workers: int = typer.Option(2, help="Worker threads."),
     on_error: str = typer.Option("raise", help="raise: stop at the first invalid value; quarantine: set invalid rows aside."),
+    compression: str = typer.Option("none", help="Output Parquet compression: none | snappy | lz4 | zstd."),
 ) -> None:
     """Fit (when no artifacts are given) and transform every shard; resumable after an interruption."""
     from etl.pipeline import Pipeline
+    from etl.preprocess import COMPRESSIONS
     from etl.preprocess import preprocess as run
     from etl.readers import list_shards
 
     with user_errors():
         _check_choice("--on-error", on_error, ("raise", "quarantine"))
+        _check_choice("--compression", compression, COMPRESSIONS)
         p = Pipeline.from_file(pipeline)
         shards = list_shards(list(input))
         total = _total_rows(shards)
         needs_fit = artifacts is None and not p.is_fitted
         with progress_bar("fit" if needs_fit else "transform", total) as advance:
-            summary = run(p, shards, out, artifacts=artifacts, workers=workers, on_error=on_error, progress=advance)
+            summary = run(p, shards, out, artifacts=artifacts, workers=workers, on_error=on_error, compression=compression, progress=advance)
     c = console
     c.print(f"files: {summary.files} ({summary.files_skipped} already complete, skipped)")
     c.print(f"rows: {summary.rows_in:,} in = {summary.rows_out:,} out + {summary.rows_quarantined:,} quarantined")

@@ -84,33 +84,40 @@ def nonfinite_mask(values: np.ndarray, valid: np.ndarray | None) -> np.ndarray |
 # ---------------------------------------------------------------- decode
 
 
+def _hex_digit_table() -> np.ndarray:
+    """Byte → hex digit value; 0xFF for bytes that are not hex digits."""
+    lut = np.full(256, 0xFF, np.uint8)
+    for i, c in enumerate(b"0123456789abcdef"):
+        lut[c] = i
+    for i, c in enumerate(b"ABCDEF"):
+        lut[c] = 10 + i
+    return lut
+
+
+_HEX_DIGIT = _hex_digit_table()
+
+
 @_jit
-def _decode_hex(data, offsets, valid, width, keys, bad):
+def _decode_hex(data, offsets, valid, width, lut, keys, bad):
     nbad = 0
     for i in range(len(keys)):
-        if valid is not None and not valid[i]:
-            keys[i] = 0
-            continue
         s = offsets[i]
         e = offsets[i + 1]
         n = e - s
-        ok = n > 0 and n <= 16 and (width == 0 or n == width)
         k = np.uint64(0)
-        if ok:
+        flag = np.uint8(0)
+        if n < 1 or n > 16 or (width != 0 and n != width):
+            flag = np.uint8(0xFF)
+        else:
             for j in range(s, e):
-                c = data[j]
-                if 48 <= c <= 57:
-                    d = c - 48
-                elif 97 <= c <= 102:
-                    d = c - 87
-                elif 65 <= c <= 70:
-                    d = c - 55
-                else:
-                    ok = False
-                    break
-                k = (k << np.uint64(4)) | np.uint64(d)
+                d = lut[data[j]]
+                flag |= d  # bit 7 is set only by a non-digit
+                k = (k << np.uint64(4)) | np.uint64(d & np.uint8(15))
+        if valid is not None and not valid[i]:
+            k = np.uint64(0)
+            flag = np.uint8(0)
         keys[i] = k
-        if not ok:
+        if flag & np.uint8(0x80):
             bad[i] = True
             nbad += 1
     return nbad
@@ -161,7 +168,7 @@ def decode_hex(s: Strings, valid: np.ndarray | None, width: int | None) -> tuple
     """Hex text → uint64 keys. Returns (keys, bad) where bad marks malformed present values (None if none)."""
     keys = np.empty(len(s), np.uint64)
     bad = np.zeros(len(s), np.bool_)
-    nbad = _decode_hex(s.data, s.offsets, valid, width or 0, keys, bad)
+    nbad = _decode_hex(s.data, s.offsets, valid, width or 0, _HEX_DIGIT, keys, bad)
     return keys, (bad if nbad else None)
 
 

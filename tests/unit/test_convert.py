@@ -1,0 +1,306 @@
+"""etl.convert: delimited text → raw-layout Parquet shards."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from etl.convert import ROW_GROUP_ROWS, convert, raw_arrow_schema
+from etl.errors import InputError
+from etl.schema import Schema, load_schema, parse_schema
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = Path(os.environ.get("ETL_SHARED_DATA", ROOT.parent / "shared" / "data"))
+CRITEO = DATA / "criteo-kaggle-8k"
+CRITEO_FILES = [CRITEO / f for f in ("train.csv", "dev.csv", "test.csv")]
+MOVIELENS = DATA / "movielens-ml-latest-small"
+
+needs_criteo = pytest.mark.skipif(not CRITEO.is_dir(), reason=f"real Criteo sample not at {CRITEO}")
+needs_movielens = pytest.mark.skipif(not MOVIELENS.is_dir(), reason=f"MovieLens sample not at {MOVIELENS}")
+
+
+@pytest.fixture(scope="module")
+def criteo() -> Schema:
+    return load_schema(ROOT / "schemas" / "criteo.yaml")
+
+
+def _schema(columns: list[dict], **text) -> Schema:
+    return parse_schema({"name": "t", "text": text, "columns": columns})
+
+
+def _rows(paths: list[Path]) -> pa.Table:
+    return pa.concat_tables([pq.read_table(p) for p in paths])
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# raw layout
+
+
+def test_raw_arrow_schema_types():
+    s = _schema([
+        {"name": "y", "role": "label", "dtype": "float64"},
+        {"name": "i", "role": "dense", "dtype": "int64"},
+        {"name": "c", "role": "categorical", "dtype": "string", "encoding": "hex", "width": 8},
+        {"name": "u", "role": "categorical", "dtype": "int64"},
+        {"name": "g", "role": "list", "dtype": "string", "separator": "|"},
+        {"name": "h", "role": "list", "dtype": "int64", "separator": ";"},
+    ])
+    a = raw_arrow_schema(s)
+    assert a.names == ["y", "i", "c", "u", "g", "h"]
+    assert a.types == [pa.float64(), pa.int64(), pa.string(), pa.int64(), pa.list_(pa.string()), pa.list_(pa.int64())]
+    assert a.field("g").type.value_field.name == "element"
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# the real Criteo sample
+
+
+@needs_criteo
+def test_criteo_sample(criteo, tmp_path):
+    seen = []
+    paths = convert(CRITEO_FILES, criteo, tmp_path / "out", progress=seen.append)
+    assert [p.name for p in paths] == ["part-00000.parquet"]
+    assert sorted(x.name for x in (tmp_path / "out").iterdir()) == ["part-00000.parquet"]  # no temporaries left
+    assert seen and seen[-1] == 8000 and seen == sorted(seen)
+    t = pq.read_table(paths[0])
+    assert t.num_rows == 8000
+    assert t.schema.equals(raw_arrow_schema(criteo))
+    assert t.schema.types[:14] == [pa.int64()] * 14 and t.schema.types[14:] == [pa.string()] * 26
+
+    # the statistics stated in SOURCE.txt
+    missing = {"I1": .452, "I2": 0, "I3": .203, "I4": .203, "I5": .05, "I6": .252, "I7": .05, "I8": .001,
+               "I9": .05, "I10": .452, "I11": .05, "I12": .777, "I13": .203}
+    for name, frac in missing.items():
+        assert round(t[name].null_count / 8000, 3) == frac, name
+    assert round(pc.mean(t["label"]).as_py(), 3) == 0.216
+    assert t["label"].null_count == 0
+    assert pc.min(t["I2"]).as_py() == -2
+    assert pc.max(t["I5"]).as_py() == 1618112
+    cards = [157, 370, 4524, 3369, 53, 7, 2817, 82, 3, 2584, 1904, 4337, 1591, 22, 1833, 3905, 9, 1055, 480, 3, 4140,
+             7, 12, 2152, 37, 1635]
+    assert [pc.count_distinct(t[f"C{i}"], mode="only_valid").as_py() for i in range(1, 27)] == cards
+    c_missing = sum(t[f"C{i}"].null_count for i in range(1, 27)) / (8000 * 26)
+    assert round(c_missing, 3) == 0.114
+    assert pc.all(pc.match_substring_regex(t["C1"], r"^[0-9a-f]{8}$")).as_py()
+
+    first = t.slice(0, 1).to_pylist()[0]
+    assert first["label"] == 0
+    assert [first[f"I{i}"] for i in range(1, 14)] == [1, 1, 5, 0, 1382, 4, 15, 2, 181, 1, 2, None, 2]
+    assert first["C1"] == "68fd1e64" and first["C2"] == "80e26c9b" and first["C22"] is None
+    assert first["C26"] == "9727dd16"
+
+
+@needs_criteo
+def test_rows_per_file_keeps_order_and_row_groups(criteo, tmp_path):
+    whole = pq.read_table(convert(CRITEO_FILES, criteo, tmp_path / "whole")[0])
+    paths = convert(CRITEO_FILES, criteo, tmp_path / "split", rows_per_file=3000)
+    assert [p.name for p in paths] == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
+    assert [pq.ParquetFile(p).metadata.num_rows for p in paths] == [3000, 3000, 2000]
+    assert _rows(paths).equals(whole)  # rows of train, dev and test share shards, in input order
+
+    paths = convert(CRITEO_FILES, criteo, tmp_path / "rg", rows_per_file=2500)
+    md = [pq.ParquetFile(p).metadata for p in paths]
+    assert [m.num_rows for m in md] == [2500, 2500, 2500, 500]
+    assert all(m.row_group(i).num_rows == (2500 if m.num_rows == 2500 else 500)
+               for m in md for i in range(m.num_row_groups))
+    assert all(m.num_row_groups == 1 for m in md)
+    big = pq.ParquetFile(convert(CRITEO_FILES, criteo, tmp_path / "big", rows_per_file=10**9)[0])
+    assert big.metadata.num_row_groups == 1 and ROW_GROUP_ROWS == 131072
+
+
+def test_row_groups_are_full(tmp_path):
+    # 300k one-column rows, rows_per_file 200k → shards of 200k (131072 + 68928) and 100k rows
+    s = _schema([{"name": "x", "role": "dense", "dtype": "int64"}])
+    src = tmp_path / "x.txt"
+    src.write_text("\n".join(str(i) for i in range(300_000)) + "\n")
+    paths = convert([src], s, tmp_path / "out", rows_per_file=200_000)
+    md = [pq.ParquetFile(p).metadata for p in paths]
+    assert [[m.row_group(i).num_rows for i in range(m.num_row_groups)] for m in md] == [[131072, 68928], [100000]]
+    assert _rows(paths)["x"].to_pylist() == list(range(300_000))
+
+
+@needs_criteo
+def test_gzip_input(criteo, tmp_path):
+    gz = tmp_path / "dev.csv.gz"
+    with open(CRITEO / "dev.csv", "rb") as fi, gzip.open(gz, "wb") as fo:
+        shutil.copyfileobj(fi, fo)
+    a = pq.read_table(convert([gz], criteo, tmp_path / "gz")[0])
+    b = pq.read_table(convert([CRITEO / "dev.csv"], criteo, tmp_path / "plain")[0])
+    assert a.num_rows == 409 and a.equals(b)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# text layouts
+
+
+def test_header_selects_and_reorders_columns(tmp_path):
+    s = _schema(
+        [
+            {"name": "label", "role": "label", "dtype": "int64"},
+            {"name": "price", "role": "dense", "dtype": "float64"},
+            {"name": "item", "role": "categorical", "dtype": "string", "encoding": "hex", "width": 8},
+        ],
+        delimiter=",", header=True, null_value="NA",
+    )
+    src = tmp_path / "h.csv"
+    src.write_text('item,extra,price,label\n00000123,x,1.5,1\nNA,y,,0\n"0000abcd",z,NA,1\n,w,-2,0\n')
+    t = pq.read_table(convert([src], s, tmp_path / "out")[0])
+    assert t.schema.equals(raw_arrow_schema(s))
+    assert t.to_pydict() == {
+        "label": [1, 0, 1, 0],
+        "price": [1.5, None, None, -2.0],
+        "item": ["00000123", None, "0000abcd", None],  # hex text stays text, leading zeros kept
+    }
+
+
+def test_header_missing_column(tmp_path):
+    s = _schema([{"name": "a", "role": "dense", "dtype": "int64"}, {"name": "b", "role": "dense", "dtype": "int64"}],
+                header=True)
+    src = tmp_path / "h.csv"
+    src.write_text("a,c\n1,2\n")
+    with pytest.raises(InputError) as e:
+        convert([src], s, tmp_path / "out")
+    assert e.value.path == str(src) and e.value.column == "b" and "['b']" in str(e.value)
+
+
+def test_list_columns(tmp_path):
+    s = _schema(
+        [
+            {"name": "id", "role": "categorical", "dtype": "int64"},
+            {"name": "genres", "role": "list", "dtype": "string", "separator": "|"},
+            {"name": "tags", "role": "list", "dtype": "int64", "separator": ";"},
+        ],
+        delimiter="\t",
+    )
+    src = tmp_path / "l.tsv"
+    src.write_text("1\tAdventure|Animation|Children\t3;-4;5\n2\t\t\n3\tDrama\t7\n4\ta||b\t\n")
+    t = pq.read_table(convert([src], s, tmp_path / "out")[0])
+    assert t.schema.equals(raw_arrow_schema(s))
+    assert t.schema.field("tags").type == pa.list_(pa.int64())
+    assert t.to_pydict() == {
+        "id": [1, 2, 3, 4],
+        "genres": [["Adventure", "Animation", "Children"], None, ["Drama"], ["a", "", "b"]],
+        "tags": [[3, -4, 5], None, [7], None],
+    }
+
+
+def test_bad_list_element(tmp_path):
+    s = _schema([{"name": "tags", "role": "list", "dtype": "int64", "separator": ";"}])
+    src = tmp_path / "l.txt"
+    src.write_text("1;2\n3\n4;x5\n")
+    with pytest.raises(InputError) as e:
+        convert([src], s, tmp_path / "out")
+    assert e.value.column == "tags" and "line 3" in str(e.value) and "'x5'" in str(e.value)
+
+
+@needs_movielens
+def test_movielens_real(tmp_path):
+    ratings = _schema(
+        [
+            {"name": "userId", "role": "categorical", "dtype": "int64", "encoding": "int"},
+            {"name": "movieId", "role": "categorical", "dtype": "int64", "encoding": "int"},
+            {"name": "rating", "role": "label", "dtype": "float64"},
+            {"name": "timestamp", "role": "dense", "dtype": "int64"},
+        ],
+        delimiter=",", header=True,
+    )
+    t = pq.read_table(convert([MOVIELENS / "ratings.csv"], ratings, tmp_path / "r")[0])
+    assert t.num_rows == 100836
+    assert t.slice(0, 1).to_pylist()[0] == {"userId": 1, "movieId": 1, "rating": 4.0, "timestamp": 964982703}
+    movies = _schema(
+        [
+            {"name": "movieId", "role": "categorical", "dtype": "int64"},
+            {"name": "genres", "role": "list", "dtype": "string", "separator": "|"},
+        ],
+        delimiter=",", header=True,
+    )
+    m = pq.read_table(convert([MOVIELENS / "movies.csv"], movies, tmp_path / "m")[0])  # titles are quoted, dropped
+    assert m.num_rows == 9742
+    assert m["genres"][0].as_py() == ["Adventure", "Animation", "Children", "Comedy", "Fantasy"]
+    assert m["genres"].null_count == 0
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# errors and output-directory behaviour
+
+
+@needs_criteo
+def test_wrong_field_count_names_file_and_line(criteo, tmp_path):
+    lines = (CRITEO / "dev.csv").read_text().splitlines(keepends=True)
+    lines[99] = "\t".join(lines[99].split("\t")[:39]) + "\n"  # line 100 loses its last field
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("".join(lines))
+    with pytest.raises(InputError) as e:
+        convert([CRITEO / "test.csv", bad], criteo, tmp_path / "out")
+    assert e.value.path == str(bad)
+    assert "line 100" in str(e.value) and "expected 40, got 39" in str(e.value)
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+@needs_criteo
+def test_unparsable_int_names_column_and_line(criteo, tmp_path):
+    lines = (CRITEO / "dev.csv").read_text().splitlines(keepends=True)
+    fields = lines[6].split("\t")
+    fields[5] = "12x"  # I5
+    lines[6] = "\t".join(fields)
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("".join(lines))
+    with pytest.raises(InputError) as e:
+        convert([bad], criteo, tmp_path / "out")
+    assert e.value.path == str(bad) and e.value.column == "I5"
+    assert "line 7" in str(e.value) and "'12x'" in str(e.value)
+
+
+def test_missing_input(tmp_path):
+    s = _schema([{"name": "x", "role": "dense", "dtype": "int64"}])
+    ok = tmp_path / "ok.txt"
+    ok.write_text("1\n")
+    with pytest.raises(InputError) as e:
+        convert([ok, tmp_path / "nope.tsv"], s, tmp_path / "out")
+    assert e.value.path == str(tmp_path / "nope.tsv") and "no such file" in str(e.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_failed_run_leaves_output_unchanged_and_success_replaces_it(tmp_path):
+    s = _schema([{"name": "x", "role": "dense", "dtype": "int64"}])
+    out = tmp_path / "out"
+    big = tmp_path / "big.txt"
+    big.write_text("1\n2\n3\n4\n5\n")
+    assert len(convert([big], s, out, rows_per_file=2)) == 3
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    bad = tmp_path / "bad.txt"
+    bad.write_text("1\n2\n3\nfour\n")
+    with pytest.raises(InputError):
+        convert([bad], s, out, rows_per_file=2)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    small = tmp_path / "small.txt"
+    small.write_text("7\n")
+    assert [p.name for p in convert([small], s, out, rows_per_file=2)] == ["part-00000.parquet"]
+    assert sorted(p.name for p in out.iterdir()) == ["part-00000.parquet"]  # stale part-00001/2 removed
+    assert pq.read_table(out / "part-00000.parquet")["x"].to_pylist() == [7]
+
+
+def test_empty_input_gives_one_empty_shard(tmp_path):
+    s = _schema([{"name": "x", "role": "dense", "dtype": "int64"}, {"name": "y", "role": "dense", "dtype": "int64"}],
+                header=True)
+    empty, header_only = tmp_path / "e.csv", tmp_path / "h.csv"
+    empty.write_text("")
+    header_only.write_text("x,y\n")
+    paths = convert([empty, header_only], s, tmp_path / "out")
+    t = pq.read_table(paths[0])
+    assert len(paths) == 1 and t.num_rows == 0 and t.schema.equals(raw_arrow_schema(s))
+
+
+def test_bad_arguments(tmp_path):
+    s = _schema([{"name": "x", "role": "dense", "dtype": "int64"}])
+    with pytest.raises(InputError):
+        convert([], s, tmp_path / "out")
+    with pytest.raises(ValueError):
+        convert([tmp_path], s, tmp_path / "out", rows_per_file=0)

@@ -22,28 +22,34 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Strings:
-    """Variable-length byte strings in Arrow layout: string i is ``data[offsets[i]:offsets[i+1]]``."""
+    """Variable-length byte strings: string i is ``data[starts[i]:ends[i]]``.
+
+    This covers both Arrow layouts without copying: offsets (``starts = offsets[:-1]``, ``ends = offsets[1:]``)
+    and inline string views (``data`` is the view buffer, each string inside its 16-byte view)."""
 
     data: np.ndarray  # uint8
-    offsets: np.ndarray  # int32 or int64, length n+1
+    starts: np.ndarray  # int32 or int64
+    ends: np.ndarray  # int32 or int64
+
+    @classmethod
+    def from_offsets(cls, data: np.ndarray, offsets: np.ndarray) -> Strings:
+        return cls(data, offsets[:-1], offsets[1:])
 
     def __len__(self) -> int:
-        return len(self.offsets) - 1
+        return len(self.starts)
 
     def to_list(self) -> list[str]:
         raw = self.data.tobytes()
-        o = self.offsets
-        return [raw[o[i] : o[i + 1]].decode("utf-8", "replace") for i in range(len(self))]
+        return [raw[s:e].decode("utf-8", "replace") for s, e in zip(self.starts.tolist(), self.ends.tolist())]
 
     def take(self, idx: np.ndarray) -> Strings:
-        """The strings at positions ``idx`` (used on rare paths: quarantine, error messages)."""
-        starts, ends = self.offsets[idx].astype(np.int64), self.offsets[idx + 1].astype(np.int64)
-        lens = ends - starts
-        new_off = np.zeros(len(idx) + 1, dtype=np.int64)
-        np.cumsum(lens, out=new_off[1:])
-        pieces = [self.data[s:e] for s, e in zip(starts, ends)]
+        """The strings at positions ``idx``, compacted into a new buffer."""
+        starts, ends = self.starts[idx].astype(np.int64), self.ends[idx].astype(np.int64)
+        offsets = np.zeros(len(idx) + 1, dtype=np.int64)
+        np.cumsum(ends - starts, out=offsets[1:])
+        pieces = [self.data[s:e] for s, e in zip(starts.tolist(), ends.tolist())]
         data = np.concatenate(pieces) if pieces else np.zeros(0, np.uint8)
-        return Strings(data.astype(np.uint8, copy=False), new_off)
+        return Strings.from_offsets(data.astype(np.uint8, copy=False), offsets)
 
 
 @dataclass(frozen=True)

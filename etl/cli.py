@@ -157,6 +157,35 @@ def preprocess(
 
 
 @app.command()
+def demo(
+    pipeline: Path = typer.Option(Path("pipelines/criteo.yaml"), help="Pipeline YAML (its schema describes the data)."),
+    rows: int = typer.Option(1_000_000, help="Synthetic rows to generate."),
+    files: int = typer.Option(4, help="Number of shards."),
+    workdir: Path = typer.Option(Path("demo"), help="Where raw/ and processed/ are written."),
+    workers: int = typer.Option(2, help="Worker threads."),
+) -> None:
+    """The main job on an embedded default: generate synthetic shards, fit, preprocess, summarise."""
+    from etl.pipeline import Pipeline
+    from etl.preprocess import preprocess as run
+    from etl.readers import list_shards
+    from etl.synth import generate as gen
+
+    with user_errors():
+        p = Pipeline.from_file(pipeline)
+        raw, processed = workdir / "raw", workdir / "processed"
+        with progress_bar("generate", rows) as advance:
+            gen(p.schema, rows, files, raw, seed=0, progress=advance)
+        console.print(f"generated {rows:,} synthetic {p.schema.name} rows in {files} shard(s) → {raw}")
+        with progress_bar("preprocess", rows) as advance:
+            summary = run(p, list_shards(raw), processed, workers=workers, progress=advance)
+    console.print(f"fit: {summary.fit_seconds:.2f} s ({rows / max(summary.fit_seconds, 1e-9):,.0f} rows/s)")
+    console.print(f"transform: {summary.rows_processed:,} rows in {summary.transform_seconds:.2f} s ({summary.rows_per_second:,.0f} rows/s)")
+    console.print(f"rows: {summary.rows_in:,} in = {summary.rows_out:,} out + {summary.rows_quarantined:,} quarantined")
+    _print_cardinalities(Pipeline.load(processed / "artifacts").cardinalities())
+    console.print(f"processed shards, manifest and artifacts → {processed}  (see: etl inspect {processed})")
+
+
+@app.command()
 def inspect(path: Path = typer.Argument(..., help="A raw or processed shard directory/file, or an artifacts directory.")) -> None:
     """Show the schema, row counts and vocabulary sizes of a raw, processed or artifacts directory."""
     from etl.inspect import describe

@@ -247,6 +247,7 @@ class Pipeline:
         lock = threading.Lock()
         while not self.is_fitted:
             stage = self._next_stage()
+            plan, columns = self._fit_plan(stage)
             accs = [[op.new_stats(self.xp) for op in stage] for _ in range(max(1, min(workers, len(shards))))]
 
             def fit_shard(w: int, path: Path, stop: threading.Event) -> None:
@@ -254,8 +255,8 @@ class Pipeline:
                 for i in range(shard.num_row_groups):
                     if stop.is_set():
                         return
-                    batch = shard.read(i)
-                    self._fit_batch(stage, accs[w], batch, on_error)
+                    batch = shard.read(i, columns)
+                    self._fit_batch(plan, stage, accs[w], batch, on_error)
                     if progress is not None:
                         with lock:
                             progress(batch.num_rows)
@@ -265,7 +266,7 @@ class Pipeline:
             for acc in accs[1:]:
                 total = [op.merge(a, b) for op, a, b in zip(stage, total, acc)]
             for op, stats in zip(stage, total):
-                op.finalize(stats)
+                op.finalize(stats, self.xp)
 
     def _next_stage(self) -> list[Op]:
         """Unfitted ops whose inputs do not depend on another unfitted op."""
@@ -279,10 +280,20 @@ class Pipeline:
                 stale |= set(op.outputs)
         return stage
 
-    def _fit_batch(self, stage: list[Op], accs: list[Any], batch: Batch, on_error: str) -> None:
+    def _fit_plan(self, stage: list[Op]) -> tuple[list[Op], list[str]]:
+        """The ops that fitting ``stage`` needs to run (the stage and what feeds it) and the columns they read."""
+        needed: set[str] = set()
+        plan = []
+        for op in reversed(self.ops):
+            if op in stage or needed & set(op.outputs):
+                plan.append(op)
+                needed |= set(op.columns)
+        return plan[::-1], [c for c in self.schema.names if c in needed]
+
+    def _fit_batch(self, plan: list[Op], stage: list[Op], accs: list[Any], batch: Batch, on_error: str) -> None:
         t = Transformed(batch)
         stale: set[str] = set()
-        for op in self.ops:
+        for op in plan:
             if stale & set(op.columns):
                 stale |= set(op.outputs)
             elif op in stage:

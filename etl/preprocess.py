@@ -86,7 +86,9 @@ def _load_manifest(path: Path) -> dict[str, Any]:
     return {e["output"]: e for e in doc.get("files", [])}
 
 
-def _quarantine_table(raw: pa.Table, first_row: int, t: Transformed) -> pa.Table:
+def _quarantine_table(raw: pa.Table, source_schema: pa.Schema, first_row: int, t: Transformed) -> pa.Table:
+    """The rejected rows as they were in the source (its column types), with _row, _column and _reason."""
+    raw = raw.cast(pa.schema([source_schema.field(c) for c in raw.column_names]))
     rows = np.concatenate([r.rows for r in t.rejected])
     columns = np.concatenate([[r.column] * len(r.rows) for r in t.rejected])
     reasons = np.concatenate([[r.reason] * len(r.rows) for r in t.rejected])
@@ -119,7 +121,7 @@ def process_shard(pipeline: Pipeline, source: Path, out: Path, quarantine: Path,
             rows_in += raw.num_rows
             rows_out += t.batch.num_rows
             if t.rejected:
-                q = _quarantine_table(raw, first, t)
+                q = _quarantine_table(raw, shard.file.schema_arrow, first, t)
                 if q_writer is None:
                     quarantine.parent.mkdir(exist_ok=True)
                     q_writer = pq.ParquetWriter(_tmp(quarantine), q.schema)

@@ -42,6 +42,7 @@ import numba as nb
 import numpy as np
 import pyarrow as pa
 
+from etl.backends.cpu import encode_hex
 from etl.convert import ROW_GROUP_ROWS, ShardSetWriter, raw_arrow_schema
 from etl.errors import SpecError
 from etl.schema import ColumnSpec, Schema
@@ -264,22 +265,6 @@ def _keys(vkey, i0, n, k, s, beta, salt, bits, out):
 
 
 @nb.njit(nogil=True, cache=True)
-def _hex_strings(keys, valid, width, offsets, data):
-    """Exactly ``width`` lowercase hex digits per valid key; nulls take no bytes. Returns bytes used."""
-    pos = 0
-    offsets[0] = 0
-    for i in range(keys.shape[0]):
-        if valid[i]:
-            x = keys[i]
-            for d in range(width):
-                nib = np.int64((x >> _U(4 * (width - 1 - d))) & _U(15))
-                data[pos + d] = 48 + nib if nib < 10 else 87 + nib
-            pos += width
-        offsets[i + 1] = pos
-    return pos
-
-
-@nb.njit(nogil=True, cache=True)
 def _word_lengths(keys, valid, offsets):
     """Offsets of bijective base-26 words of key+1 ('a', ..., 'z', 'aa', ...); nulls take no bytes."""
     pos = 0
@@ -365,12 +350,10 @@ def _encode(keys: np.ndarray, valid: np.ndarray, nvalid: int, c: ColumnSpec) -> 
     if c.encoding == "int":
         return pa.Array.from_buffers(pa.int64(), n, [_bitmap(valid, nvalid), pa.py_buffer(keys.view(np.int64))],
                                      null_count=n - nvalid)
-    offsets = np.empty(n + 1, np.int32)
     if c.encoding == "hex":
-        width = c.width or 8
-        data = np.empty(nvalid * width, np.uint8)
-        _hex_strings(keys, valid, width, offsets, data)
+        offsets, data = encode_hex(keys, valid, c.width or 8)
     else:
+        offsets = np.empty(n + 1, np.int32)
         data = np.empty(_word_lengths(keys, valid, offsets), np.uint8)
         _word_fill(keys, valid, offsets, data)
     return pa.Array.from_buffers(pa.string(), n, [_bitmap(valid, nvalid), pa.py_buffer(offsets), pa.py_buffer(data)],

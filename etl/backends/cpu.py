@@ -98,11 +98,11 @@ _HEX_DIGIT = _hex_digit_table()
 
 
 @_jit
-def _decode_hex(data, offsets, valid, width, lut, keys, bad):
+def _decode_hex(data, starts, ends, valid, width, lut, keys, bad):
     nbad = 0
     for i in range(len(keys)):
-        s = offsets[i]
-        e = offsets[i + 1]
+        s = starts[i]
+        e = ends[i]
         n = e - s
         k = np.uint64(0)
         flag = np.uint8(0)
@@ -124,14 +124,14 @@ def _decode_hex(data, offsets, valid, width, lut, keys, bad):
 
 
 @_jit
-def _decode_int_text(data, offsets, valid, keys, bad):
+def _decode_int_text(data, starts, ends, valid, keys, bad):
     nbad = 0
     for i in range(len(keys)):
         if valid is not None and not valid[i]:
             keys[i] = 0
             continue
-        s = offsets[i]
-        e = offsets[i + 1]
+        s = starts[i]
+        e = ends[i]
         neg = False
         if s < e and (data[s] == 45 or data[s] == 43):
             neg = data[s] == 45
@@ -153,22 +153,47 @@ def _decode_int_text(data, offsets, valid, keys, bad):
 
 
 @_jit
-def _decode_string(data, offsets, valid, keys):
+def _decode_string(data, starts, ends, valid, keys):
     for i in range(len(keys)):
         if valid is not None and not valid[i]:
             keys[i] = 0
             continue
         h = _FNV_OFFSET
-        for j in range(offsets[i], offsets[i + 1]):
+        for j in range(starts[i], ends[i]):
             h = (h ^ np.uint64(data[j])) * _FNV_PRIME
         keys[i] = _fmix64(h)
+
+
+@_jit
+def _encode_hex(keys, valid, width, offsets, data):
+    pos = 0
+    offsets[0] = 0
+    for i in range(keys.shape[0]):
+        if valid is None or valid[i]:
+            x = keys[i]
+            for d in range(width):
+                nib = np.int64((x >> np.uint64(4 * (width - 1 - d))) & np.uint64(15))
+                data[pos + d] = 48 + nib if nib < 10 else 87 + nib
+            pos += width
+        offsets[i + 1] = pos
+    return pos
+
+
+def encode_hex(keys: np.ndarray, valid: np.ndarray | None, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """The inverse of ``decode_hex``: exactly ``width`` lowercase hex digits per present key (the low
+    ``4 * width`` bits); missing keys take no bytes. Returns Arrow string buffers (int32 offsets, bytes)."""
+    n_present = len(keys) if valid is None else int(np.count_nonzero(valid))
+    offsets = np.empty(len(keys) + 1, np.int32)
+    data = np.empty(n_present * width, np.uint8)
+    _encode_hex(keys, valid, width, offsets, data)
+    return offsets, data
 
 
 def decode_hex(s: Strings, valid: np.ndarray | None, width: int | None) -> tuple[np.ndarray, np.ndarray | None]:
     """Hex text → uint64 keys. Returns (keys, bad) where bad marks malformed present values (None if none)."""
     keys = np.empty(len(s), np.uint64)
     bad = np.zeros(len(s), np.bool_)
-    nbad = _decode_hex(s.data, s.offsets, valid, width or 0, _HEX_DIGIT, keys, bad)
+    nbad = _decode_hex(s.data, s.starts, s.ends, valid, width or 0, _HEX_DIGIT, keys, bad)
     return keys, (bad if nbad else None)
 
 
@@ -176,14 +201,14 @@ def decode_int_text(s: Strings, valid: np.ndarray | None) -> tuple[np.ndarray, n
     """Decimal integer text (optional sign, at most 19 digits) → its int64 value as a uint64 word."""
     keys = np.empty(len(s), np.uint64)
     bad = np.zeros(len(s), np.bool_)
-    nbad = _decode_int_text(s.data, s.offsets, valid, keys, bad)
+    nbad = _decode_int_text(s.data, s.starts, s.ends, valid, keys, bad)
     return keys, (bad if nbad else None)
 
 
 def decode_string(s: Strings, valid: np.ndarray | None) -> np.ndarray:
     """Any text → ``string_key`` of its UTF-8 bytes."""
     keys = np.empty(len(s), np.uint64)
-    _decode_string(s.data, s.offsets, valid, keys)
+    _decode_string(s.data, s.starts, s.ends, valid, keys)
     return keys
 
 
@@ -325,21 +350,26 @@ class KeyCounter:
             self._grow(self.size + len(keys))
         self.size += _count_weighted(self.keys, self.counts, keys, counts)
 
+    def merge_from(self, other: KeyCounter) -> None:
+        """Add every count of ``other`` into this counter."""
+        used = other.counts > 0
+        self.add_counts(other.keys[used], other.counts[used])
+
     def _grow(self, need: int) -> None:
         cap = len(self.keys)
         while cap < 2 * need:
             cap *= 2
-        k, c = self.items()
+        used = self.counts > 0
+        k, c = self.keys[used], self.counts[used]
         self.keys = np.zeros(cap, np.uint64)
         self.counts = np.zeros(cap, np.int64)
-        self.size = 0
         self.size = _count_weighted(self.keys, self.counts, k, c)
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:
         """(keys, counts), keys ascending."""
         used = self.counts > 0
         k, c = self.keys[used], self.counts[used]
-        order = np.argsort(k, kind="stable")
+        order = np.argsort(k)
         return k[order], c[order]
 
 

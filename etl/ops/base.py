@@ -7,7 +7,7 @@ backend ``etl.backends.cpu`` today). Fittable ops add:
 - ``partial_fit(stats, batch, xp)``: add one batch to an accumulator;
 - ``merge(a, b) -> stats``: combine two accumulators; associative and commutative, so shards are fitted in
   parallel, in any order, by any number of workers, with the same result;
-- ``finalize(stats)``: set the fitted state;
+- ``finalize(stats, xp)``: set the fitted state;
 - ``state() -> (json_dict, tables)`` and ``load_state(json_dict, tables)``: the fitted state as JSON plus named
   Arrow tables (saved as Parquet), never pickle.
 
@@ -93,7 +93,7 @@ class Op:
     def merge(self, a: Stats, b: Stats) -> Stats:
         raise NotImplementedError
 
-    def finalize(self, stats: Stats) -> None:
+    def finalize(self, stats: Stats, xp: Any) -> None:
         raise NotImplementedError
 
     def state(self) -> tuple[dict[str, Any], dict[str, pa.Table]]:

@@ -67,14 +67,14 @@ def _decode(col: Column, spec: ColumnSpec, xp: Any) -> tuple[np.ndarray, Strings
     return xp.decode_string(v, col.valid), v, None
 
 
-def render_keys(keys: np.ndarray, spec: ColumnSpec) -> list[str]:
-    """Canonical raw text of keys decoded with an invertible encoding (hex: lowercase digits, zero-padded to the
-    width; int: signed decimal)."""
+def render_keys(keys: np.ndarray, spec: ColumnSpec, xp: Any) -> pa.Array:
+    """Canonical raw text of keys decoded with an invertible encoding (hex: lowercase digits, ``width`` of them
+    or 16 when the schema gives no width; int: signed decimal)."""
     if spec.encoding == "hex":
-        fmt = f"{{:0{spec.width or 1}x}}"
-        return [fmt.format(int(k)) for k in keys]
+        offsets, data = xp.encode_hex(keys, None, spec.width or 16)
+        return pa.Array.from_buffers(pa.string(), len(keys), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
     if spec.encoding == "int":
-        return [str(int(k)) for k in keys.view(np.int64)]
+        return pa.array(keys.view(np.int64)).cast(pa.string())
     raise ValueError(f"column '{spec.name}': string keys are not invertible")
 
 
@@ -196,18 +196,18 @@ class Categorify(Op):
                 _remember_raw(s["raw"], col)
 
     def merge(self, a: Stats, b: Stats) -> Stats:
+        """Adds ``b`` into ``a`` (which is consumed) and returns it."""
         out = {}
         for c in self.columns:
-            counter = type(a[c]["counter"])()
-            for s in (a[c], b[c]):
-                counter.add_counts(*s["counter"].items())
+            counter = a[c]["counter"]
+            counter.merge_from(b[c]["counter"])
             raw = dict(a[c]["raw"])
             for k, v in b[c]["raw"].items():
                 raw[k] = min(raw.get(k, v), v)
             out[c] = {"counter": counter, "nulls": a[c]["nulls"] + b[c]["nulls"], "raw": raw}
         return out
 
-    def finalize(self, stats: Stats) -> None:
+    def finalize(self, stats: Stats, xp: Any) -> None:
         for c in self.columns:
             keys, counts = stats[c]["counter"].items()
             keep = counts >= self.freq_threshold
@@ -217,10 +217,10 @@ class Categorify(Op):
                 order = order[: self.max_size]
             keys, counts = keys[order], counts[order]
             raw_map = stats[c]["raw"]
-            raw = [raw_map[int(k)] for k in keys] if self.specs[c].encoding == "string" else render_keys(keys, self.specs[c])
+            raw = pa.array([raw_map[int(k)] for k in keys], pa.string()) if self.specs[c].encoding == "string" else render_keys(keys, self.specs[c], xp)
             ids = np.arange(len(keys), dtype=np.int64) + RESERVED_IDS + self.oov_buckets
             self.vocab[c] = pa.table(
-                {"key": pa.array(keys, pa.uint64()), "raw": pa.array(raw, pa.string()), "count": pa.array(counts, pa.int64()), "id": pa.array(ids, pa.int64())}
+                {"key": pa.array(keys, pa.uint64()), "raw": raw, "count": pa.array(counts, pa.int64()), "id": pa.array(ids, pa.int64())}
             )
             self.vocab[c] = self.vocab[c].replace_schema_metadata({"nulls": str(stats[c]["nulls"])})
         self._tables = {}

@@ -66,9 +66,10 @@ class Log1p(Op):
 class Normalize(Op):
     """(x - mean) / std with mean and population std fitted over the present values of all shards.
 
-    Fitting keeps one (count, sum, sum of squares) triple per batch and adds them with ``math.fsum`` at the end,
-    so the fitted numbers are the same bits whatever the order in which shards and batches were seen.
-    A column whose std is 0 is divided by 1."""
+    Fitting keeps one (count, sum, sum of squared deviations from the batch mean) triple per batch; finalize
+    combines them exactly as the parallel variance formula says, adding every term with ``math.fsum`` over the
+    sorted triples, so the fitted numbers are the same bits whatever the order in which shards and batches were
+    seen. A column whose std is 0 is divided by 1."""
 
     name = "Normalize"
     fittable = True
@@ -91,19 +92,21 @@ class Normalize(Op):
             v = col.values.astype(np.float64, copy=False)
             if col.valid is not None:
                 v = v[col.valid]
-            stats[c].append((len(v), float(v.sum()), float((v * v).sum())))
+            if len(v):
+                stats[c].append((len(v), float(v.sum()), float(((v - v.mean()) ** 2).sum())))
 
     def merge(self, a: Stats, b: Stats) -> Stats:
         return {c: sorted(a[c] + b[c]) for c in self.columns}
 
-    def finalize(self, stats: Stats) -> None:
+    def finalize(self, stats: Stats, xp: Any) -> None:
         for c in self.columns:
             parts = stats[c]
             n = sum(p[0] for p in parts)
             if n == 0:
                 raise ValueError(f"Normalize: column '{c}' has no values to fit")
             mean = math.fsum(p[1] for p in parts) / n
-            var = max(math.fsum(p[2] for p in parts) / n - mean * mean, 0.0)
+            spread = math.fsum(p[0] * (p[1] / p[0] - mean) ** 2 for p in parts)
+            var = (math.fsum(p[2] for p in parts) + spread) / n
             self.mean[c], self.std[c] = mean, (math.sqrt(var) or 1.0)
 
     def transform(self, batch: Batch, xp: Any) -> dict[str, Column]:

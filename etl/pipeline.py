@@ -172,6 +172,8 @@ class Pipeline:
                 t.batch = t.batch.with_columns(run(op, t.batch))
                 return
             except InvalidRows as e:
+                if not e.mask.any():
+                    raise RuntimeError(f"{op.name} reported invalid rows in column '{e.column}' but marked none") from e
                 if on_error == "raise":
                     raise self._row_error(t.batch, e) from None
                 keep = np.flatnonzero(~e.mask)
@@ -201,7 +203,7 @@ class Pipeline:
     def _check_output(self, batch: Batch) -> dict[str, Column]:
         for c in self.output_columns:
             col = batch[c]
-            if c in self.schema.names and self.schema.column(c).role == "label" and col.valid is not None:
+            if c in self.schema.names and self.schema.column(c).role == "label" and col.null_count():
                 raise InvalidRows(c, ~col.valid, "label is missing")
             bad = self.xp.nonfinite_mask(col.values, col.valid) if not isinstance(col.values, Strings) else None
             if bad is not None:

@@ -81,6 +81,9 @@ def _resolve(selector: Any, schema: Schema, path: str, where: str) -> list[str]:
             out.extend(names)
         else:
             out.append(s)
+    twice = sorted({c for c in out if out.count(c) > 1})
+    if twice:
+        raise SpecError(path, where, f"column '{twice[0]}' is selected more than once")
     return out
 
 
@@ -165,15 +168,16 @@ class Pipeline:
             out.update(op.cardinalities())
         return out
 
-    def _apply(self, op: Op, t: Transformed, on_error: str, run: Callable[[Op, Batch], dict[str, Column]]) -> None:
-        """Run one op; on invalid rows raise ``RowError`` or move the rows to ``t.rejected`` and run it again."""
+    def _apply(self, name: str, t: Transformed, on_error: str, step: Callable[[Batch], dict[str, Column]]) -> None:
+        """Run one step (an op, or a check); on invalid rows raise ``RowError`` or move the rows to
+        ``t.rejected`` and run the step again on the rest."""
         while True:
             try:
-                t.batch = t.batch.with_columns(run(op, t.batch))
+                t.batch = t.batch.with_columns(step(t.batch))
                 return
             except InvalidRows as e:
                 if not e.mask.any():
-                    raise RuntimeError(f"{op.name} reported invalid rows in column '{e.column}' but marked none") from e
+                    raise RuntimeError(f"{name} reported invalid rows in column '{e.column}' but marked none") from e
                 if on_error == "raise":
                     raise self._row_error(t.batch, e) from None
                 keep = np.flatnonzero(~e.mask)
@@ -195,16 +199,28 @@ class Pipeline:
         if not self.is_fitted:
             raise ArtifactError("the pipeline is not fitted: run fit first or load fitted artifacts")
         t = Transformed(batch)
+        self._apply("label check", t, on_error, self._check_labels)
         for op in self.ops:
-            self._apply(op, t, on_error, lambda o, b: o.transform(b, self.xp))
-        self._apply(_OUTPUT_CHECK, t, on_error, lambda o, b: self._check_output(b))
+            self._apply(op.name, t, on_error, lambda b: op.transform(b, self.xp))
+        self._apply("output check", t, on_error, self._check_output)
         return t
+
+    def _check_labels(self, batch: Batch) -> dict[str, Column]:
+        """Rows without a usable label are invalid (checked first, so fit and transform skip the same rows)."""
+        for c in self.schema.by_role("label"):
+            col = batch.columns.get(c)
+            if col is None:
+                continue
+            if col.null_count():
+                raise InvalidRows(c, ~col.valid, "label is missing")
+            bad = self.xp.nonfinite_mask(col.values, None)
+            if bad is not None:
+                raise InvalidRows(c, bad, "label is NaN or infinite")
+        return {}
 
     def _check_output(self, batch: Batch) -> dict[str, Column]:
         for c in self.output_columns:
             col = batch[c]
-            if c in self.schema.names and self.schema.column(c).role == "label" and col.null_count():
-                raise InvalidRows(c, ~col.valid, "label is missing")
             bad = self.xp.nonfinite_mask(col.values, col.valid) if not isinstance(col.values, Strings) else None
             if bad is not None:
                 raise InvalidRows(c, bad, "value is NaN or infinite after the transform")
@@ -283,8 +299,9 @@ class Pipeline:
         return stage
 
     def _fit_plan(self, stage: list[Op]) -> tuple[list[Op], list[str]]:
-        """The ops that fitting ``stage`` needs to run (the stage and what feeds it) and the columns they read."""
-        needed: set[str] = set()
+        """The ops that fitting ``stage`` needs to run (the stage and what feeds it) and the columns to read: theirs
+        and the labels (rows without a label are skipped by fit as by transform)."""
+        needed = set(self.schema.by_role("label"))
         plan = []
         for op in reversed(self.ops):
             if op in stage or needed & set(op.outputs):
@@ -294,15 +311,17 @@ class Pipeline:
 
     def _fit_batch(self, plan: list[Op], stage: list[Op], accs: list[Any], batch: Batch, on_error: str) -> None:
         t = Transformed(batch)
+        self._apply("label check", t, on_error, self._check_labels)
         stale: set[str] = set()
         for op in plan:
             if stale & set(op.columns):
                 stale |= set(op.outputs)
             elif op in stage:
-                self._apply(op, t, on_error, lambda o, b: (o.partial_fit(accs[stage.index(o)], b, self.xp) or {}))
+                acc = accs[stage.index(op)]
+                self._apply(op.name, t, on_error, lambda b: op.partial_fit(acc, b, self.xp) or {})
                 stale |= set(op.outputs)
             else:
-                self._apply(op, t, on_error, lambda o, b: o.transform(b, self.xp))
+                self._apply(op.name, t, on_error, lambda b: op.transform(b, self.xp))
 
     # ------------------------------------------------------------------ artifacts
     def save(self, directory: str | Path) -> None:
@@ -359,15 +378,6 @@ class Pipeline:
             except (KeyError, ValueError) as e:
                 raise ArtifactError(f"{d}: state of {op.name}: {e}") from None
         return pipe
-
-
-class _OutputCheck(Op):
-    """Pseudo-op standing for the final output checks (only its name is used, in error messages)."""
-
-    name = "output"
-
-
-_OUTPUT_CHECK = _OutputCheck([])
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

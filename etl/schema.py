@@ -123,9 +123,9 @@ def _parse_column(raw: Any, path: str, i: int) -> ColumnSpec:
             raise SpecError(path, f"{where}.encoding", f"{encoding!r} is not one of {list(ENCODINGS)}")
         if dtype == "float64":
             raise SpecError(path, f"{where}.dtype", "categorical values cannot be float64")
-        if encoding == "hex" and dtype != "string":
-            raise SpecError(path, f"{where}.encoding", "hex encoding needs dtype string")
-        if width is not None and (encoding != "hex" or not isinstance(width, int) or not 1 <= width <= 16):
+        if encoding in ("hex", "string") and dtype != "string":
+            raise SpecError(path, f"{where}.encoding", f"{encoding} encoding needs dtype string")
+        if width is not None and (encoding != "hex" or not isinstance(width, int) or isinstance(width, bool) or not 1 <= width <= 16):
             raise SpecError(path, f"{where}.width", "width is an integer 1..16 and only applies to hex")
     elif encoding is not None or width is not None:
         raise SpecError(path, f"{where}.encoding", f"only categorical and list columns have an encoding")

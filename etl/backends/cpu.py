@@ -23,6 +23,7 @@ _FNV_OFFSET = np.uint64(FNV_OFFSET)
 _FNV_PRIME = np.uint64(FNV_PRIME)
 _S33 = np.uint64(33)
 _S32 = np.uint64(32)
+_INT64_MIN_MAGNITUDE = np.uint64(1 << 63)
 
 
 @_jit
@@ -137,15 +138,17 @@ def _decode_int_text(data, starts, ends, valid, keys, bad):
             neg = data[s] == 45
             s += 1
         ok = 0 < e - s <= 19
-        v = np.int64(0)
+        mag = np.uint64(0)  # below 10**19 < 2**64: no overflow
         if ok:
             for j in range(s, e):
                 c = data[j]
                 if c < 48 or c > 57:
                     ok = False
                     break
-                v = v * 10 + (c - 48)
-        keys[i] = np.uint64(-v if neg else v)
+                mag = mag * np.uint64(10) + np.uint64(c - 48)
+        if ok and mag > (_INT64_MIN_MAGNITUDE if neg else _INT64_MIN_MAGNITUDE - np.uint64(1)):
+            ok = False
+        keys[i] = (np.uint64(0) - mag) if neg else mag
         if not ok:
             bad[i] = True
             nbad += 1
@@ -198,7 +201,8 @@ def decode_hex(s: Strings, valid: np.ndarray | None, width: int | None) -> tuple
 
 
 def decode_int_text(s: Strings, valid: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
-    """Decimal integer text (optional sign, at most 19 digits) → its int64 value as a uint64 word."""
+    """Decimal integer text (optional sign, at most 19 digits, within the int64 range) → its int64 value as a
+    uint64 word (two's complement). Anything else is marked bad."""
     keys = np.empty(len(s), np.uint64)
     bad = np.zeros(len(s), np.bool_)
     nbad = _decode_int_text(s.data, s.starts, s.ends, valid, keys, bad)
@@ -221,19 +225,28 @@ def decode_int(values: np.ndarray) -> np.ndarray:
 
 
 @_jit
-def _hash_ids(keys, valid, sw, n, out):
+def _bucket_ids(keys, valid, rehash, sw, n, out):
     for i in range(len(keys)):
         if valid is not None and not valid[i]:
             out[i] = 1
         else:
-            out[i] = 2 + _reduce(_fmix64(keys[i] ^ sw), n)
+            h = _fmix64(keys[i] ^ sw) if rehash else keys[i]
+            out[i] = 2 + _reduce(h, n)
 
 
 def hash_ids(keys: np.ndarray, valid: np.ndarray | None, seed: int, n: int, out_dtype) -> np.ndarray:
     """id = 2 + reduce(hash64(key, seed), n); missing → 1."""
     check_buckets(n)
     out = np.empty(len(keys), out_dtype)
-    _hash_ids(keys, valid, np.uint64(seed_word(seed)), n, out)
+    _bucket_ids(keys, valid, True, np.uint64(seed_word(seed)), n, out)
+    return out
+
+
+def bucket_ids(hashes: np.ndarray, valid: np.ndarray | None, n: int, out_dtype) -> np.ndarray:
+    """id = 2 + reduce(hash, n) for values that are already hashes; missing → 1."""
+    check_buckets(n)
+    out = np.empty(len(hashes), out_dtype)
+    _bucket_ids(hashes, valid, False, np.uint64(0), n, out)
     return out
 
 

@@ -41,8 +41,7 @@ def fmix64(k: int) -> int:
 
 
 def seed_word(seed: int) -> int:
-    if seed < 0:
-        raise ValueError(f"seed must be >= 0, got {seed}")
+    check_seed(seed)
     return fmix64(((seed + 1) * GOLDEN) & MASK64)
 
 
@@ -67,6 +66,11 @@ def cross_key(keys: list[int], seed: int) -> int:
     for k in keys[1:]:
         h = hash64(h ^ (k & MASK64), seed)
     return h
+
+
+def check_seed(seed: int) -> None:
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
 
 
 def check_buckets(n: int) -> None:

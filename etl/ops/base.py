@@ -40,12 +40,9 @@ def rows_with_bad_elements(col: Column, elem_mask: np.ndarray) -> np.ndarray:
     """Per-row mask from a per-value mask (a list row is bad when any of its elements is)."""
     if col.offsets is None:
         return elem_mask
-    counts = np.add.reduceat(elem_mask.astype(np.int64), col.offsets[:-1]) if len(elem_mask) else None
-    lens = np.diff(col.offsets)
-    out = np.zeros(len(lens), np.bool_)
-    if counts is not None:
-        out[:] = (counts > 0) & (lens > 0)
-    return out
+    rows = np.zeros(len(col.offsets) - 1, np.bool_)
+    rows[np.searchsorted(col.offsets, np.flatnonzero(elem_mask), side="right") - 1] = True
+    return rows
 
 
 class Op:

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from etl.backends.hashing import check_buckets
+from etl.backends.hashing import check_buckets, check_seed
 from etl.batch import Batch, Column, Strings
 from etl.ops.base import InvalidRows, Op, Stats, id_dtype, rows_with_bad_elements
 from etl.schema import ColumnSpec
@@ -94,8 +94,7 @@ class Hash(Op):
     def __init__(self, columns: list[str], num_buckets: int, seed: int = 0):
         super().__init__(columns)
         check_buckets(num_buckets)
-        if not isinstance(seed, int) or seed < 0:
-            raise ValueError(f"Hash.seed must be an integer >= 0, got {seed!r}")
+        check_seed(seed)
         self.num_buckets, self.seed = num_buckets, seed
 
     def cardinalities(self) -> dict[str, int]:
@@ -124,6 +123,7 @@ class HashedCross(Op):
         if len(columns) < 2:
             raise ValueError("HashedCross needs at least two columns")
         check_buckets(num_buckets)
+        check_seed(seed)
         self.num_buckets, self.seed = num_buckets, seed
         self.output = name or "_x_".join(columns)
 
@@ -142,7 +142,7 @@ class HashedCross(Op):
                 raise ValueError(f"HashedCross: column '{c}' is a list column")
         keys, valid = xp.cross_keys([col.values for col in cols], [col.valid for col in cols], self.seed)
         dt = id_dtype(self.num_buckets + RESERVED_IDS)
-        return {self.output: Column(xp.hash_ids(keys, valid, 0, self.num_buckets, dt))}
+        return {self.output: Column(xp.bucket_ids(keys, valid, self.num_buckets, dt))}
 
 
 class Categorify(Op):
@@ -170,6 +170,7 @@ class Categorify(Op):
         if not isinstance(oov_buckets, int) or oov_buckets < 1:
             raise ValueError(f"Categorify.oov_buckets must be an integer >= 1, got {oov_buckets!r}")
         check_buckets(oov_buckets)
+        check_seed(seed)
         self.freq_threshold, self.max_size, self.oov_buckets, self.seed = freq_threshold, max_size, oov_buckets, seed
         self.vocab: dict[str, pa.Table] = {}
         self._tables: dict[str, Any] = {}

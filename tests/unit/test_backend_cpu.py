@@ -167,12 +167,6 @@ def test_decode_int_text_random():
     check_decoded(keys, bad, items, ref_int_text)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG etl/backends/cpu.py _decode_int_text: 19-digit text outside int64 is accepted and wraps "
-    "('9223372036854775808' gets the key of '-9223372036854775808'; '-9999999999999999999' gets the key of "
-    "'8446744073709551617') instead of being flagged bad",
-)
 def test_decode_int_text_out_of_int64_range_is_bad():
     items = ["9223372036854775808", "9999999999999999999", "-9999999999999999999", "-9223372036854775809"]
     keys, bad = cpu.decode_int_text(strings_direct(items), None)

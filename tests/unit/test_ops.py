@@ -336,12 +336,6 @@ def test_decode_list_bad_row_if_any_element_bad():
     assert ei.value.mask.tolist() == [False, False, True, False, True, False]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=IndexError,
-    reason="BUG etl/ops/base.py rows_with_bad_elements: np.add.reduceat gets an index == len(values) when the "
-    "batch ends with empty/null lists, raising IndexError instead of InvalidRows",
-)
 def test_decode_list_bad_element_with_trailing_empty_list():
     s = spec("g", "list", encoding="hex", width=2)
     rows = [["0a", "zz"], []]
@@ -417,11 +411,6 @@ def test_hashed_cross_shape_and_nulls():
     assert named.outputs == ["abc"] and list(named.transform(_cross_batch(), XP)) == ["abc"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG etl/ops/categorical.py HashedCross.transform: ids are 2 + reduce(hash64(cross_key(...), 0), n) "
-    "(xp.hash_ids re-hashes the cross key with seed 0), not the documented 2 + reduce(cross_key(k1..km, seed), n)",
-)
 def test_hashed_cross_documented_formula():
     b = _cross_batch()
     op = HashedCross(["a", "b", "c"], num_buckets=1000, seed=4)
@@ -431,11 +420,6 @@ def test_hashed_cross_documented_formula():
         assert ids[i] == 2 + hashing.reduce(hashing.cross_key(keys, 4), 1000)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG etl/ops/categorical.py HashedCross.__init__: seed is not validated (Hash rejects seed < 0); "
-    "seed=-1 is accepted and only fails at transform time inside seed_word",
-)
 def test_hashed_cross_negative_seed_rejected():
     with pytest.raises(ValueError):
         HashedCross(["a", "b"], num_buckets=10, seed=-1)
@@ -592,11 +576,6 @@ def test_categorify_validation(kw):
         Categorify(["c"], **kw)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG etl/ops/categorical.py Categorify.__init__: seed is not validated; seed=-1 passes the "
-    "constructor (and Pipeline.from_file) and the whole fit, then every transform fails in seed_word",
-)
 def test_categorify_negative_seed_rejected():
     with pytest.raises(ValueError):
         Categorify(["c"], seed=-1)

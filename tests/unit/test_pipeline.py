@@ -449,8 +449,8 @@ def test_raise_names_file_row_group_row_column(fitted, bad_shard):
     pipe, _ = fitted
     path, _, _ = bad_shard
     shard = open_shard(path, pipe.schema)
-    # the first bad value in op column order (C1..C26), then row order
-    expected = {0: (5, "C3", "zz123456"), 1: (73, "C3", "123456789"), 2: (120, "C1", "68fd1e6g")}
+    # labels are checked first; then the first bad value in op column order (C1..C26), then row order
+    expected = {0: (5, "C3", "zz123456"), 1: (74, "label", "label is missing"), 2: (120, "C1", "68fd1e6g")}
     for rg, (row, col, value) in expected.items():
         with pytest.raises(RowError) as ei:
             pipe.transform(shard.read(rg))
@@ -492,12 +492,6 @@ def test_fit_raise_and_quarantine(criteo, bad_shard):
     assert got == refs[0] or got == refs[1]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG etl/pipeline.py _resolve / etl/ops/categorical.py Categorify.partial_fit: a column named twice "
-    "in one op (columns: ['@categorical', 'C1']) is accepted and partial_fit counts it twice, so every count "
-    "doubles and freq_threshold keeps keys seen only ceil(t/2) times",
-)
 def test_duplicate_column_in_op_is_rejected_or_counted_once(criteo, tmp_path):
     """``columns: ["@categorical", "C1"]`` names C1 twice. Either the spec is rejected, or C1 is counted once."""
     paths, tables, _ = criteo
@@ -543,7 +537,7 @@ def test_nan_dense_quarantined(tmp_path):
     assert out.column("c").to_pylist() == [2 + hashing.reduce(hashing.hash64(0xA, 0), 7), 1]
     with pytest.raises(RowError) as ei:
         pipe.transform(batch_from_arrow(t, pipe.schema, "mem", 0, 10))
-    assert ei.value.row == 11 and ei.value.column == "x"
+    assert ei.value.row == 12 and ei.value.column == "y"  # labels are checked before any op
 
 
 # ---------------------------------------------------------------- serving path

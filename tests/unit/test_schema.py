@@ -156,12 +156,6 @@ def test_spec_error_is_value_error():
         parse_schema({"name": "t", "columns": [{"name": "a", "role": "x", "dtype": "int64"}]})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG etl/schema.py _parse_column: an int64 categorical column with encoding 'string' is accepted, "
-    "but Decode then fails on every batch with a plain ValueError ('string encoding needs text values'); "
-    "hex on int64 is rejected at load time, string on int64 should be too",
-)
 def test_string_encoding_on_int64_rejected(tmp_path):
     p = write(tmp_path, cols_doc(dict(name="x", role="categorical", dtype="int64", encoding="string")))
     with pytest.raises(SpecError) as ei:
@@ -169,11 +163,6 @@ def test_string_encoding_on_int64_rejected(tmp_path):
     assert ei.value.field == "columns[1] (x).encoding"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG etl/schema.py _parse_column: 'width: true' passes the isinstance(width, int) check (bool is an "
-    "int) and is kept as width=True",
-)
 def test_boolean_width_rejected(tmp_path):
     p = write(tmp_path, cols_doc(dict(name="x", role="categorical", dtype="string", encoding="hex", width=True)))
     with pytest.raises(SpecError) as ei:

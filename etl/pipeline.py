@@ -42,7 +42,7 @@ from etl.ops import REGISTRY, InvalidRows, Op
 from etl.ops.base import id_dtype
 from etl.readers import open_shard
 from etl.schema import Schema, load_schema, parse_schema, schema_to_dict
-from etl.workers import run_workers
+from etl.workers import run_staged
 
 ARTIFACT_FORMAT = "etl-artifacts"
 ARTIFACT_VERSION = 1
@@ -257,29 +257,40 @@ class Pipeline:
 
     # ------------------------------------------------------------------ fit
     def fit(self, shards: list[Path], workers: int = 1, on_error: str = "raise", progress: Callable[[int], None] | None = None) -> None:
-        """Fit every fittable op, streaming over ``shards`` row group by row group with ``workers`` threads.
+        """Fit every fittable op, streaming over ``shards`` row group by row group in bounded memory.
 
-        Each worker keeps its own accumulators; they are merged at the end. Merges are associative and commutative
-        and finalize orders everything canonically, so the fitted state (and the artifact bytes) do not depend on
-        shard order or worker count. Ops that read the output of another unfitted op are fitted in a later pass."""
+        Reading, the label check and the ops that feed the fitted ops (Decode...) run in ``workers`` threads.
+        Every prepared batch then goes to ``workers`` fitting threads that split the fitted columns between them
+        (each column's statistics live in one thread only: no duplicated count tables), and the per-thread
+        accumulators are merged at the end. Merges are associative and commutative and finalize orders everything
+        canonically, so the fitted state (and the artifact bytes) do not depend on shard order or worker count.
+        Ops that read the output of another unfitted op are fitted in a later pass."""
         lock = threading.Lock()
         while not self.is_fitted:
             stage = self._next_stage()
-            plan, columns = self._fit_plan(stage)
-            accs = [[op.new_stats(self.xp) for op in stage] for _ in range(max(1, min(workers, len(shards))))]
+            prep, columns = self._fit_plan(stage)
+            fitters = max(1, workers)
+            accs = [[_columns_of(op.new_stats(self.xp), f, fitters) for op in stage] for f in range(fitters)]
 
-            def fit_shard(w: int, path: Path, stop: threading.Event) -> None:
+            def prepare(path: Path, emit: Callable[[Transformed], None], stop: threading.Event) -> None:
                 shard = open_shard(path, self.schema)
                 for i in range(shard.num_row_groups):
                     if stop.is_set():
                         return
-                    batch = shard.read(i, columns)
-                    self._fit_batch(plan, stage, accs[w], batch, on_error)
+                    t = Transformed(shard.read(i, columns))
+                    self._apply("label check", t, on_error, self._check_labels)
+                    for op in prep:
+                        self._apply(op.name, t, on_error, lambda b: op.transform(b, self.xp))
+                    emit(t)
                     if progress is not None:
                         with lock:
-                            progress(batch.num_rows)
+                            progress(t.batch.num_rows + t.num_rejected)
 
-            run_workers(shards, workers, fit_shard)
+            def gather(f: int, t: Transformed) -> None:
+                for op, acc in zip(stage, accs[f]):
+                    op.partial_fit(acc, t.batch, self.xp)
+
+            run_staged(shards, workers, fitters, prepare, gather)
             total = accs[0]
             for acc in accs[1:]:
                 total = [op.merge(a, b) for op, a, b in zip(stage, total, acc)]
@@ -299,29 +310,25 @@ class Pipeline:
         return stage
 
     def _fit_plan(self, stage: list[Op]) -> tuple[list[Op], list[str]]:
-        """The ops that fitting ``stage`` needs to run (the stage and what feeds it) and the columns to read: theirs
-        and the labels (rows without a label are skipped by fit as by transform)."""
+        """What fitting ``stage`` needs: the fitted ops that feed it, in pipeline order, and the columns to read
+        (theirs, the stage's and the labels: rows without a label are skipped by fit as by transform).
+
+        An op that does not depend on an unfitted op never writes a column a stage op reads (ops write in place
+        what they read, or new columns), so all of them can run before the stage ops gather statistics."""
         needed = set(self.schema.by_role("label"))
-        plan = []
+        feeding = []
         for op in reversed(self.ops):
             if op in stage or needed & set(op.outputs):
-                plan.append(op)
+                feeding.append(op)
                 needed |= set(op.columns)
-        return plan[::-1], [c for c in self.schema.names if c in needed]
-
-    def _fit_batch(self, plan: list[Op], stage: list[Op], accs: list[Any], batch: Batch, on_error: str) -> None:
-        t = Transformed(batch)
-        self._apply("label check", t, on_error, self._check_labels)
         stale: set[str] = set()
-        for op in plan:
-            if stale & set(op.columns):
-                stale |= set(op.outputs)
-            elif op in stage:
-                acc = accs[stage.index(op)]
-                self._apply(op.name, t, on_error, lambda b: op.partial_fit(acc, b, self.xp) or {})
+        prep = []
+        for op in feeding[::-1]:
+            if op in stage or stale & set(op.columns):
                 stale |= set(op.outputs)
             else:
-                self._apply(op.name, t, on_error, lambda b: op.transform(b, self.xp))
+                prep.append(op)
+        return prep, [c for c in self.schema.names if c in needed]
 
     # ------------------------------------------------------------------ artifacts
     def save(self, directory: str | Path) -> None:
@@ -378,6 +385,11 @@ class Pipeline:
             except (KeyError, ValueError) as e:
                 raise ArtifactError(f"{d}: state of {op.name}: {e}") from None
         return pipe
+
+
+def _columns_of(stats: dict[str, Any], part: int, parts: int) -> dict[str, Any]:
+    """The per-column accumulators that fitting thread ``part`` of ``parts`` owns (every parts-th column)."""
+    return {c: v for i, (c, v) in enumerate(stats.items()) if i % parts == part}
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

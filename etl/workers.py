@@ -52,3 +52,65 @@ def run_workers(items: list[T], workers: int, work: Callable[[int, T, threading.
     if errors:
         raise errors[0]
     return results  # type: ignore[return-value]
+
+
+_DONE = object()
+
+
+def run_staged(
+    items: list[T],
+    producers: int,
+    consumers: int,
+    produce: Callable[[T, Callable[[R], None], threading.Event], None],
+    consume: Callable[[int, R], None],
+    depth: int = 4,
+) -> None:
+    """Two-stage pipeline: ``producers`` threads call ``produce(item, emit, stop)`` for every item; every value
+    passed to ``emit`` is handed to each of the ``consumers`` threads, which call ``consume(consumer_index, x)``
+    (so consumers split the work on a value between them, e.g. by column).
+
+    At most ``depth`` values wait per consumer (memory stays bounded when consumers are slower). The first
+    exception on either side stops both stages and is re-raised here."""
+    if consumers < 1:
+        raise ValueError(f"consumers must be >= 1, got {consumers}")
+    inboxes: list[queue.Queue] = [queue.Queue(maxsize=depth) for _ in range(consumers)]
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def emit(x: object) -> None:
+        for box in inboxes:
+            while not stop.is_set():
+                try:
+                    box.put(x, timeout=0.05)
+                    break
+                except queue.Full:
+                    continue
+
+    def consumer(c: int) -> None:
+        box = inboxes[c]
+        while not stop.is_set():
+            try:
+                x = box.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            if x is _DONE:
+                return
+            try:
+                consume(c, x)
+            except BaseException as e:  # noqa: BLE001 - re-raised by the caller thread
+                errors.append(e)
+                stop.set()
+
+    threads = [threading.Thread(target=consumer, args=(c,), daemon=True, name=f"etl-consumer-{c}") for c in range(consumers)]
+    for t in threads:
+        t.start()
+    try:
+        run_workers(items, producers, lambda w, item, s: produce(item, emit, stop))
+    except BaseException as e:  # noqa: BLE001 - re-raised below, after the consumers stopped
+        errors.insert(0, e)
+        stop.set()
+    emit(_DONE)
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]

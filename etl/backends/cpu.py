@@ -378,6 +378,11 @@ class KeyCounter:
         self.counts = np.zeros(cap, np.int64)
         self.size = _count_weighted(self.keys, self.counts, k, c)
 
+    def at_least(self, threshold: int) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, counts) of the keys counted at least ``threshold`` times, in no particular order."""
+        keep = self.counts >= max(threshold, 1)
+        return self.keys[keep], self.counts[keep]
+
     def items(self) -> tuple[np.ndarray, np.ndarray]:
         """(keys, counts), keys ascending."""
         used = self.counts > 0

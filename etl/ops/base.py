@@ -3,10 +3,12 @@
 Ops never import a compute library beyond numpy for bookkeeping; the per-value work goes through ``xp`` (the CPU
 backend ``etl.backends.cpu`` today). Fittable ops add:
 
-- ``new_stats() -> stats``: an empty accumulator;
-- ``partial_fit(stats, batch, xp)``: add one batch to an accumulator;
-- ``merge(a, b) -> stats``: combine two accumulators; associative and commutative, so shards are fitted in
-  parallel, in any order, by any number of workers, with the same result;
+- ``new_stats(xp) -> stats``: an empty accumulator: a dict with one independent entry per column;
+- ``partial_fit(stats, batch, xp)``: add one batch to an accumulator, for the columns the accumulator holds (a
+  fitting thread may own only some columns);
+- ``merge(a, b) -> stats``: combine two accumulators (per column; a column held by one side only is taken as
+  is); associative and commutative, so shards are fitted in parallel, in any order, by any number of workers,
+  with the same result;
 - ``finalize(stats, xp)``: set the fitted state;
 - ``state() -> (json_dict, tables)`` and ``load_state(json_dict, tables)``: the fitted state as JSON plus named
   Arrow tables (saved as Parquet), never pickle.

@@ -187,19 +187,18 @@ class Categorify(Op):
         return {c: {"counter": xp.KeyCounter(), "nulls": 0, "raw": {}} for c in self.columns}
 
     def partial_fit(self, stats: Stats, batch: Batch, xp: Any) -> None:
-        for c in self.columns:
+        for c, s in stats.items():
             col = batch[c]
             _require_keys(self.name, c, col)
-            s = stats[c]
             s["counter"].add(col.values, col.valid)
             s["nulls"] += col.null_count()
             if col.raw is not None:
                 _remember_raw(s["raw"], col)
 
     def merge(self, a: Stats, b: Stats) -> Stats:
-        """Adds ``b`` into ``a`` (which is consumed) and returns it."""
-        out = {}
-        for c in self.columns:
+        """The sum of ``a`` and ``b`` (``a``'s count tables are reused)."""
+        out = {c: a.get(c, b.get(c)) for c in a.keys() ^ b.keys()}
+        for c in a.keys() & b.keys():
             counter = a[c]["counter"]
             counter.merge_from(b[c]["counter"])
             raw = dict(a[c]["raw"])
@@ -210,9 +209,7 @@ class Categorify(Op):
 
     def finalize(self, stats: Stats, xp: Any) -> None:
         for c in self.columns:
-            keys, counts = stats[c]["counter"].items()
-            keep = counts >= self.freq_threshold
-            keys, counts = keys[keep], counts[keep]
+            keys, counts = stats[c]["counter"].at_least(self.freq_threshold)
             order = np.lexsort((keys, -counts))
             if self.max_size is not None:
                 order = order[: self.max_size]

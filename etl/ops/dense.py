@@ -87,7 +87,7 @@ class Normalize(Op):
         return {c: [] for c in self.columns}
 
     def partial_fit(self, stats: Stats, batch: Batch, xp: Any) -> None:
-        for c in self.columns:
+        for c in stats:
             col = batch[c]
             v = col.values.astype(np.float64, copy=False)
             if col.valid is not None:
@@ -96,7 +96,7 @@ class Normalize(Op):
                 stats[c].append((len(v), float(v.sum()), float(((v - v.mean()) ** 2).sum())))
 
     def merge(self, a: Stats, b: Stats) -> Stats:
-        return {c: sorted(a[c] + b[c]) for c in self.columns}
+        return {c: sorted(a.get(c, []) + b.get(c, [])) for c in a.keys() | b.keys()}
 
     def finalize(self, stats: Stats, xp: Any) -> None:
         for c in self.columns:

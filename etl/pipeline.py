@@ -33,7 +33,6 @@ from typing import Any, Callable
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import yaml
 
 from etl.backends import cpu
 from etl.batch import Batch, Column, Strings
@@ -41,7 +40,7 @@ from etl.errors import ArtifactError, RowError, SpecError
 from etl.ops import REGISTRY, InvalidRows, Op
 from etl.ops.base import id_dtype
 from etl.readers import open_shard
-from etl.schema import Schema, load_schema, parse_schema, schema_to_dict
+from etl.schema import Schema, load_schema, parse_schema, read_yaml, schema_to_dict
 from etl.workers import run_staged
 
 ARTIFACT_FORMAT = "etl-artifacts"
@@ -124,12 +123,7 @@ class Pipeline:
     @classmethod
     def from_file(cls, path: str | Path, xp: Any = cpu) -> Pipeline:
         p = Path(path)
-        try:
-            doc = yaml.safe_load(p.read_text())
-        except FileNotFoundError:
-            raise SpecError(str(p), "<file>", "no such file") from None
-        except yaml.YAMLError as e:
-            raise SpecError(str(p), "<file>", f"invalid YAML: {e}") from None
+        doc = read_yaml(p)
         if not isinstance(doc, dict) or not isinstance(doc.get("schema"), str):
             raise SpecError(str(p), "schema", "expected the path of a schema file")
         schema = load_schema(p.parent / doc["schema"])

@@ -165,16 +165,19 @@ def parse_schema(doc: Any, path: str = "<memory>") -> Schema:
     return Schema(str(name), columns, text, path)
 
 
+def read_yaml(path: Path) -> Any:
+    """A YAML document; ``SpecError`` when the file is missing or not YAML."""
+    try:
+        return yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise SpecError(str(path), "<file>", "no such file") from None
+    except yaml.YAMLError as e:
+        raise SpecError(str(path), "<file>", f"invalid YAML: {e}") from None
+
+
 def load_schema(path: str | Path) -> Schema:
     """Load and validate a schema YAML file."""
-    p = Path(path)
-    try:
-        doc = yaml.safe_load(p.read_text())
-    except FileNotFoundError:
-        raise SpecError(str(p), "<file>", "no such file") from None
-    except yaml.YAMLError as e:
-        raise SpecError(str(p), "<file>", f"invalid YAML: {e}") from None
-    return parse_schema(doc, str(p))
+    return parse_schema(read_yaml(Path(path)), str(path))
 
 
 def schema_to_dict(schema: Schema) -> dict[str, Any]:

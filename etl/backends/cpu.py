@@ -327,7 +327,8 @@ class LookupTable:
 
 
 @_jit
-def _count(tkeys, tcounts, keys, valid):
+def _count(tkeys, tcounts, keys, valid, weights):
+    """Add each present key (``weights[i]`` times, or once when weights is None); returns new keys added."""
     mask = np.uint64(len(tkeys) - 1)
     added = 0
     for i in range(len(keys)):
@@ -340,7 +341,7 @@ def _count(tkeys, tcounts, keys, valid):
         if tcounts[j] == 0:
             tkeys[j] = k
             added += 1
-        tcounts[j] += 1
+        tcounts[j] += 1 if weights is None else weights[i]
     return added
 
 
@@ -355,13 +356,13 @@ class KeyCounter:
     def add(self, keys: np.ndarray, valid: np.ndarray | None) -> None:
         if 2 * (self.size + len(keys)) > len(self.keys):
             self._grow(self.size + len(keys))
-        self.size += _count(self.keys, self.counts, keys, valid)
+        self.size += _count(self.keys, self.counts, keys, valid, None)
 
     def add_counts(self, keys: np.ndarray, counts: np.ndarray) -> None:
         """Add ``counts[i]`` occurrences of ``keys[i]`` (keys distinct)."""
         if 2 * (self.size + len(keys)) > len(self.keys):
             self._grow(self.size + len(keys))
-        self.size += _count_weighted(self.keys, self.counts, keys, counts)
+        self.size += _count(self.keys, self.counts, keys, None, counts)
 
     def merge_from(self, other: KeyCounter) -> None:
         """Add every count of ``other`` into this counter."""
@@ -376,35 +377,12 @@ class KeyCounter:
         k, c = self.keys[used], self.counts[used]
         self.keys = np.zeros(cap, np.uint64)
         self.counts = np.zeros(cap, np.int64)
-        self.size = _count_weighted(self.keys, self.counts, k, c)
+        self.size = _count(self.keys, self.counts, k, None, c)
 
     def at_least(self, threshold: int) -> tuple[np.ndarray, np.ndarray]:
         """(keys, counts) of the keys counted at least ``threshold`` times, in no particular order."""
         keep = self.counts >= max(threshold, 1)
         return self.keys[keep], self.counts[keep]
-
-    def items(self) -> tuple[np.ndarray, np.ndarray]:
-        """(keys, counts), keys ascending."""
-        used = self.counts > 0
-        k, c = self.keys[used], self.counts[used]
-        order = np.argsort(k)
-        return k[order], c[order]
-
-
-@_jit
-def _count_weighted(tkeys, tcounts, keys, counts):
-    mask = np.uint64(len(tkeys) - 1)
-    added = 0
-    for i in range(len(keys)):
-        k = keys[i]
-        j = _fmix64(k) & mask
-        while tcounts[j] > 0 and tkeys[j] != k:
-            j = (j + np.uint64(1)) & mask
-        if tcounts[j] == 0:
-            tkeys[j] = k
-            added += 1
-        tcounts[j] += counts[i]
-    return added
 
 
 # ---------------------------------------------------------------- lists

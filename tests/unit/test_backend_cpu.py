@@ -314,11 +314,24 @@ def test_key_counter_add_and_growth():
         for i, k in enumerate(batch.tolist()):
             if valid is None or valid[i]:
                 ref[k] += 1
-    keys, counts = kc.items()
+    keys, counts = sorted_counts(kc)
     assert keys.dtype == np.uint64
     assert keys.tolist() == sorted(ref)  # ascending as unsigned
     assert counts.tolist() == [ref[k] for k in sorted(ref)]
     assert len(ref) > 1024  # growth beyond the initial capacity happened
+
+
+def sorted_counts(kc: cpu.KeyCounter) -> tuple[np.ndarray, np.ndarray]:
+    keys, counts = kc.at_least(1)
+    order = np.argsort(keys)
+    return keys[order], counts[order]
+
+
+def test_key_counter_at_least():
+    kc = cpu.KeyCounter()
+    kc.add(np.array([1, 1, 1, 2, 2, 3], np.uint64), None)
+    keys, counts = kc.at_least(2)
+    assert sorted(zip(keys.tolist(), counts.tolist())) == [(1, 3), (2, 2)]
 
 
 def test_key_counter_add_counts_and_key_zero():
@@ -327,7 +340,7 @@ def test_key_counter_add_counts_and_key_zero():
     kc.add_counts(np.array([0, 7, 2**63], np.uint64), np.array([3, 2, 10], np.int64))
     big = np.arange(100, 3100, dtype=np.uint64)
     kc.add_counts(big, np.full(len(big), 4, np.int64))
-    keys, counts = kc.items()
+    keys, counts = sorted_counts(kc)
     ref = {0: 5, 5: 1, 7: 2, 2**63: 10, 2**64 - 1: 1}
     ref.update({int(k): 4 for k in big})
     assert keys.tolist() == sorted(ref)
@@ -338,7 +351,7 @@ def test_key_counter_empty_and_all_null():
     kc = cpu.KeyCounter()
     kc.add(np.zeros(0, np.uint64), None)
     kc.add(np.array([1, 2], np.uint64), np.array([False, False]))
-    keys, counts = kc.items()
+    keys, counts = sorted_counts(kc)
     assert len(keys) == 0 and len(counts) == 0
 
 

@@ -7,6 +7,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Optional
 
+import pyarrow.parquet as pq
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -40,8 +41,6 @@ def progress_bar(label: str, total: int | None) -> Iterator:
 
 
 def _total_rows(shards: list[Path]) -> int:
-    import pyarrow.parquet as pq
-
     total = 0
     for s in shards:
         try:
@@ -65,14 +64,9 @@ def convert(
     with user_errors():
         s = load_schema(schema)
         with progress_bar("convert", None) as advance:
-            seen = [0]
-
-            def report(n: int) -> None:
-                advance(n - seen[0])
-                seen[0] = n
-
-            paths = run(list(inputs), s, out, rows_per_file=rows_per_file, progress=report)
-    console.print(f"wrote {len(paths)} shard(s), {seen[0]:,} rows, to {out}")
+            paths = run(list(inputs), s, out, rows_per_file=rows_per_file, progress=advance)
+    rows = sum(pq.ParquetFile(p).metadata.num_rows for p in paths)
+    console.print(f"wrote {len(paths)} shard(s), {rows:,} rows, to {out}")
 
 
 @app.command()

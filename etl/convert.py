@@ -161,7 +161,7 @@ class _Sharder:
             self._file_rows += n
             self.written += n
             if self.progress is not None:
-                self.progress(self.written)
+                self.progress(n)
         if final and self._writer is not None:
             self._writer.close()
             self._writer = None
@@ -343,7 +343,7 @@ def convert(
     ``part-*.parquet`` files already in ``out_dir`` are then removed (the data set is replaced). On error nothing in
     ``out_dir`` changes.
 
-    ``progress`` (optional) is called with the number of rows written so far, after each row group.
+    ``progress`` (optional) is called with the number of rows of each row group written.
 
     Raises ``InputError`` for a missing input, a line with the wrong number of fields, an unparsable number or a
     missing header column; the message names the file and, where known, the line (1-based, counting the header)

@@ -34,7 +34,6 @@ import math
 import os
 import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +45,7 @@ from etl.backends.cpu import encode_hex
 from etl.convert import ROW_GROUP_ROWS, ShardSetWriter, raw_arrow_schema
 from etl.errors import SpecError
 from etl.schema import ColumnSpec, Schema
+from etl.workers import run_workers
 
 __all__ = ["generate", "default_cardinalities"]
 
@@ -440,8 +440,8 @@ def generate(
 
     Deterministic: the same arguments give byte-identical files, whatever the number of threads. Files are written
     in parallel (one thread per file, up to the CPU count) under temporary names and renamed when all are complete;
-    other ``part-*.parquet`` files in ``out_dir`` are then removed. ``progress`` is called on the calling thread
-    with the number of rows written so far.
+    other ``part-*.parquet`` files in ``out_dir`` are then removed. ``progress`` is called with the number of rows
+    of each row group written (from the writing threads, one call at a time).
 
     Raises ``SpecError`` for ``rows < 0``, ``files < 1`` or a bad ``cardinalities`` entry.
     """
@@ -454,25 +454,13 @@ def generate(
     sizes = [rows // files + (1 if f < rows % files else 0) for f in range(files)]
 
     lock = threading.Lock()
-    done = [0]
 
     def tick(n: int) -> None:
-        with lock:
-            done[0] += n
+        if progress is not None:
+            with lock:
+                progress(n)
 
     with ShardSetWriter(Path(out_dir), arrow_schema) as shards:
         workers = max(1, min(files, os.cpu_count() or 1))
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="etl-synth") as pool:
-            futures = {pool.submit(_write_file, shards, plans, arrow_schema, f, sizes[f], tick) for f in range(files)}
-            reported = -1
-            while futures:
-                finished, futures = wait(futures, timeout=0.2, return_when=FIRST_EXCEPTION)
-                for fut in finished:
-                    if fut.exception() is not None:
-                        for other in futures:
-                            other.cancel()
-                        raise fut.exception()
-                if progress is not None and done[0] != reported:
-                    reported = done[0]
-                    progress(reported)
+        run_workers(list(range(files)), workers, lambda w, f, stop: _write_file(shards, plans, arrow_schema, f, sizes[f], tick))
         return shards.commit()

@@ -68,7 +68,7 @@ def test_criteo_sample(criteo, tmp_path):
     paths = convert(CRITEO_FILES, criteo, tmp_path / "out", progress=seen.append)
     assert [p.name for p in paths] == ["part-00000.parquet"]
     assert sorted(x.name for x in (tmp_path / "out").iterdir()) == ["part-00000.parquet"]  # no temporaries left
-    assert seen and seen[-1] == 8000 and seen == sorted(seen)
+    assert seen and sum(seen) == 8000 and all(n > 0 for n in seen)  # rows per row group written
     t = pq.read_table(paths[0])
     assert t.num_rows == 8000
     assert t.schema.equals(raw_arrow_schema(criteo))

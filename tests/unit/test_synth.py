@@ -150,7 +150,7 @@ def test_cardinalities_override(criteo, tmp_path):
 def test_movielens_shape(movielens, tmp_path):
     seen: list[int] = []
     paths = generate(movielens, 20_000, 2, tmp_path / "ml", progress=seen.append)
-    assert seen[-1] == 20_000 and seen == sorted(seen)
+    assert sum(seen) == 20_000 and all(n > 0 for n in seen)  # rows per row group written
     t = pa.concat_tables([pq.read_table(p) for p in paths])
     assert t.schema.equals(raw_arrow_schema(movielens))
     ratings = t["rating"].to_numpy()

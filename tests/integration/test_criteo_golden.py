@@ -102,3 +102,20 @@ def test_fit_then_preprocess_with_artifacts_is_identical(converted: Path, tmp_pa
         assert (a / f).read_bytes() == (b / f).read_bytes(), f
     inspect = run_etl("inspect", art).stdout
     assert "C1=" in inspect and "vocabulary sizes" in inspect
+
+
+def test_inspect_raw_and_processed(converted: Path, tmp_path: Path) -> None:
+    raw = run_etl("inspect", converted).stdout
+    assert "3 file(s), 8,000 rows" in raw and "C1: string" in raw and "I12: int64" in raw
+    assert "nulls" in raw  # I12 is 77.7% missing in the sample
+    out = tmp_path / "out"
+    run_etl("preprocess", "--pipeline", REPO / "pipelines/criteo.yaml", "--input", converted, "--out", out)
+    processed = run_etl("inspect", out).stdout
+    assert "rows in: 8,000" in processed and "quarantined: 0" in processed
+    assert "C1: int32" in processed and "I1: float" in processed and "vocabulary sizes" in processed
+
+
+def test_demo_runs_end_to_end(tmp_path: Path) -> None:
+    proc = run_etl("demo", "--rows", 20_000, "--files", 2, "--workdir", tmp_path / "demo")
+    assert "20,000 in = 20,000 out + 0 quarantined" in proc.stdout
+    assert (tmp_path / "demo" / "processed" / "manifest.json").is_file()

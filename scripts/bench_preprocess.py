@@ -12,7 +12,7 @@ Generates (or reuses) a synthetic Criteo-like set, then times, on the same files
 The categorify outputs are compared value for value (dense and ids must be identical), so the ratio compares the
 same work. The hash baseline uses polars' hash, so its ids differ by construction; its work is the same.
 
-    python scripts/bench_preprocess.py --rows 2000000 --files 8 --workers 2 --data /tmp/bench-data
+    python scripts/bench_preprocess.py --rows 2000000 --files 8 --workers 2 --repeat 5 --data /tmp/bench-data
 """
 
 from __future__ import annotations
@@ -86,12 +86,18 @@ def timed(fn) -> float:
     return time.perf_counter() - t0
 
 
+def median_of(repeat: int, fn) -> float:
+    """Median seconds of ``repeat`` runs of ``fn`` (which returns the seconds of one run)."""
+    return float(np.median([fn() for _ in range(repeat)]))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=2_000_000)
     ap.add_argument("--files", type=int, default=8)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--data", type=Path, default=None, help="where the synthetic set lives (reused when present)")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per measurement; the median is reported")
     ap.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
     args = ap.parse_args()
 
@@ -104,21 +110,36 @@ def main() -> None:
     rows = sum(pl.scan_parquet(f).select(pl.len()).collect().item() for f in files)
 
     res: dict[str, float] = {}
-    cat = Pipeline.from_file(REPO / "pipelines/criteo.yaml")
-    res["ours fit (categorify)"] = timed(lambda: cat.fit(files, workers=args.workers))
-    cat.save(work / "art")
-    res["ours preprocess (categorify)"] = preprocess(cat, files, work / "ours_cat", artifacts=work / "art", workers=args.workers).transform_seconds
+    n = args.repeat
+
+    def fit_categorify() -> float:
+        p = Pipeline.from_file(REPO / "pipelines/criteo.yaml")
+        seconds = timed(lambda: p.fit(files, workers=args.workers))
+        p.save(work / "art")
+        return seconds
+
+    def ours(pipeline: str, out: str, artifacts: Path | None) -> float:
+        shutil.rmtree(work / out, ignore_errors=True)
+        p = Pipeline.from_file(REPO / pipeline)
+        return preprocess(p, files, work / out, artifacts=artifacts, workers=args.workers).transform_seconds
+
+    def baseline(fn, out: str) -> float:
+        shutil.rmtree(work / out, ignore_errors=True)
+        return timed(lambda: fn(files, work / out))
+
+    res["ours fit (categorify)"] = median_of(n, fit_categorify)
+    res["ours preprocess (categorify)"] = median_of(n, lambda: ours("pipelines/criteo.yaml", "ours_cat", work / "art"))
     res["ours fit + preprocess (categorify)"] = res["ours fit (categorify)"] + res["ours preprocess (categorify)"]
-    res["ours preprocess (hash)"] = preprocess(Pipeline.from_file(REPO / "pipelines/criteo_hash.yaml"), files, work / "ours_hash", workers=args.workers).transform_seconds
-    res["naive polars fit + preprocess (categorify)"] = timed(lambda: naive_polars_categorify(files, work / "polars_cat"))
-    res["naive polars preprocess (hash)"] = timed(lambda: naive_polars_hash(files, work / "polars_hash"))
+    res["ours preprocess (hash)"] = median_of(n, lambda: ours("pipelines/criteo_hash.yaml", "ours_hash", None))
+    res["naive polars fit + preprocess (categorify)"] = median_of(n, lambda: baseline(naive_polars_categorify, "polars_cat"))
+    res["naive polars preprocess (hash)"] = median_of(n, lambda: baseline(naive_polars_hash, "polars_hash"))
 
     ours = pl.read_parquet(sorted((work / "ours_cat").glob("part-*.parquet")))
     theirs = pl.read_parquet(sorted((work / "polars_cat").glob("part-*.parquet")))
     if not ours.equals(theirs):
         raise SystemExit("categorify outputs differ between ours and the polars baseline")
 
-    print(f"{rows:,} rows, {len(files)} files, workers={args.workers}")
+    print(f"{rows:,} rows, {len(files)} files, workers={args.workers}, median of {n} runs each")
     print(f"{'run':45s} {'seconds':>9s} {'rows/s':>12s}")
     for k, v in res.items():
         print(f"{k:45s} {v:9.2f} {rows / v:12,.0f}")
@@ -127,7 +148,7 @@ def main() -> None:
     print(f"speed-up over naive polars: categorify (fit + preprocess) {ratio_cat:.2f}x, hash {ratio_hash:.2f}x")
     print("categorify outputs identical to the baseline's: yes")
     if args.json:
-        args.json.write_text(json.dumps({"rows": rows, "files": len(files), "workers": args.workers, "seconds": res,
+        args.json.write_text(json.dumps({"rows": rows, "files": len(files), "workers": args.workers, "repeat": n, "seconds": res,
                                          "speedup_categorify": ratio_cat, "speedup_hash": ratio_hash}, indent=1))
     shutil.rmtree(work)
 

@@ -39,7 +39,7 @@ from etl.batch import Batch, Column, Strings
 from etl.errors import ArtifactError, RowError, SpecError
 from etl.ops import REGISTRY, InvalidRows, Op
 from etl.ops.base import id_dtype
-from etl.readers import open_shard
+from etl.readers import batch_from_arrow, open_shard
 from etl.schema import Schema, load_schema, parse_schema, read_yaml, schema_to_dict
 from etl.workers import run_staged
 
@@ -219,6 +219,11 @@ class Pipeline:
             if bad is not None:
                 raise InvalidRows(c, bad, "value is NaN or infinite after the transform")
         return {}
+
+    def transform_table(self, table: pa.Table) -> pa.Table:
+        """Transform one in-memory Arrow table of raw rows (the serving path); invalid values raise ``RowError``
+        naming the row within ``table``."""
+        return self.to_arrow(self.transform(batch_from_arrow(table, self.schema, "<table>")).batch)
 
     def output_schema(self) -> pa.Schema:
         """Arrow schema of the output: float32 label/dense, int32/int64 ids by cardinality, list<id> lists."""

@@ -553,6 +553,7 @@ def test_serving_single_in_memory_table(fitted, criteo):
     assert res.rejected == []
     out = loaded.to_arrow(res.batch)
     assert out.schema == pipe.output_schema() and out.num_rows == 37
+    assert loaded.transform_table(t).equals(out)
     ref = ref_criteo_rows(tables[2].slice(100, 37), ref_criteo_vocabs(tables))
     for c in loaded.output_columns:
         assert out.column(c).to_pylist() == ref[c], c
@@ -565,6 +566,9 @@ def test_serving_unseen_keys_go_to_oov(fitted, criteo):
     cols["C5"] = pa.array(["DEADBEEF", None])
     res = pipe.transform(batch_from_arrow(pa.table(cols), pipe.schema))
     assert pipe.to_arrow(res.batch).column("C5").to_pylist() == [2, 1]
+    cols["C5"] = pa.array(["DEADBEEF", "xyz"])
+    with pytest.raises(RowError, match=r"<table>, row group 0, row 1, column 'C5'"):
+        pipe.transform_table(pa.table(cols))
 
 
 # ---------------------------------------------------------------- movielens (lists, string keys, Normalize)

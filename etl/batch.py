@@ -75,17 +75,23 @@ class Column:
         offsets = None
         elems = rows
         if self.offsets is not None:
-            starts, ends = self.offsets[rows].astype(np.int64), self.offsets[rows + 1].astype(np.int64)
-            offsets = np.zeros(len(rows) + 1, dtype=np.int64)
-            np.cumsum(ends - starts, out=offsets[1:])
-            pieces = [np.arange(s, e, dtype=np.int64) for s, e in zip(starts, ends)]
-            elems = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
+            elems, offsets = list_elements(self.offsets, rows)
         return Column(
             take_values(self.values, elems),
             None if self.valid is None else self.valid[elems],
             offsets,
             None if self.raw is None else self.raw.take(elems),
         )
+
+
+def list_elements(offsets: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For list rows ``rows``: the indices of their elements (in row order) and the offsets of the new lists."""
+    starts = offsets[rows].astype(np.int64)
+    lens = offsets[rows + 1].astype(np.int64) - starts
+    new_offsets = np.zeros(len(rows) + 1, np.int64)
+    np.cumsum(lens, out=new_offsets[1:])
+    elems = np.arange(new_offsets[-1], dtype=np.int64) + np.repeat(starts - new_offsets[:-1], lens)
+    return elems, new_offsets
 
 
 def take_values(values: np.ndarray | Strings, idx: np.ndarray) -> np.ndarray | Strings:

@@ -158,16 +158,22 @@ class Shard:
     def read_table(self, i: int, columns: list[str] | None = None) -> pa.Table:
         """Row group ``i`` as an Arrow table of the schema's columns (or of ``columns``)."""
         n = self.file.metadata.row_group(i).num_rows
-        try:
-            frame = pl.scan_parquet(self.path).select(columns or self.schema.names).slice(self.row_group_starts[i], n).collect()
-        except (OSError, pl.exceptions.PolarsError) as e:
-            raise InputError(str(self.path), f"cannot read: {e}", row_group=i) from None
-        return frame.to_arrow(compat_level=pl.CompatLevel.newest())
+        return read_rows(self.path, columns or self.schema.names, self.row_group_starts[i], n, i)
 
     def read(self, i: int, columns: list[str] | None = None) -> Batch:
         """Row group ``i`` as a Batch (of all schema columns, or of ``columns``); row ids count from the start of
         the file."""
         return batch_from_arrow(self.read_table(i, columns), self.schema, str(self.path), i, self.row_group_starts[i], columns)
+
+
+def read_rows(path: Path, columns: list[str], first_row: int, num_rows: int, row_group: int) -> pa.Table:
+    """Rows ``[first_row, first_row + num_rows)`` of a Parquet file (within row group ``row_group``, named in
+    errors) as an Arrow table; strings come out as zero-copy string views."""
+    try:
+        frame = pl.scan_parquet(path).select(columns).slice(first_row, num_rows).collect()
+    except (OSError, pl.exceptions.PolarsError) as e:
+        raise InputError(str(path), f"cannot read: {e}", row_group=row_group) from None
+    return frame.to_arrow(compat_level=pl.CompatLevel.newest())
 
 
 def open_shard(path: Path, schema: Schema) -> Shard:

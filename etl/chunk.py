@@ -1,0 +1,115 @@
+"""Transformed rows in the shape training wants, between the pipeline's output and the loader's ring.
+
+A ``Layout`` maps a pipeline's output columns to batch fields: ``label`` [n] float32, ``dense`` [n, D] float32
+(dense columns in output order), ``sparse`` [n, S] ids (single-valued id columns in output order; int32 when every
+cardinality fits, else int64), and ``lists``: one (values, offsets) pair per multi-hot column.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from etl.batch import Column, list_elements
+from etl.pipeline import Pipeline
+
+
+@dataclass(frozen=True)
+class Layout:
+    label: str
+    dense: list[str]
+    sparse: list[str]
+    lists: list[str]
+    sparse_dtype: torch.dtype
+
+    @classmethod
+    def of(cls, pipeline: Pipeline) -> Layout:
+        schema = pipeline.output_schema()
+        labels = pipeline.schema.by_role("label")
+        if len(labels) != 1:
+            raise ValueError(f"the loader needs exactly one label column, the schema has {labels}")
+        lists = [f.name for f in schema if pa.types.is_list(f.type)]
+        sparse = [f.name for f in schema if pa.types.is_integer(f.type)]
+        dense = [f.name for f in schema if pa.types.is_floating(f.type) and f.name != labels[0]]
+        wide = any(schema.field(c).type == pa.int64() for c in sparse)
+        return cls(labels[0], dense, sparse, lists, torch.int64 if wide else torch.int32)
+
+    @property
+    def columns(self) -> list[str]:
+        return [self.label, *self.dense, *self.sparse, *self.lists]
+
+    @property
+    def sparse_numpy(self) -> np.dtype:
+        return np.dtype(np.int64) if self.sparse_dtype == torch.int64 else np.dtype(np.int32)
+
+    def empty(self) -> Chunk:
+        fixed = {
+            "label": np.zeros(0, np.float32),
+            "dense": np.zeros((0, len(self.dense)), np.float32),
+            "sparse": np.zeros((0, len(self.sparse)), self.sparse_numpy),
+        }
+        lists = {c: Column(np.zeros(0, self.sparse_numpy), None, np.zeros(1, np.int64)) for c in self.lists}
+        return Chunk(0, fixed, lists)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """``n`` rows: fixed-shape fields (``label``, ``dense``, ``sparse``) and list columns."""
+
+    n: int
+    fixed: dict[str, np.ndarray]
+    lists: dict[str, Column]
+
+    @classmethod
+    def from_table(cls, table: pa.Table, layout: Layout) -> Chunk:
+        """An output table (``Pipeline.to_arrow`` or a processed shard) → a chunk."""
+        n = table.num_rows
+
+        def stack(names: list[str], dtype: np.dtype) -> np.ndarray:
+            out = np.empty((n, len(names)), dtype)
+            for j, c in enumerate(names):
+                out[:, j] = table.column(c).to_numpy()
+            return out
+
+        fixed = {
+            "label": table.column(layout.label).to_numpy().astype(np.float32, copy=False),
+            "dense": stack(layout.dense, np.dtype(np.float32)),
+            "sparse": stack(layout.sparse, layout.sparse_numpy),
+        }
+        lists = {}
+        for c in layout.lists:
+            arr = table.column(c).combine_chunks()
+            offsets = arr.offsets.to_numpy().astype(np.int64)
+            values = arr.values.to_numpy().astype(layout.sparse_numpy)[offsets[0] : offsets[-1]]
+            lists[c] = Column(values, None, offsets - offsets[0])
+        return cls(n, fixed, lists)
+
+    def slice(self, a: int, b: int) -> Chunk:
+        lists = {}
+        for k, c in self.lists.items():
+            o = c.offsets[a : b + 1]
+            lists[k] = Column(c.values[o[0] : o[-1]], None, o - o[0])
+        return Chunk(b - a, {k: v[a:b] for k, v in self.fixed.items()}, lists)
+
+    def take(self, rows: np.ndarray) -> Chunk:
+        lists = {}
+        for k, c in self.lists.items():
+            elems, offsets = list_elements(c.offsets, rows)
+            lists[k] = Column(c.values[elems], None, offsets)
+        return Chunk(len(rows), {k: v[rows] for k, v in self.fixed.items()}, lists)
+
+    @staticmethod
+    def concat(chunks: list[Chunk]) -> Chunk:
+        if len(chunks) == 1:
+            return chunks[0]
+        fixed = {k: np.concatenate([c.fixed[k] for c in chunks]) for k in chunks[0].fixed}
+        lists = {}
+        for k in chunks[0].lists:
+            parts = [c.lists[k] for c in chunks]
+            ends = np.cumsum([len(p.values) for p in parts])
+            offsets = np.concatenate([[0]] + [p.offsets[1:] + (ends[i - 1] if i else 0) for i, p in enumerate(parts)])
+            lists[k] = Column(np.concatenate([p.values for p in parts]), None, offsets.astype(np.int64))
+        return Chunk(sum(c.n for c in chunks), fixed, lists)

@@ -1,0 +1,390 @@
+"""The streaming loader: Parquet shards → transformed fixed-size batches in a ring of (pinned) slots → the device.
+
+    loader = etl.Loader("data/raw", pipeline="pipelines/criteo.yaml", artifacts="artifacts/",
+                        batch_size=65536, shuffle=True, seed=0, device="cuda", num_workers=2)
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        for batch in loader:     # batch.label [B] f32, batch.dense [B, D] f32, batch.sparse [B, S] int32/int64
+            ...
+    state = loader.state_dict()  # exact position, a few numbers
+
+How it works: ``etl.source`` fixes which row-group pieces this rank reads, in which order. ``num_workers`` threads
+read and transform the pieces (Parquet decoding and the numba kernels release the GIL), at most
+``num_workers + prefetch`` ahead of the assembler. One assembler thread gathers their rows in order into shuffle
+buffers of ``shuffle_buffer`` rows, permutes each buffer with a generator drawn from (seed, epoch, rank, buffer
+number), cuts ``batch_size``-row batches (the remainder carries over across pieces and shards), copies each into a
+free slot of ``etl.ring.Ring`` and starts its host→device copy. The consumer waits only when no batch is ready.
+
+A batch's tensors live in a reused slot: they are valid until the next batch is requested (``.clone()`` to keep).
+Every batch is a pure function of (files, seed, epoch, rank, world size, batch number), so ``state_dict`` is that
+and resuming recomputes the order and skips ahead, re-reading at most one shuffle buffer.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+import weakref
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from etl.chunk import Chunk, Layout
+from etl.errors import EtlError
+from etl.pipeline import Pipeline
+from etl.preprocess import MANIFEST
+from etl.readers import batch_from_arrow, list_shards, read_rows
+from etl.ring import Field, Ring
+from etl.source import Piece, batches_per_rank, epoch_rng, rank_pieces, row_groups
+
+
+class LoaderError(EtlError):
+    """A failure in a loader worker, re-raised in the training process with the piece it was working on."""
+
+
+@dataclass
+class LoaderBatch:
+    label: torch.Tensor
+    dense: torch.Tensor
+    sparse: torch.Tensor
+    lists: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # name → (values, offsets)
+
+    def __len__(self) -> int:
+        return self.label.shape[0]
+
+
+@dataclass
+class LoaderStats:
+    """Seconds spent per stage (summed over threads) and how long the consumer waited in ``next()``."""
+
+    batches: int = 0
+    rows: int = 0
+    wait_seconds: float = 0.0
+    consumer_seconds: float = 0.0  # from the first next() to the last batch returned
+    read_seconds: float = 0.0
+    transform_seconds: float = 0.0
+    assemble_seconds: float = 0.0
+    copy_seconds: float = 0.0
+
+    @property
+    def data_wait_fraction(self) -> float:
+        """Share of the consumer's time spent waiting for data."""
+        return self.wait_seconds / self.consumer_seconds if self.consumer_seconds > 0 else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {f.name: getattr(self, f.name) for f in fields(self)} | {"data_wait_fraction": self.data_wait_fraction}
+
+
+class Loader:
+    """Iterate over Parquet shards as transformed batches on ``device``. See the module docstring.
+
+    ``source``: raw shards (a directory or files; needs ``pipeline``, and ``artifacts`` unless every op is
+    fit-free) or the output directory of ``etl preprocess`` (detected by its manifest.json; read as is).
+    ``rank``/``world_size`` default to ``torch.distributed`` when it is initialised, else 0/1."""
+
+    def __init__(
+        self,
+        source: str | Path | list[str | Path],
+        pipeline: str | Path | None = None,
+        artifacts: str | Path | None = None,
+        *,
+        batch_size: int = 65536,
+        shuffle: bool = False,
+        seed: int = 0,
+        shuffle_buffer: int | None = None,
+        drop_last: bool = False,
+        device: str | torch.device = "cpu",
+        num_workers: int = 2,
+        prefetch: int = 4,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ):
+        if batch_size < 1 or num_workers < 1 or prefetch < 1:
+            raise ValueError("batch_size, num_workers and prefetch must be >= 1")
+        self.pipeline, self.processed, shards = _open_source(source, pipeline, artifacts)
+        self.layout = Layout.of(self.pipeline)
+        self.groups = row_groups(shards)
+        self.total_rows = sum(g.num_rows for g in self.groups)
+        if rank is None or world_size is None:
+            dist = torch.distributed.is_available() and torch.distributed.is_initialized()
+            rank = torch.distributed.get_rank() if dist else 0 if rank is None else rank
+            world_size = torch.distributed.get_world_size() if dist else 1 if world_size is None else world_size
+        self.rank, self.world_size = rank, world_size
+        self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, seed, drop_last
+        self.shuffle_buffer = max(shuffle_buffer or 4 * batch_size, 1)
+        self.device = torch.device(device)
+        self.num_workers, self.prefetch = num_workers, prefetch
+        self.epoch, self.position = 0, 0
+        self.stats = LoaderStats()
+        self._stats_lock = threading.Lock()
+        self._ring: Ring | None = None
+        self._active: weakref.ref | None = None
+
+    # ------------------------------------------------------------------ public
+    def __len__(self) -> int:
+        """Batches per epoch on this rank (the same on every rank)."""
+        return batches_per_rank(self.total_rows, self.world_size, self.batch_size, self.drop_last)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.close()
+        self.epoch, self.position = epoch, 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "rank": self.rank,
+                "world_size": self.world_size, "batch_size": self.batch_size, "shuffle": self.shuffle,
+                "shuffle_buffer": self.shuffle_buffer, "drop_last": self.drop_last, "total_rows": self.total_rows}  # fmt: skip
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue exactly where the loader that produced ``state`` stopped (same data and settings)."""
+        mine = self.state_dict()
+        for k in ("seed", "rank", "world_size", "batch_size", "shuffle", "shuffle_buffer", "drop_last", "total_rows"):
+            if state[k] != mine[k]:
+                raise ValueError(f"state_dict mismatch on {k}: saved {state[k]!r}, this loader {mine[k]!r}")
+        self.close()
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+    def __iter__(self) -> _Epoch:
+        self.close()
+        if self._ring is None:
+            fixed = [Field("label", (), torch.float32), Field("dense", (len(self.layout.dense),), torch.float32),
+                     Field("sparse", (len(self.layout.sparse),), self.layout.sparse_dtype)]  # fmt: skip
+            self._ring = Ring(self.prefetch + 2, self.batch_size, fixed, self.device)
+        it = _Epoch(self)
+        self._active = weakref.ref(it)
+        return it
+
+    def close(self) -> None:
+        """Stop the background threads of the current iteration, if any (also done on break + garbage collection)."""
+        it = self._active() if self._active is not None else None
+        if it is not None:
+            it.close()
+        self._active = None
+
+    # ------------------------------------------------------------------ work done by the threads
+    def _read_piece(self, piece: Piece) -> Chunk:
+        g = piece.group
+        t0 = time.perf_counter()
+        columns = self.layout.columns if self.processed else self.pipeline.schema.names
+        table = read_rows(g.path, columns, g.first_row + piece.start, piece.length, g.index)
+        t1 = time.perf_counter()
+        if not self.processed:
+            batch = batch_from_arrow(table, self.pipeline.schema, str(g.path), g.index, g.first_row + piece.start)
+            table = self.pipeline.to_arrow(self.pipeline.transform(batch).batch)
+        chunk = Chunk.from_table(table, self.layout)
+        t2 = time.perf_counter()
+        with self._stats_lock:
+            self.stats.read_seconds += t1 - t0
+            self.stats.transform_seconds += t2 - t1
+        return chunk
+
+
+def _open_source(source, pipeline, artifacts) -> tuple[Pipeline, bool, list[Path]]:
+    items = source if isinstance(source, list) else [source]
+    if len(items) == 1 and (Path(items[0]) / MANIFEST).is_file():
+        out = Path(items[0])
+        manifest = json.loads((out / MANIFEST).read_text())
+        return Pipeline.load(out / "artifacts"), True, [out / f["output"] for f in manifest["files"]]
+    if pipeline is None:
+        raise ValueError("raw shards need a pipeline (or give the output directory of etl preprocess)")
+    p = Pipeline.load(artifacts) if artifacts is not None else Pipeline.from_file(pipeline)
+    if artifacts is not None and p.doc != Pipeline.from_file(pipeline).doc:
+        raise ValueError(f"{artifacts}: these artifacts were fitted with another pipeline than {pipeline}")
+    if not p.is_fitted:
+        raise ValueError(f"{pipeline} has ops to fit: run `etl fit` and pass artifacts=")
+    return p, False, list_shards([Path(i) for i in items])
+
+
+class _Epoch:
+    """One pass over the loader's epoch from its current position; owns the background threads."""
+
+    def __init__(self, loader: Loader):
+        self.loader = loader
+        self.total = len(loader)
+        self.held: int | None = None
+        self.first_next: float | None = None
+        self.ready: queue.Queue = queue.Queue(maxsize=loader.prefetch + 1)
+        self.stop = threading.Event()
+        self.pool = ThreadPoolExecutor(loader.num_workers, thread_name_prefix="etl-loader")
+        self.thread = threading.Thread(target=_assemble, args=(loader, self.ready, self.stop, self.pool), daemon=True, name="etl-assembler")
+        self.thread.start()
+        self._finalizer = weakref.finalize(self, _shutdown, self.stop, self.pool, self.thread)
+
+    def __iter__(self) -> _Epoch:
+        return self
+
+    def __next__(self) -> LoaderBatch:
+        loader, ring = self.loader, self.loader._ring
+        if self.held is not None:
+            ring.release(self.held)
+            self.held = None
+        if loader.position >= self.total:
+            self.close()
+            loader.position = 0
+            raise StopIteration
+        t0 = time.perf_counter()
+        self.first_next = self.first_next or t0
+        while True:
+            try:
+                item = self.ready.get(timeout=0.1)
+                break
+            except queue.Empty:
+                if not self.thread.is_alive():
+                    raise LoaderError("the loader's assembler thread stopped without a batch or an error") from None
+        t1 = time.perf_counter()
+        if isinstance(item, BaseException):
+            self.close()
+            raise item
+        slot, n, lists = item
+        tensors = ring.view(slot, n)
+        self.held = slot
+        loader.position += 1
+        s = loader.stats
+        s.wait_seconds += t1 - t0
+        s.batches += 1
+        s.rows += n
+        s.consumer_seconds = time.perf_counter() - self.first_next
+        lists = {k: (v.to(loader.device, non_blocking=True), o.to(loader.device, non_blocking=True)) for k, (v, o) in lists.items()}
+        return LoaderBatch(tensors["label"], tensors["dense"], tensors["sparse"], lists)
+
+    def close(self) -> None:
+        if self.held is not None:
+            self.loader._ring.release(self.held)
+            self.held = None
+        self._finalizer()
+
+
+def _shutdown(stop: threading.Event, pool: ThreadPoolExecutor, thread: threading.Thread) -> None:
+    stop.set()
+    pool.shutdown(wait=False, cancel_futures=True)
+    if thread is not threading.current_thread():
+        thread.join()
+
+
+def _assemble(loader: Loader, ready: queue.Queue, stop: threading.Event, pool: ThreadPoolExecutor) -> None:
+    """The assembler thread: pieces (read and transformed by the pool) → shuffle buffers → batches → ring."""
+    try:
+        _assemble_batches(loader, ready, stop, pool)
+    except BaseException as e:  # noqa: BLE001 - handed to the consumer
+        _put(ready, e, stop)
+
+
+def _put(q: queue.Queue, item: object, stop: threading.Event) -> bool:
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=0.05)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def _assemble_batches(loader: Loader, ready: queue.Queue, stop: threading.Event, pool: ThreadPoolExecutor) -> None:
+    B, S, total = loader.batch_size, loader.shuffle_buffer, len(loader)
+    first_row = loader.position * B  # rank-local row where the next batch starts
+    buffer_no = first_row // S
+    skip = first_row - buffer_no * S  # rows of the first buffer already consumed before the resume point
+    pieces = _pieces_from(rank_pieces(loader.groups, seed=loader.seed, epoch=loader.epoch, shuffle=loader.shuffle,
+                                      rank=loader.rank, world_size=loader.world_size), buffer_no * S)  # fmt: skip
+
+    def submit(p: Piece) -> Future:
+        return pool.submit(_guarded, loader, p)
+
+    window: deque[Future] = deque(submit(p) for p in pieces[: loader.num_workers + loader.prefetch])
+    upcoming = iter(pieces[len(window) :])
+    filling: list[Chunk] = []
+    filled = 0
+    stream: deque[Chunk] = deque()  # permuted buffers, not yet cut into batches
+    emitted = loader.position
+
+    def flush() -> None:
+        nonlocal buffer_no, filling, filled, skip
+        buf = Chunk.concat(filling)
+        if loader.shuffle:
+            buf = buf.take(epoch_rng(loader.seed, loader.epoch, loader.rank, buffer_no).permutation(buf.n))
+        if skip:
+            buf, skip = buf.slice(skip, buf.n), 0
+        stream.append(buf)
+        buffer_no += 1
+        filling, filled = [], 0
+
+    def emit(n: int) -> bool:
+        nonlocal emitted
+        t0 = time.perf_counter()
+        parts, need = [], n
+        while need:
+            head = stream[0]
+            take = min(need, head.n)
+            parts.append(head.slice(0, take))
+            need -= take
+            if take == head.n:
+                stream.popleft()
+            else:
+                stream[0] = head.slice(take, head.n)
+        batch = Chunk.concat(parts) if parts else loader.layout.empty()
+        slot = loader._ring.acquire(stop)
+        if slot is None:
+            return False
+        loader._ring.fill(slot, batch.fixed, n)
+        t1 = time.perf_counter()
+        loader._ring.ship(slot, n)
+        lists = {k: (torch.from_numpy(c.values), torch.from_numpy(c.offsets)) for k, c in batch.lists.items()}
+        loader.stats.assemble_seconds += t1 - t0
+        loader.stats.copy_seconds += time.perf_counter() - t1
+        emitted += 1
+        return _put(ready, (slot, n, lists), stop)
+
+    def available() -> int:
+        return sum(c.n for c in stream)
+
+    while window and not stop.is_set():
+        chunk = window.popleft().result()
+        nxt = next(upcoming, None)
+        if nxt is not None:
+            window.append(submit(nxt))
+        t0 = time.perf_counter()
+        while chunk.n:
+            take = min(chunk.n, S - filled)
+            filling.append(chunk.slice(0, take))
+            filled += take
+            chunk = chunk.slice(take, chunk.n)
+            if filled == S:
+                flush()
+        loader.stats.assemble_seconds += time.perf_counter() - t0
+        while emitted < total and available() >= B:
+            if not emit(B):
+                return
+    if stop.is_set():
+        return
+    if filled:
+        flush()
+    while emitted < total:  # the final partial batch, and the empty batch a shorter rank may owe
+        if not emit(min(B, available())):
+            return
+
+
+def _pieces_from(pieces: list[Piece], start_row: int) -> list[Piece]:
+    """The pieces from rank-local row ``start_row`` on (the first one cut)."""
+    out, pos = [], 0
+    for p in pieces:
+        if pos + p.length > start_row:
+            cut = max(0, start_row - pos)
+            out.append(Piece(p.group, p.start + cut, p.length - cut))
+        pos += p.length
+    return out
+
+
+def _guarded(loader: Loader, piece: Piece) -> Chunk:
+    """Read and transform one piece; an unexpected failure is wrapped with the piece it happened on."""
+    try:
+        return loader._read_piece(piece)
+    except EtlError:
+        raise  # already names file, row group and column
+    except Exception as e:  # noqa: BLE001 - re-raised with context
+        g = piece.group
+        raise LoaderError(f"{g.path}, row group {g.index}, rows {piece.start}..{piece.start + piece.length}: {type(e).__name__}: {e}") from e

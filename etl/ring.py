@@ -1,0 +1,90 @@
+"""A preallocated ring of batch slots: host tensors (pinned when CUDA is present) and, for a CUDA device, device
+tensors filled by asynchronous copies on a side stream.
+
+Life of a slot: the producer ``acquire``s a free slot, ``fill``s its host tensors from numpy arrays, and
+``ship``s it: on CUDA the host→device copy is queued with ``non_blocking=True`` on the side stream and an event
+is recorded after it. The consumer ``wait``s for that event on its own stream (the GPU waits, not the CPU) and
+uses the tensors until it ``release``s the slot; the release records an event on the consumer's stream that
+the next copy into the slot waits for, so a slot is never overwritten while the training step still reads it.
+Slots are allocated once and reused batch after batch.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class Field:
+    """One fixed-shape field of a batch: ``shape`` excludes the batch dimension."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+class Ring:
+    def __init__(self, slots: int, batch_size: int, fields: list[Field], device: torch.device):
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self.fields = fields
+        pin = self.cuda and torch.cuda.is_available()
+        self.host = [
+            {f.name: torch.empty((batch_size, *f.shape), dtype=f.dtype, pin_memory=pin) for f in fields} for _ in range(slots)
+        ]
+        self.dev = [{k: torch.empty_like(v, device=device) for k, v in h.items()} for h in self.host] if self.cuda else self.host
+        self.stream = torch.cuda.Stream(device=device) if self.cuda else None
+        self.copied = [None] * slots  # event recorded after each slot's host→device copy
+        self.released = [None] * slots  # event recorded on the consumer's stream when it released the slot
+        self.free: queue.Queue[int] = queue.Queue()
+        for i in range(slots):
+            self.free.put(i)
+
+    def acquire(self, stop: threading.Event) -> int | None:
+        """A free slot, or None once ``stop`` is set."""
+        while not stop.is_set():
+            try:
+                return self.free.get(timeout=0.05)
+            except queue.Empty:
+                continue
+        return None
+
+    def fill(self, slot: int, arrays: dict[str, np.ndarray], n: int) -> None:
+        """Copy the first ``n`` rows of each field from numpy into the slot's host tensors (after the slot's
+        previous host→device copy, which reads them, has finished)."""
+        if self.copied[slot] is not None:
+            self.copied[slot].synchronize()
+        for name, t in self.host[slot].items():
+            t[:n].copy_(torch.from_numpy(arrays[name]))
+
+    def ship(self, slot: int, n: int) -> None:
+        """Start the host→device copy of the slot's first ``n`` rows (CUDA only)."""
+        if not self.cuda:
+            return
+        with torch.cuda.stream(self.stream):
+            if self.released[slot] is not None:
+                self.stream.wait_event(self.released[slot])
+            for name, h in self.host[slot].items():
+                self.dev[slot][name][:n].copy_(h[:n], non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self.stream)
+            self.copied[slot] = event
+
+    def view(self, slot: int, n: int) -> dict[str, torch.Tensor]:
+        """The slot's tensors on the target device, first ``n`` rows, once the consumer's stream may use them."""
+        if self.cuda:
+            torch.cuda.current_stream(self.device).wait_event(self.copied[slot])
+        return {name: t[:n] for name, t in self.dev[slot].items()}
+
+    def release(self, slot: int) -> None:
+        """The consumer is done with the slot's tensors (work already queued on its stream may still read them)."""
+        if self.cuda:
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(self.device))
+            self.released[slot] = event
+        self.free.put(slot)

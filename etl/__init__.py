@@ -4,10 +4,26 @@
   transform one in-memory table (``transform_table``);
 - ``Loader``: stream Parquet shards as transformed batches into a training loop;
 - ``load_schema``: read a schema file.
+
+Names are imported on first use, so the command line does not pay for importing torch.
 """
 
-from etl.loader import Loader, LoaderBatch, LoaderError, LoaderStats
-from etl.pipeline import Pipeline
-from etl.schema import load_schema
+from importlib import import_module
+from typing import Any
 
-__all__ = ["Loader", "LoaderBatch", "LoaderError", "LoaderStats", "Pipeline", "load_schema"]
+_EXPORTS = {
+    "Loader": "etl.loader",
+    "LoaderBatch": "etl.loader",
+    "LoaderError": "etl.loader",
+    "LoaderStats": "etl.loader",
+    "Pipeline": "etl.pipeline",
+    "load_schema": "etl.schema",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'etl' has no attribute {name!r}")
+    return getattr(import_module(_EXPORTS[name]), name)

@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""Loader throughput and data wait, in one run, on a synthetic Criteo-like set.
+
+For raw shards (categorify with fitted artifacts; hash) and for `etl preprocess` outputs of both pipelines:
+
+1. rows/s of one shuffled epoch with a consumer that does nothing (the loader's own speed);
+2. the data-wait share of a consumer that spends 1.25x the loader's own time per batch (it consumes at 80 % of
+   the loader's rate). The step is modelled with ``time.sleep``: a GPU training step leaves the CPU cores to the
+   loader. Reported over the whole epoch and without the first batch (pipeline start-up).
+
+    python scripts/bench_loader.py --data /tmp/g2m --batch-size 65536 --workers 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+from etl.loader import Loader
+from etl.pipeline import Pipeline
+from etl.preprocess import preprocess
+from etl.readers import list_shards
+from etl.schema import load_schema
+from etl.synth import generate
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def epoch(loader: Loader, step_seconds: float) -> tuple[float, float, float, int]:
+    """(seconds, data-wait share, data-wait share after the first batch, rows) of one epoch."""
+    loader.stats = type(loader.stats)()
+    t0 = time.perf_counter()
+    first_wait = None
+    rows = 0
+    for batch in loader:
+        if first_wait is None:
+            first_wait = loader.stats.wait_seconds
+        rows += len(batch)
+        if step_seconds:
+            time.sleep(step_seconds)
+    seconds = time.perf_counter() - t0
+    s = loader.stats
+    steady = (s.wait_seconds - first_wait) / max(seconds - first_wait, 1e-9)
+    return seconds, s.wait_seconds / seconds, steady, rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=2_000_000)
+    ap.add_argument("--files", type=int, default=8)
+    ap.add_argument("--data", type=Path, default=None, help="raw synthetic set (generated when absent)")
+    ap.add_argument("--batch-size", type=int, default=65536)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="etl-loader-bench-"))
+    data = args.data or work / "raw"
+    if not data.exists():
+        generate(load_schema(REPO / "schemas/criteo.yaml"), args.rows, args.files, data, seed=0)
+    shards = list_shards(data)
+    cat = Pipeline.from_file(REPO / "pipelines/criteo.yaml")
+    cat.fit(shards, workers=args.workers)
+    cat.save(work / "art")
+    preprocess(Pipeline.load(work / "art"), shards, work / "pre_cat", workers=args.workers)
+    preprocess(Pipeline.from_file(REPO / "pipelines/criteo_hash.yaml"), shards, work / "pre_hash", workers=args.workers)
+
+    sources = {
+        "raw, categorify": dict(source=data, pipeline=REPO / "pipelines/criteo.yaml", artifacts=work / "art"),
+        "raw, hash": dict(source=data, pipeline=REPO / "pipelines/criteo_hash.yaml"),
+        "preprocessed, categorify": dict(source=work / "pre_cat"),
+        "preprocessed, hash": dict(source=work / "pre_hash"),
+    }
+    results = {}
+    print(f"batch {args.batch_size:,}, workers {args.workers}, shuffle on")
+    print(f"{'source':26s} {'rows/s':>12s} {'wait @80%':>10s} {'w/o first':>10s}")
+    for name, kw in sources.items():
+        loader = Loader(batch_size=args.batch_size, shuffle=True, seed=0, num_workers=args.workers, **kw)
+        epoch(loader, 0.0)  # warm-up: JIT caches, page cache
+        seconds, _, _, rows = epoch(loader, 0.0)
+        per_batch = seconds / len(loader)
+        _, wait, steady, _ = epoch(loader, 1.25 * per_batch)
+        results[name] = {"rows_per_second": rows / seconds, "data_wait": wait, "data_wait_after_first_batch": steady}
+        print(f"{name:26s} {rows / seconds:12,.0f} {100 * wait:9.2f}% {100 * steady:9.2f}%")
+        loader.close()
+    if args.json:
+        args.json.write_text(json.dumps({"batch_size": args.batch_size, "workers": args.workers, "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -132,8 +132,11 @@ class Loader:
         return batches_per_rank(self.total_rows, self.world_size, self.batch_size, self.drop_last)
 
     def set_epoch(self, epoch: int) -> None:
-        self.close()
-        self.epoch, self.position = epoch, 0
+        """Select the epoch the next iteration yields. Setting the current epoch keeps the position, so a loop
+        that resumed with ``load_state_dict`` may call it as usual."""
+        if epoch != self.epoch:
+            self.close()
+            self.epoch, self.position = epoch, 0
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "rank": self.rank,
@@ -150,7 +153,10 @@ class Loader:
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
     def __iter__(self) -> _Epoch:
+        """Yield the rest of the current epoch (all of it when the previous pass ended)."""
         self.close()
+        if self.position >= len(self):
+            self.position = 0
         if self._ring is None:
             fixed = [Field("label", (), torch.float32), Field("dense", (len(self.layout.dense),), torch.float32),
                      Field("sparse", (len(self.layout.sparse),), self.layout.sparse_dtype)]  # fmt: skip
@@ -225,7 +231,6 @@ class _Epoch:
             self.held = None
         if loader.position >= self.total:
             self.close()
-            loader.position = 0
             raise StopIteration
         t0 = time.perf_counter()
         self.first_next = self.first_next or t0
@@ -342,7 +347,7 @@ def _assemble_batches(loader: Loader, ready: queue.Queue, stop: threading.Event,
     def available() -> int:
         return sum(c.n for c in stream)
 
-    while window and not stop.is_set():
+    while window and not stop.is_set() and emitted < total:
         chunk = window.popleft().result()
         nxt = next(upcoming, None)
         if nxt is not None:

@@ -50,13 +50,30 @@ class LoaderError(EtlError):
 
 @dataclass
 class LoaderBatch:
+    """One batch: ``label`` [B] float32, ``dense`` [B, D] float32, ``sparse`` [B, S] ids (columns in the order of
+    ``Loader.layout``), ``lists``: multi-hot columns as (values, offsets[B + 1]), ``sparse_names`` their names."""
+
     label: torch.Tensor
     dense: torch.Tensor
     sparse: torch.Tensor
-    lists: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # name → (values, offsets)
+    lists: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    sparse_names: list[str] = field(default_factory=list)
 
     def __len__(self) -> int:
         return self.label.shape[0]
+
+    def to_kjt(self) -> Any:
+        """The sparse and list columns as a TorchRec ``KeyedJaggedTensor`` (keys: sparse columns, then lists;
+        values key-major). Needs torchrec installed."""
+        try:
+            from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+        except ImportError as e:
+            raise ImportError("LoaderBatch.to_kjt needs torchrec (pip install torchrec)") from e
+        ids = self.sparse.long()
+        values = [ids.t().reshape(-1)] + [v.long() for v, _ in self.lists.values()]
+        lengths = [torch.ones(ids.numel(), dtype=torch.int32, device=ids.device)]
+        lengths += [(o[1:] - o[:-1]).to(torch.int32) for _, o in self.lists.values()]
+        return KeyedJaggedTensor.from_lengths_sync(keys=self.sparse_names + list(self.lists), values=torch.cat(values), lengths=torch.cat(lengths))
 
 
 @dataclass
@@ -255,7 +272,7 @@ class _Epoch:
         s.rows += n
         s.consumer_seconds = time.perf_counter() - self.first_next
         lists = {k: (v.to(loader.device, non_blocking=True), o.to(loader.device, non_blocking=True)) for k, (v, o) in lists.items()}
-        return LoaderBatch(tensors["label"], tensors["dense"], tensors["sparse"], lists)
+        return LoaderBatch(tensors["label"], tensors["dense"], tensors["sparse"], lists, loader.layout.sparse)
 
     def close(self) -> None:
         if self.held is not None:

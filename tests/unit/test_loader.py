@@ -1,0 +1,86 @@
+"""LoaderBatch and Loader bookkeeping (the threads and data paths are covered in tests/integration/test_loader.py)."""
+
+from __future__ import annotations
+
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from etl.loader import Loader, LoaderBatch
+from etl.schema import load_schema
+from etl.synth import generate
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_to_kjt_builds_key_major_values_and_lengths(monkeypatch) -> None:
+    calls = {}
+
+    class FakeKJT:
+        @staticmethod
+        def from_lengths_sync(keys, values, lengths):
+            calls.update(keys=keys, values=values.tolist(), lengths=lengths.tolist())
+            return "kjt"
+
+    mod = types.ModuleType("torchrec.sparse.jagged_tensor")
+    mod.KeyedJaggedTensor = FakeKJT
+    for name in ("torchrec", "torchrec.sparse"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "torchrec.sparse.jagged_tensor", mod)
+
+    b = LoaderBatch(
+        label=torch.zeros(2),
+        dense=torch.zeros(2, 1),
+        sparse=torch.tensor([[5, 7], [6, 8]], dtype=torch.int32),
+        lists={"g": (torch.tensor([1, 2, 3]), torch.tensor([0, 2, 3]))},
+        sparse_names=["a", "b"],
+    )
+    assert b.to_kjt() == "kjt"
+    assert calls["keys"] == ["a", "b", "g"]
+    assert calls["values"] == [5, 6, 7, 8, 1, 2, 3]  # key-major: all of a, then b, then the lists
+    assert calls["lengths"] == [1, 1, 1, 1, 2, 1]
+
+
+def test_to_kjt_without_torchrec_says_what_to_install(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "torchrec", None)
+    b = LoaderBatch(torch.zeros(1), torch.zeros(1, 1), torch.zeros(1, 1, dtype=torch.int32))
+    with pytest.raises(ImportError, match="pip install torchrec"):
+        b.to_kjt()
+
+
+@pytest.fixture(scope="module")
+def raw(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("raw")
+    generate(load_schema(REPO / "schemas/criteo.yaml"), 3000, 2, d, seed=1)
+    return d
+
+
+def test_set_epoch_keeps_the_position_of_the_current_epoch(raw: Path) -> None:
+    loader = Loader(raw, pipeline=REPO / "pipelines/criteo_hash.yaml", batch_size=500, shuffle=True)
+    it = iter(loader)
+    next(it), next(it)
+    state = loader.state_dict()
+    assert (state["epoch"], state["position"]) == (0, 2)
+    loader.set_epoch(0)
+    assert loader.position == 2
+    loader.set_epoch(1)
+    assert (loader.epoch, loader.position) == (1, 0)
+    assert len(list(loader)) == len(loader) == 6 and loader.position == 6
+    assert len(list(loader)) == 6  # a finished epoch restarts on the next iteration
+
+
+def test_state_dict_refuses_other_settings(raw: Path) -> None:
+    a = Loader(raw, pipeline=REPO / "pipelines/criteo_hash.yaml", batch_size=500)
+    b = Loader(raw, pipeline=REPO / "pipelines/criteo_hash.yaml", batch_size=400)
+    with pytest.raises(ValueError, match="batch_size"):
+        b.load_state_dict(a.state_dict())
+
+
+def test_raw_shards_need_a_fitted_pipeline(raw: Path) -> None:
+    with pytest.raises(ValueError, match="etl fit"):
+        Loader(raw, pipeline=REPO / "pipelines/criteo.yaml")
+    with pytest.raises(ValueError, match="need a pipeline"):
+        Loader(raw)

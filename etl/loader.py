@@ -128,16 +128,18 @@ class Loader:
         self.layout = Layout.of(self.pipeline)
         self.groups = row_groups(shards)
         self.total_rows = sum(g.num_rows for g in self.groups)
-        if rank is None or world_size is None:
+        if rank is None and world_size is None:
             dist = torch.distributed.is_available() and torch.distributed.is_initialized()
-            rank = torch.distributed.get_rank() if dist else 0 if rank is None else rank
-            world_size = torch.distributed.get_world_size() if dist else 1 if world_size is None else world_size
+            rank, world_size = (torch.distributed.get_rank(), torch.distributed.get_world_size()) if dist else (0, 1)
+        if rank is None or world_size is None or world_size < 1 or not 0 <= rank < world_size:
+            raise ValueError(f"rank and world_size must be given together with 0 <= rank < world_size, got {rank}, {world_size}")
         self.rank, self.world_size = rank, world_size
         self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, seed, drop_last
         self.shuffle_buffer = max(shuffle_buffer or 4 * batch_size, 1)
         self.device = torch.device(device)
         self.num_workers, self.prefetch = num_workers, prefetch
         self.epoch, self.position = 0, 0
+        self._finished = False  # the last pass ran to its end: the next iteration starts the epoch over
         self.stats = LoaderStats()
         self._stats_lock = threading.Lock()
         self._ring: Ring | None = None
@@ -153,7 +155,7 @@ class Loader:
         that resumed with ``load_state_dict`` may call it as usual."""
         if epoch != self.epoch:
             self.close()
-            self.epoch, self.position = epoch, 0
+            self.epoch, self.position, self._finished = epoch, 0, False
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "rank": self.rank,
@@ -167,17 +169,18 @@ class Loader:
             if state[k] != mine[k]:
                 raise ValueError(f"state_dict mismatch on {k}: saved {state[k]!r}, this loader {mine[k]!r}")
         self.close()
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self.epoch, self.position, self._finished = int(state["epoch"]), int(state["position"]), False
 
     def __iter__(self) -> _Epoch:
-        """Yield the rest of the current epoch (all of it when the previous pass ended)."""
+        """Yield the rest of the current epoch (all of it when the previous pass ran to its end)."""
         self.close()
-        if self.position >= len(self):
-            self.position = 0
+        if self._finished:
+            self.position, self._finished = 0, False
         if self._ring is None:
             fixed = [Field("label", (), torch.float32), Field("dense", (len(self.layout.dense),), torch.float32),
                      Field("sparse", (len(self.layout.sparse),), self.layout.sparse_dtype)]  # fmt: skip
             self._ring = Ring(self.prefetch + 2, self.batch_size, fixed, self.device)
+        self._ring.reclaim()  # slots a previous, abandoned pass still counted as taken
         it = _Epoch(self)
         self._active = weakref.ref(it)
         return it
@@ -248,6 +251,7 @@ class _Epoch:
             self.held = None
         if loader.position >= self.total:
             self.close()
+            loader._finished = True
             raise StopIteration
         t0 = time.perf_counter()
         self.first_next = self.first_next or t0
@@ -275,10 +279,16 @@ class _Epoch:
         return LoaderBatch(tensors["label"], tensors["dense"], tensors["sparse"], lists, loader.layout.sparse)
 
     def close(self) -> None:
-        if self.held is not None:
-            self.loader._ring.release(self.held)
-            self.held = None
+        """Stop the threads, then give back the slot in use and the slots of batches never taken."""
         self._finalizer()
+        ring = self.loader._ring
+        if self.held is not None:
+            ring.release(self.held)
+            self.held = None
+        while not self.ready.empty():
+            item = self.ready.get_nowait()
+            if isinstance(item, tuple):
+                ring.release(item[0])
 
 
 def _shutdown(stop: threading.Event, pool: ThreadPoolExecutor, thread: threading.Thread) -> None:

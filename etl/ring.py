@@ -60,7 +60,7 @@ class Ring:
         if self.copied[slot] is not None:
             self.copied[slot].synchronize()
         for name, t in self.host[slot].items():
-            t[:n].copy_(torch.from_numpy(arrays[name]))
+            np.copyto(t[:n].numpy(), arrays[name])
 
     def ship(self, slot: int, n: int) -> None:
         """Start the host→device copy of the slot's first ``n`` rows (CUDA only)."""
@@ -80,6 +80,15 @@ class Ring:
         if self.cuda:
             torch.cuda.current_stream(self.device).wait_event(self.copied[slot])
         return {name: t[:n] for name, t in self.dev[slot].items()}
+
+    def reclaim(self) -> None:
+        """Mark every slot free again (between iterations, when no batch of the ring is in use any more)."""
+        if self.cuda:
+            torch.cuda.current_stream(self.device).synchronize()
+        while not self.free.empty():
+            self.free.get_nowait()
+        for i in range(len(self.host)):
+            self.free.put(i)
 
     def release(self, slot: int) -> None:
         """The consumer is done with the slot's tensors (work already queued on its stream may still read them)."""

@@ -103,5 +103,5 @@ class Op:
 
 
 def id_dtype(cardinality: int) -> np.dtype:
-    """int32 when every id fits, else int64."""
-    return np.dtype(np.int32) if cardinality <= np.iinfo(np.int32).max else np.dtype(np.int64)
+    """int32 when every id (0 .. cardinality - 1) fits, else int64."""
+    return np.dtype(np.int32) if cardinality - 1 <= np.iinfo(np.int32).max else np.dtype(np.int64)

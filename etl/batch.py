@@ -44,12 +44,9 @@ class Strings:
 
     def take(self, idx: np.ndarray) -> Strings:
         """The strings at positions ``idx``, compacted into a new buffer."""
-        starts, ends = self.starts[idx].astype(np.int64), self.ends[idx].astype(np.int64)
-        offsets = np.zeros(len(idx) + 1, dtype=np.int64)
-        np.cumsum(ends - starts, out=offsets[1:])
-        pieces = [self.data[s:e] for s, e in zip(starts.tolist(), ends.tolist())]
-        data = np.concatenate(pieces) if pieces else np.zeros(0, np.uint8)
-        return Strings.from_offsets(data.astype(np.uint8, copy=False), offsets)
+        starts = self.starts[idx]
+        positions, offsets = gather_ranges(starts, self.ends[idx] - starts)
+        return Strings.from_offsets(self.data[positions], offsets)
 
 
 @dataclass(frozen=True)
@@ -84,14 +81,18 @@ class Column:
         )
 
 
+def gather_ranges(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Positions ``starts[i] .. starts[i] + lengths[i] - 1`` for every i, concatenated, and the offsets of each
+    range within that concatenation."""
+    starts, lengths = starts.astype(np.int64), lengths.astype(np.int64)
+    offsets = np.zeros(len(starts) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return np.arange(offsets[-1], dtype=np.int64) + np.repeat(starts - offsets[:-1], lengths), offsets
+
+
 def list_elements(offsets: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For list rows ``rows``: the indices of their elements (in row order) and the offsets of the new lists."""
-    starts = offsets[rows].astype(np.int64)
-    lens = offsets[rows + 1].astype(np.int64) - starts
-    new_offsets = np.zeros(len(rows) + 1, np.int64)
-    np.cumsum(lens, out=new_offsets[1:])
-    elems = np.arange(new_offsets[-1], dtype=np.int64) + np.repeat(starts - new_offsets[:-1], lens)
-    return elems, new_offsets
+    return gather_ranges(offsets[rows], offsets[rows + 1] - offsets[rows])
 
 
 def take_values(values: np.ndarray | Strings, idx: np.ndarray) -> np.ndarray | Strings:

@@ -11,7 +11,7 @@ import numba as nb
 import numpy as np
 
 from etl.backends.hashing import C1, C2, FNV_OFFSET, FNV_PRIME, check_buckets, seed_word
-from etl.batch import Strings
+from etl.batch import Strings, gather_ranges
 
 NULL_ID = 1
 FIRST_ID = 2
@@ -390,8 +390,4 @@ class KeyCounter:
 
 def first_x(offsets: np.ndarray, x: int) -> tuple[np.ndarray, np.ndarray]:
     """Keep the first ``x`` elements of each list: returns (element indices to keep, new offsets)."""
-    lens = np.minimum(np.diff(offsets), x)
-    new_off = np.zeros(len(offsets), np.int64)
-    np.cumsum(lens, out=new_off[1:])
-    idx = np.arange(new_off[-1], dtype=np.int64) - np.repeat(new_off[:-1], lens) + np.repeat(offsets[:-1].astype(np.int64), lens)
-    return idx, new_off
+    return gather_ranges(offsets[:-1], np.minimum(np.diff(offsets), x))

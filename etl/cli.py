@@ -16,7 +16,7 @@ from etl.errors import EtlError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Streaming ETL for recommender training data.")
 err = Console(stderr=True)
-console = Console()
+console = Console(soft_wrap=True)
 
 
 @contextmanager
@@ -177,6 +177,61 @@ def demo(
     console.print(f"rows: {summary.rows_in:,} in = {summary.rows_out:,} out + {summary.rows_quarantined:,} quarantined")
     _print_cardinalities(Pipeline.load(processed / "artifacts").cardinalities())
     console.print(f"processed shards, manifest and artifacts → {processed}  (see: etl inspect {processed})")
+
+
+@app.command()
+def bench(
+    pipeline: Optional[list[Path]] = typer.Option(None, help="Pipeline YAML (repeatable; default: the Criteo categorify and hash pipelines)."),
+    input: Optional[Path] = typer.Option(None, help="Raw shards to measure on (default: generate synthetic ones)."),
+    rows: int = typer.Option(2_000_000, help="Synthetic rows to generate when no --input is given."),
+    files: int = typer.Option(8, help="Synthetic shards to generate."),
+    workers: int = typer.Option(2, help="Worker threads."),
+    batch_size: int = typer.Option(65536, help="Loader batch size."),
+    device: str = typer.Option("auto", help="Loader device: cpu, cuda, or auto (cuda when present)."),
+    step_factor: float = typer.Option(1.25, help="Simulated training step, in multiples of the loader's time per batch."),
+    model: bool = typer.Option(False, help="Also measure the data wait of the DLRM of scripts/train_dlrm.py."),
+    baselines: bool = typer.Option(True, help="Run the naive polars and pyarrow+numpy baselines."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the results as JSON."),
+    plot_out: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG chart of the stages and the stall timeline."),
+) -> None:
+    """Measure read floor, every stage, fit, preprocess, the loader, data wait and baselines in one run."""
+    from etl.bench import plot, run_bench
+
+    import torch
+
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    repo = Path(__file__).resolve().parents[1]
+    pipelines = pipeline or [repo / "pipelines/criteo.yaml", repo / "pipelines/criteo_hash.yaml"]
+    with user_errors(), err.status("benchmark") as status:
+        report = run_bench(pipelines, input_dir=input, rows=rows, files=files, workers=workers, batch_size=batch_size,
+                           device=device, step_factor=step_factor, model=model, run_baselines=baselines,
+                           progress=lambda msg: status.update(msg))  # fmt: skip
+    _print_report(report)
+    if json_out:
+        json_out.write_text(report.to_json())
+    if plot_out:
+        plot(report, plot_out)
+
+
+def _print_report(report) -> None:
+    from rich.table import Table
+
+    console.print(f"{report.rows:,} rows in {report.files} shard(s), {report.input_mbytes:,.1f} MB of Parquet; "
+                  f"workers {report.workers}, batch {report.batch_size:,}, device {report.device}")  # fmt: skip
+    for rep in report.pipelines:
+        t = Table(title=rep.pipeline)
+        for col in ("stage", "seconds", "rows/s", "MB/s", "note"):
+            t.add_column(col, justify="left" if col in ("stage", "note") else "right")
+        for s in rep.stages:
+            mbs = f"{s.mbytes / s.seconds:,.0f}" if s.mbytes and s.seconds else ""
+            t.add_row(s.name, f"{s.seconds:.3f}", f"{s.rows_per_second:,.0f}", mbs, s.note)
+        console.print(t)
+        console.print(f"data wait with the simulated step: {100 * rep.data_wait:.2f} %"
+                      + (f"; with the DLRM step: {100 * rep.model_data_wait:.2f} %" if rep.model_data_wait is not None else ""))  # fmt: skip
+        for name, b in rep.baselines.items():
+            eq = {True: "output equal", False: "OUTPUT DIFFERS", None: "other hash, same work"}[b["output_equal"]]
+            console.print(f"baseline {name}: {b['rows_per_second']:,.0f} rows/s; ours (fit + preprocess) is {b['speedup_of_ours']:.2f}x faster ({eq})")
+    console.print(f"peak memory: {report.peak_rss_mb:,.0f} MB")
 
 
 @app.command()

@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
-"""Offline preprocessing throughput: `etl fit` / `etl preprocess` against a naive polars script, in one run.
+"""Offline preprocessing throughput: `etl fit` / `etl preprocess` against naive polars and numpy scripts, in one run.
 
 Generates (or reuses) a synthetic Criteo-like set, then times, on the same files and machine:
 
 - ours: fit of the categorify pipeline; preprocess with the categorify pipeline (artifacts given); preprocess with
   the hash pipeline;
-- baseline: a plain polars script doing the same work the way a user would write it (value counts per column for
-  the vocabularies, `replace_strict` to map keys to ids, polars' own hash modulo N for the hash pipeline), reading
-  with polars and writing Parquet.
+- baselines (``etl.baselines``), the same work written the way a user would:
+  - a plain polars script (value counts per column for the vocabularies, `replace_strict` to map keys to ids,
+    polars' own hash modulo N for the hash pipeline), reading with polars and writing Parquet;
+  - a plain pyarrow + numpy script (`read_table`, hex decode over the Arrow buffers, `np.unique` counts for the
+    vocabularies, `np.searchsorted` lookup, etl's documented fmix64 hash in numpy uint64 arithmetic).
 
-The categorify outputs are compared value for value (dense and ids must be identical), so the ratio compares the
-same work. The hash baseline uses polars' hash, so its ids differ by construction; its work is the same.
+Outputs are compared value for value with ours: the polars and numpy categorify outputs and the numpy hash output
+must be identical (the script exits non-zero otherwise), so the ratios compare the same work. The polars hash
+baseline uses polars' hash, so its ids differ by construction; its work is the same.
 
     python scripts/bench_preprocess.py --rows 2000000 --files 8 --workers 2 --repeat 5 --data /tmp/bench-data
 """
@@ -27,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from etl.baselines import first_difference, numpy_categorify, numpy_hash, polars_categorify, polars_hash
 from etl.pipeline import Pipeline
 from etl.preprocess import preprocess
 from etl.readers import list_shards
@@ -34,50 +38,6 @@ from etl.schema import load_schema
 from etl.synth import generate
 
 REPO = Path(__file__).resolve().parents[1]
-DENSE = [f"I{i}" for i in range(1, 14)]
-CATS = [f"C{i}" for i in range(1, 27)]
-THRESHOLD = 3
-BUCKETS = 40_000_000
-
-
-def dense_exprs() -> list[pl.Expr]:
-    return [pl.col(c).fill_null(0).clip(lower_bound=0).cast(pl.Float64).log1p().cast(pl.Float32) for c in DENSE]
-
-
-def naive_polars_categorify(files: list[Path], out: Path) -> None:
-    vocabs = {}
-    for c in CATS:
-        vc = (
-            pl.scan_parquet(files).select(pl.col(c)).drop_nulls().group_by(c).len()
-            .filter(pl.col("len") >= THRESHOLD)
-            .with_columns(pl.col(c).str.to_integer(base=16).alias("key"))
-            .sort(["len", "key"], descending=[True, False])
-            .collect()
-        )
-        vocabs[c] = (vc[c], pl.Series(np.arange(3, 3 + vc.height, dtype=np.int32)))
-    out.mkdir(parents=True, exist_ok=True)
-    for i, f in enumerate(files):
-        df = pl.read_parquet(f)
-        cats = [
-            pl.when(pl.col(c).is_null()).then(pl.lit(1, pl.Int32)).otherwise(
-                pl.col(c).replace_strict(vocabs[c][0], vocabs[c][1], default=pl.lit(2, pl.Int32), return_dtype=pl.Int32)
-            ).alias(c)
-            for c in CATS
-        ]
-        df.select([pl.col("label").cast(pl.Float32), *dense_exprs(), *cats]).write_parquet(out / f"part-{i:05d}.parquet")
-
-
-def naive_polars_hash(files: list[Path], out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    for i, f in enumerate(files):
-        df = pl.read_parquet(f)
-        cats = [
-            pl.when(pl.col(c).is_null()).then(pl.lit(1, pl.Int32)).otherwise(
-                (pl.col(c).str.to_integer(base=16).hash(0) % BUCKETS + 2).cast(pl.Int32)
-            ).alias(c)
-            for c in CATS
-        ]
-        df.select([pl.col("label").cast(pl.Float32), *dense_exprs(), *cats]).write_parquet(out / f"part-{i:05d}.parquet")
 
 
 def timed(fn) -> float:
@@ -131,13 +91,16 @@ def main() -> None:
     res["ours preprocess (categorify)"] = median_of(n, lambda: ours("pipelines/criteo.yaml", "ours_cat", work / "art"))
     res["ours fit + preprocess (categorify)"] = res["ours fit (categorify)"] + res["ours preprocess (categorify)"]
     res["ours preprocess (hash)"] = median_of(n, lambda: ours("pipelines/criteo_hash.yaml", "ours_hash", None))
-    res["naive polars fit + preprocess (categorify)"] = median_of(n, lambda: baseline(naive_polars_categorify, "polars_cat"))
-    res["naive polars preprocess (hash)"] = median_of(n, lambda: baseline(naive_polars_hash, "polars_hash"))
+    res["naive polars fit + preprocess (categorify)"] = median_of(n, lambda: baseline(polars_categorify, "polars_cat"))
+    res["naive polars preprocess (hash)"] = median_of(n, lambda: baseline(polars_hash, "polars_hash"))
+    res["naive numpy fit + preprocess (categorify)"] = median_of(n, lambda: baseline(numpy_categorify, "numpy_cat"))
+    res["naive numpy preprocess (hash)"] = median_of(n, lambda: baseline(numpy_hash, "numpy_hash"))
 
-    ours = pl.read_parquet(sorted((work / "ours_cat").glob("part-*.parquet")))
-    theirs = pl.read_parquet(sorted((work / "polars_cat").glob("part-*.parquet")))
-    if not ours.equals(theirs):
-        raise SystemExit("categorify outputs differ between ours and the polars baseline")
+    checks = [("categorify", "ours_cat", "polars_cat"), ("categorify", "ours_cat", "numpy_cat"), ("hash", "ours_hash", "numpy_hash")]
+    for what, a, b in checks:
+        diff = first_difference(work / a, work / b)
+        if diff is not None:
+            raise SystemExit(f"{what} outputs differ between ours ({work / a}) and the {b.split('_')[0]} baseline ({work / b}): {diff}")
 
     print(f"{rows:,} rows, {len(files)} files, workers={args.workers}, median of {n} runs each")
     print(f"{'run':45s} {'seconds':>9s} {'rows/s':>12s}")
@@ -145,11 +108,17 @@ def main() -> None:
         print(f"{k:45s} {v:9.2f} {rows / v:12,.0f}")
     ratio_cat = res["naive polars fit + preprocess (categorify)"] / res["ours fit + preprocess (categorify)"]
     ratio_hash = res["naive polars preprocess (hash)"] / res["ours preprocess (hash)"]
+    np_cat = res["naive numpy fit + preprocess (categorify)"] / res["ours fit + preprocess (categorify)"]
+    np_hash = res["naive numpy preprocess (hash)"] / res["ours preprocess (hash)"]
     print(f"speed-up over naive polars: categorify (fit + preprocess) {ratio_cat:.2f}x, hash {ratio_hash:.2f}x")
-    print("categorify outputs identical to the baseline's: yes")
+    print(f"speed-up over naive numpy:  categorify (fit + preprocess) {np_cat:.2f}x, hash {np_hash:.2f}x")
+    print("outputs identical to ours: polars categorify yes, numpy categorify yes, numpy hash yes "
+          "(polars hash: own hash function, ids differ by construction)")
     if args.json:
         args.json.write_text(json.dumps({"rows": rows, "files": len(files), "workers": args.workers, "repeat": n, "seconds": res,
-                                         "speedup_categorify": ratio_cat, "speedup_hash": ratio_hash}, indent=1))
+                                         "speedup_categorify": ratio_cat, "speedup_hash": ratio_hash,
+                                         "speedup_numpy_categorify": np_cat, "speedup_numpy_hash": np_hash,
+                                         "identical": {"polars_categorify": True, "numpy_categorify": True, "numpy_hash": True}}, indent=1))
     shutil.rmtree(work)
 
 

@@ -1,0 +1,288 @@
+"""`etl bench`: the standalone throughput test. Everything is measured in one run, on the same files:
+
+- ``floor``: bare Parquet read of the columns the pipeline reads (polars, row group by row group, worker threads);
+- stages, one thread, on row groups already in memory: ``columns`` (Arrow → numpy views), each op of the
+  pipeline, ``output`` (checks, typed Arrow table), ``batch`` (the loader's field layout), ``ring`` (copy into a
+  batch slot), and ``h2d`` (slot → device) when CUDA is present;
+- ``fit`` over all shards, ``preprocess`` (offline, all shards → Parquet) and ``loader`` (one shuffled epoch to a
+  consumer that does nothing) with ``workers`` threads, in rows/s and input MB/s (Parquet bytes);
+- ``stall``: a consumer whose step costs ``step_factor`` × the loader's own time per batch (``time.sleep``; a
+  GPU step leaves the cores to the loader), or the DLRM of scripts/train_dlrm.py: the share of time it waited;
+- peak memory (resident set size of this process);
+- baselines: the naive polars and pyarrow+numpy scripts of ``etl.baselines`` doing the same work, with their
+  outputs compared to ours.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import resource
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from etl import baselines
+from etl.chunk import Chunk, Layout
+from etl.loader import Loader
+from etl.pipeline import Pipeline
+from etl.preprocess import preprocess
+from etl.readers import batch_from_arrow, list_shards, read_rows
+from etl.ring import Field, Ring
+from etl.source import row_groups
+from etl.synth import generate
+from etl.workers import run_workers
+
+BASELINES = {
+    "Categorify": {"polars": baselines.polars_categorify, "numpy": baselines.numpy_categorify},
+    "Hash": {"polars": baselines.polars_hash, "numpy": baselines.numpy_hash},
+}
+EXACT = {"Categorify": ("polars", "numpy"), "Hash": ("numpy",)}  # baselines whose output must equal ours
+
+
+@dataclass
+class Stage:
+    name: str
+    seconds: float
+    rows: int
+    mbytes: float = 0.0
+    note: str = ""
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class PipelineReport:
+    pipeline: str
+    stages: list[Stage] = field(default_factory=list)
+    data_wait: float = 0.0
+    wait_timeline: list[float] = field(default_factory=list)  # seconds waited before each batch
+    model_data_wait: float | None = None
+    baselines: dict[str, dict] = field(default_factory=dict)
+
+
+@dataclass
+class Report:
+    rows: int
+    files: int
+    input_mbytes: float
+    workers: int
+    batch_size: int
+    device: str
+    pipelines: list[PipelineReport] = field(default_factory=list)
+    peak_rss_mb: float = 0.0
+
+    def to_json(self) -> str:
+        doc = asdict(self)
+        for p, rep in zip(doc["pipelines"], self.pipelines):
+            for s, stage in zip(p["stages"], rep.stages):
+                s["rows_per_second"] = stage.rows_per_second
+        return json.dumps(doc, indent=1)
+
+
+def _timed(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def measure_floor(groups: list, columns: list[str], workers: int) -> float:
+    """Seconds to read every row group of ``columns`` with ``workers`` threads (the floor of any pipeline);
+    the best of two runs, so that both pipelines are measured with a warm page cache."""
+    def read_all() -> float:
+        return _timed(lambda: run_workers(groups, workers, lambda w, g, stop: read_rows(g.path, columns, g.first_row, g.num_rows, g.index)))
+
+    return min(read_all(), read_all())
+
+
+def measure_stages(pipeline: Pipeline, tables: list, batch_size: int, device: torch.device) -> list[Stage]:
+    """One thread, data in memory: the time of each step of the transform and of the loader's batch path."""
+    rows = sum(t.num_rows for t in tables)
+    spent: dict[str, float] = {"columns": 0.0, **{f"{i}:{op.name}": 0.0 for i, op in enumerate(pipeline.ops)}, "output": 0.0}
+    outputs = []
+    for table in tables:
+        t0 = time.perf_counter()
+        batch = batch_from_arrow(table, pipeline.schema)
+        spent["columns"] += time.perf_counter() - t0
+        for i, op in enumerate(pipeline.ops):
+            t0 = time.perf_counter()
+            batch = batch.with_columns(op.transform(batch, pipeline.xp))
+            spent[f"{i}:{op.name}"] += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        pipeline._check_output(batch)
+        outputs.append(pipeline.to_arrow(batch))
+        spent["output"] += time.perf_counter() - t0
+    layout = Layout.of(pipeline)
+    t0 = time.perf_counter()
+    chunks = [Chunk.from_table(t, layout) for t in outputs]
+    spent["batch"] = time.perf_counter() - t0
+    fields = [Field("label", (), torch.float32), Field("dense", (len(layout.dense),), torch.float32), Field("sparse", (len(layout.sparse),), layout.sparse_dtype)]
+    ring = Ring(2, max(batch_size, max(c.n for c in chunks)), fields, device)
+    stop = threading.Event()
+    fill = ship = 0.0
+    for c in chunks:
+        slot = ring.acquire(stop)
+        t0 = time.perf_counter()
+        ring.fill(slot, c.fixed, c.n)
+        t1 = time.perf_counter()
+        ring.ship(slot, c.n)
+        ring.view(slot, c.n)
+        if ring.cuda:
+            torch.cuda.synchronize(device)
+        fill, ship = fill + t1 - t0, ship + time.perf_counter() - t1
+        ring.release(slot)
+    spent["ring"] = fill
+    if ring.cuda:
+        spent["h2d"] = ship
+    return [Stage(name, seconds, rows) for name, seconds in spent.items()]
+
+
+def measure_stall(loader: Loader, step_seconds: float, model: Callable | None = None) -> tuple[float, list[float]]:
+    """Data-wait share and per-batch waits of one epoch whose consumer sleeps ``step_seconds`` per batch (or
+    runs ``model`` on it)."""
+    waits = []
+    last = loader.stats.wait_seconds
+    t0 = time.perf_counter()
+    for batch in loader:
+        waits.append(loader.stats.wait_seconds - last)
+        last = loader.stats.wait_seconds
+        if model is not None:
+            model(batch)
+        else:
+            time.sleep(step_seconds)
+    if model is not None and loader.device.type == "cuda":
+        torch.cuda.synchronize(loader.device)
+    return sum(waits) / (time.perf_counter() - t0), waits
+
+
+def dlrm_step(loader: Loader) -> Callable:
+    """A training step of the DLRM in scripts/train_dlrm.py (imported from the repository)."""
+    path = Path(__file__).resolve().parents[1] / "scripts" / "train_dlrm.py"
+    spec = importlib.util.spec_from_file_location("train_dlrm", path)
+    if spec is None or not path.is_file():
+        raise FileNotFoundError(f"{path}: the DLRM example is not there")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    cards = loader.pipeline.cardinalities()
+    model = mod.DLRM(len(loader.layout.dense), [min(cards[c], 100_000) for c in loader.layout.sparse], 16).to(loader.device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+
+    def step(batch) -> None:
+        if len(batch):
+            loss = loss_fn(model(batch.dense, batch.sparse), batch.label)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+
+    return step
+
+
+def _fitted_op(pipeline: Pipeline) -> str:
+    names = {op.name for op in pipeline.ops}
+    return "Categorify" if "Categorify" in names else "Hash" if "Hash" in names else ""
+
+
+def run_bench(
+    pipelines: list[Path],
+    *,
+    input_dir: Path | None = None,
+    rows: int = 2_000_000,
+    files: int = 8,
+    workers: int = 2,
+    batch_size: int = 65536,
+    device: str = "cpu",
+    step_factor: float = 1.25,
+    model: bool = False,
+    run_baselines: bool = True,
+    progress: Callable[[str], None] = lambda msg: None,
+) -> Report:
+    work = Path(tempfile.mkdtemp(prefix="etl-bench-"))
+    try:
+        first = Pipeline.from_file(pipelines[0])
+        if input_dir is None:
+            progress(f"generating {rows:,} synthetic rows")
+            input_dir = work / "raw"
+            generate(first.schema, rows, files, input_dir, seed=0)
+        shards = list_shards(input_dir)
+        groups = row_groups(shards)
+        total = sum(g.num_rows for g in groups)
+        mbytes = sum(p.stat().st_size for p in shards) / 1e6
+        dev = torch.device(device)
+        report = Report(total, len(shards), mbytes, workers, batch_size, device)
+        progress("reading the shards into memory")
+        tables = [read_rows(g.path, first.schema.names, g.first_row, g.num_rows, g.index) for g in groups]
+        for path in pipelines:
+            rep = PipelineReport(str(path))
+            report.pipelines.append(rep)
+            p = Pipeline.from_file(path)
+            progress(f"{p.name}: floor")
+            rep.stages.append(Stage("floor", measure_floor(groups, p.schema.names, workers), total, mbytes, "bare Parquet read"))
+            if not p.is_fitted:
+                progress(f"{p.name}: fit")
+                rep.stages.append(Stage("fit", _timed(lambda: p.fit(shards, workers=workers)), total, mbytes))
+            p.save(work / f"art-{p.name}")
+            progress(f"{p.name}: stages")
+            rep.stages.extend(measure_stages(p, tables, batch_size, dev))
+            progress(f"{p.name}: preprocess")
+            summary = preprocess(p, shards, work / f"ours-{p.name}", workers=workers)
+            rep.stages.append(Stage("preprocess", summary.transform_seconds, total, mbytes, "offline, to Parquet"))
+            progress(f"{p.name}: loader")
+            loader = Loader(input_dir, pipeline=path, artifacts=work / f"art-{p.name}", batch_size=batch_size,
+                            shuffle=True, seed=0, device=device, num_workers=workers)  # fmt: skip
+            list(loader)  # warm-up epoch
+            seconds = _timed(lambda: [None for _ in loader])
+            rep.stages.append(Stage("loader", seconds, total, mbytes, "end to end, shuffled epoch"))
+            progress(f"{p.name}: stall")
+            rep.data_wait, rep.wait_timeline = measure_stall(loader, step_factor * seconds / len(loader))
+            if model:
+                rep.model_data_wait, _ = measure_stall(loader, 0.0, dlrm_step(loader))
+            loader.close()
+            kind = _fitted_op(p)
+            if run_baselines and kind:
+                for name, fn in BASELINES[kind].items():
+                    progress(f"{p.name}: baseline {name}")
+                    out = work / f"{name}-{p.name}"
+                    secs = _timed(lambda: fn(shards, out))
+                    equal = baselines.same_output(out, work / f"ours-{p.name}") if name in EXACT[kind] else None
+                    ours = sum(s.seconds for s in rep.stages if s.name in ("fit", "preprocess"))
+                    rep.baselines[name] = {"seconds": secs, "rows_per_second": total / secs, "speedup_of_ours": secs / ours, "output_equal": equal}
+                    if equal is False:
+                        raise RuntimeError(f"the {name} baseline's output differs from ours for {path}")
+        report.peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        return report
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def plot(report: Report, path: Path) -> None:
+    """PNG: per-stage throughput of each pipeline (log scale) and the stall timeline (wait before each batch)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(report.pipelines), 2, figsize=(13, 4 * len(report.pipelines)), squeeze=False)
+    for (left, right), rep in zip(axes, report.pipelines):
+        names = [s.name for s in rep.stages]
+        left.barh(names, [s.rows_per_second / 1e6 for s in rep.stages], color="tab:blue")
+        left.set_xscale("log")
+        left.invert_yaxis()
+        left.set_xlabel("M rows/s")
+        left.set_title(f"{Path(rep.pipeline).name}: stages")
+        right.bar(np.arange(len(rep.wait_timeline)), [1000 * w for w in rep.wait_timeline], color="tab:red")
+        right.set_xlabel("batch")
+        right.set_ylabel("wait before batch (ms)")
+        right.set_title(f"stall timeline: data wait {100 * rep.data_wait:.2f} %")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -128,7 +128,7 @@ def _parse_column(raw: Any, path: str, i: int) -> ColumnSpec:
         if width is not None and (encoding != "hex" or not isinstance(width, int) or isinstance(width, bool) or not 1 <= width <= 16):
             raise SpecError(path, f"{where}.width", "width is an integer 1..16 and only applies to hex")
     elif encoding is not None or width is not None:
-        raise SpecError(path, f"{where}.encoding", f"only categorical and list columns have an encoding")
+        raise SpecError(path, f"{where}.encoding", "only categorical and list columns have an encoding")
     if role == "list":
         if not isinstance(separator, str) or not separator:
             raise SpecError(path, f"{where}.separator", "a list column needs a non-empty separator")

@@ -28,7 +28,7 @@ These are deliberately simple: whole files in memory, no threads, no validation 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import polars as pl
@@ -208,20 +208,29 @@ def numpy_categorify(files: Sequence[PathLike], out_dir: PathLike, freq_threshol
         vocab[c] = (keys, ids)
     del parts
     # ---- transform
+
+    def vocabulary_ids(c: str, keys: np.ndarray, valid: np.ndarray) -> np.ndarray:
+        vkeys, vids = vocab[c]
+        if len(vkeys):
+            pos = np.minimum(np.searchsorted(vkeys, keys), len(vkeys) - 1)
+            ids = np.where(vkeys[pos] == keys, vids[pos], np.int32(OOV_ID))
+        else:
+            ids = np.full(len(keys), OOV_ID, np.int32)
+        ids[~valid] = NULL_ID
+        return ids
+
+    _numpy_transform(files, out, vocabulary_ids)
+
+
+def _numpy_transform(files: list[Path], out: Path, ids_of: Callable[[str, np.ndarray, np.ndarray], np.ndarray]) -> None:
+    """Per file: read with pyarrow, the dense path, ``ids_of(column, keys, valid)`` for each categorical column."""
     out.mkdir(parents=True, exist_ok=True)
     for i, f in enumerate(files):
         table = pq.read_table(f)
         arrays = _dense_arrays(table)
         for c in CATS:
             keys, valid = hex8_keys(table.column(c))
-            vkeys, vids = vocab[c]
-            if len(vkeys):
-                pos = np.minimum(np.searchsorted(vkeys, keys), len(vkeys) - 1)
-                ids = np.where(vkeys[pos] == keys, vids[pos], np.int32(OOV_ID))
-            else:
-                ids = np.full(len(keys), OOV_ID, np.int32)
-            ids[~valid] = NULL_ID
-            arrays.append(pa.array(ids))
+            arrays.append(pa.array(ids_of(c, keys, valid)))
         _write(arrays, _part(out, i))
 
 
@@ -254,16 +263,7 @@ def numpy_hash(files: Sequence[PathLike], out_dir: PathLike, num_buckets: int = 
     """Criteo hash pipeline in pyarrow + numpy: decode the 8-hex-digit keys, then etl's documented hash
     (``numpy_hash_ids``: fmix64 with the seed word, multiply-shift reduction, id = 2 + bucket, missing → 1) in
     numpy uint64 arithmetic. Output equals ``pipelines/criteo_hash.yaml``'s bit for bit (40 M buckets, seed 0)."""
-    files = [Path(f) for f in files]
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for i, f in enumerate(files):
-        table = pq.read_table(f)
-        arrays = _dense_arrays(table)
-        for c in CATS:
-            keys, valid = hex8_keys(table.column(c))
-            arrays.append(pa.array(numpy_hash_ids(keys, valid, num_buckets, seed)))
-        _write(arrays, _part(out, i))
+    _numpy_transform([Path(f) for f in files], Path(out_dir), lambda c, keys, valid: numpy_hash_ids(keys, valid, num_buckets, seed))
 
 
 # ==================================================================== comparison

@@ -24,7 +24,7 @@ def tree_bytes(root: Path) -> dict[str, bytes]:
 @pytest.fixture(scope="module")
 def raw(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("gen") / "raw"
-    run_etl("generate", "--schema", REPO / "schemas/criteo.yaml", "--rows", 240_000, "--files", 12, "--out", d, "--seed", 3)
+    run_etl("generate", "--schema", REPO / "schemas/criteo.yaml", "--rows", 480_000, "--files", 12, "--out", d, "--seed", 3)
     return d
 
 

@@ -65,7 +65,7 @@ class Column:
         return len(self.offsets) - 1 if self.offsets is not None else len(self.values)
 
     def null_count(self) -> int:
-        return 0 if self.valid is None else int(len(self.valid) - np.count_nonzero(self.valid))
+        return 0 if self.valid is None else len(self.valid) - int(self.valid.sum())
 
     def take(self, rows: np.ndarray) -> Column:
         """The rows at positions ``rows`` (an int array)."""

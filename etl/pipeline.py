@@ -162,44 +162,65 @@ class Pipeline:
             out.update(op.cardinalities())
         return out
 
-    def _apply(self, name: str, t: Transformed, on_error: str, step: Callable[[Batch], dict[str, Column]]) -> None:
-        """Run one step (an op, or a check); on invalid rows raise ``RowError`` or move the rows to
-        ``t.rejected`` and run the step again on the rest."""
+    def _apply(self, name: str, t: Transformed, on_error: str, step: Callable[[Batch], dict[str, Column]], xp: Any = None) -> None:
+        """Run one step (an op, or a check) with backend ``xp`` (default: the pipeline's); on invalid rows raise
+        ``RowError`` or move the rows to ``t.rejected`` and run the step again on the rest."""
+        xp = xp or self.xp
         while True:
             try:
                 t.batch = t.batch.with_columns(step(t.batch))
                 return
             except InvalidRows as e:
-                if not e.mask.any():
+                mask = xp.to_numpy(e.mask)
+                if not mask.any():
                     raise RuntimeError(f"{name} reported invalid rows in column '{e.column}' but marked none") from e
                 if on_error == "raise":
-                    raise self._row_error(t.batch, e) from None
-                keep = np.flatnonzero(~e.mask)
-                t.rejected.append(Rejected(t.batch.row_ids[e.mask], e.column, e.reason))
+                    raise _row_error(t.batch, e.column, e.reason, mask, xp) from None
+                keep = np.flatnonzero(~mask)
+                t.rejected.append(Rejected(t.batch.row_ids[mask], e.column, e.reason))
                 t.batch = t.batch.take(keep)
 
-    def _row_error(self, batch: Batch, e: InvalidRows) -> RowError:
-        i = int(np.flatnonzero(e.mask)[0])
-        col = batch[e.column].take(np.array([i]))
-        value = col.values.to_list() if isinstance(col.values, Strings) else col.values.tolist()
-        shown = value if col.is_list else value[0]
-        return RowError(batch.source, batch.row_group, int(batch.row_ids[i]), e.column, f"{e.reason}: {shown!r}")
+    def split(self) -> tuple[list[Op], list[Op]]:
+        """The ops as (host part, device part), for transforming after the host→device copy. The host part is
+        every op that reads raw values (decoding text needs the variable-length bytes, which stay on the host);
+        the device part is the rest (dense ops, Hash, Categorify, crosses, ops on decoded lists), each part in
+        pipeline order. The host part then the device part gives the same result as every op in order: an op
+        on raw values never reads a column that an op of the device part writes."""
+        kind = {c.name: ("number" if c.role in ("label", "dense") else "raw") for c in self.schema.columns}
+        host: list[Op] = []
+        device: list[Op] = []
+        for op in self.ops:
+            on_raw = op.reads == "raw" or (op.reads is None and all(kind.get(c) == "raw" for c in op.columns))
+            (host if on_raw else device).append(op)
+            for c in op.outputs:
+                kind[c] = op.writes or kind.get(c, "raw")
+        return host, device
 
-    def transform(self, batch: Batch, on_error: str = "raise") -> Transformed:
+    def transform(self, batch: Batch, on_error: str = "raise", part: str = "all", xp: Any = None) -> Transformed:
         """Run every op (the pipeline must be fitted). Invalid rows raise ``RowError`` or, with
-        ``on_error="quarantine"``, are left out and listed in ``Transformed.rejected``."""
+        ``on_error="quarantine"``, are left out and listed in ``Transformed.rejected``.
+
+        ``part`` picks the ops of ``split``: ``"host"`` (label check + host part), ``"device"`` (device part +
+        output check) or ``"all"``; ``xp`` is the backend (default: the pipeline's). Quarantine takes rows out
+        of numpy batches: it needs the CPU backend."""
         if on_error not in ON_ERROR:
             raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+        if part not in ("all", "host", "device"):
+            raise ValueError(f"part must be 'all', 'host' or 'device', got {part!r}")
         if not self.is_fitted:
             raise ArtifactError("the pipeline is not fitted: run fit first or load fitted artifacts")
+        xp = xp or self.xp
+        host, device = self.split()
         t = Transformed(batch)
-        self._apply("label check", t, on_error, self._check_labels)
-        for op in self.ops:
-            self._apply(op.name, t, on_error, lambda b: op.transform(b, self.xp))
-        self._apply("output check", t, on_error, self._check_output)
+        if part != "device":
+            self._apply("label check", t, on_error, lambda b: self._check_labels(b, xp), xp)
+        for op in {"all": self.ops, "host": host, "device": device}[part]:
+            self._apply(op.name, t, on_error, lambda b: op.transform(b, xp), xp)
+        if part != "host":
+            self._apply("output check", t, on_error, lambda b: self._check_output(b, xp), xp)
         return t
 
-    def _check_labels(self, batch: Batch) -> dict[str, Column]:
+    def _check_labels(self, batch: Batch, xp: Any = None) -> dict[str, Column]:
         """Rows without a usable label are invalid (checked first, so fit and transform skip the same rows)."""
         for c in self.schema.by_role("label"):
             col = batch.columns.get(c)
@@ -207,15 +228,15 @@ class Pipeline:
                 continue
             if col.null_count():
                 raise InvalidRows(c, ~col.valid, "label is missing")
-            bad = self.xp.nonfinite_mask(col.values, None)
+            bad = (xp or self.xp).nonfinite_mask(col.values, None)
             if bad is not None:
                 raise InvalidRows(c, bad, "label is NaN or infinite")
         return {}
 
-    def _check_output(self, batch: Batch) -> dict[str, Column]:
+    def _check_output(self, batch: Batch, xp: Any = None) -> dict[str, Column]:
         for c in self.output_columns:
             col = batch[c]
-            bad = self.xp.nonfinite_mask(col.values, col.valid) if not isinstance(col.values, Strings) else None
+            bad = (xp or self.xp).nonfinite_mask(col.values, col.valid) if not isinstance(col.values, Strings) else None
             if bad is not None:
                 raise InvalidRows(c, bad, "value is NaN or infinite after the transform")
         return {}
@@ -401,3 +422,13 @@ def _atomic_parquet(table: pa.Table, path: Path) -> None:
     tmp = path.with_name(path.name + ".tmp")
     pq.write_table(table, tmp)
     os.replace(tmp, path)
+
+
+def _row_error(batch: Batch, column: str, reason: str, mask: np.ndarray, xp: Any) -> RowError:
+    """The error for the first row of ``mask`` (its value shown as read back to the host)."""
+    i = int(np.flatnonzero(mask)[0])
+    col = batch[column]
+    col = Column(*(None if a is None else xp.to_numpy(a) for a in (col.values, col.valid, col.offsets))).take(np.array([i]))
+    value = col.values.to_list() if isinstance(col.values, Strings) else col.values.tolist()
+    shown = value if col.is_list else value[0]
+    return RowError(batch.source, batch.row_group, int(batch.row_ids[i]), column, f"{reason}: {shown!r}")

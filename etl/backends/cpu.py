@@ -11,7 +11,7 @@ import numba as nb
 import numpy as np
 
 from etl.backends.hashing import C1, C2, FNV_OFFSET, FNV_PRIME, check_buckets, seed_word
-from etl.batch import Strings, gather_ranges
+from etl.batch import Strings, gather_ranges, take_values
 
 NULL_ID = 1
 FIRST_ID = 2
@@ -53,15 +53,29 @@ def fill_null(values: np.ndarray, valid: np.ndarray | None, value: float) -> np.
 
 
 def clamp(values: np.ndarray, lo: float | None, hi: float | None) -> np.ndarray:
-    return np.clip(values, lo, hi)
+    """float64 values limited to [lo, hi] (a bound of None is open)."""
+    return np.clip(values.astype(np.float64, copy=False), lo, hi)
 
 
 def log1p(values: np.ndarray) -> np.ndarray:
-    return np.log1p(values)
+    """float64 ln(1 + x)."""
+    return np.log1p(values.astype(np.float64, copy=False))
 
 
 def normalize(values: np.ndarray, mean: float, std: float) -> np.ndarray:
-    return (values - mean) / std
+    """float64 (x - mean) / std."""
+    return (values.astype(np.float64, copy=False) - mean) / std
+
+
+def moments(values: np.ndarray, valid: np.ndarray | None) -> tuple[int, float, float] | None:
+    """(count, sum, sum of squared deviations from their mean) of the present values in float64, or None when
+    no value is present."""
+    v = values.astype(np.float64, copy=False)
+    if valid is not None:
+        v = v[valid]
+    if not len(v):
+        return None
+    return len(v), float(v.sum()), float(((v - v.mean()) ** 2).sum())
 
 
 def bucketize(values: np.ndarray, valid: np.ndarray | None, boundaries: np.ndarray, out_dtype) -> np.ndarray:
@@ -80,6 +94,23 @@ def nonfinite_mask(values: np.ndarray, valid: np.ndarray | None) -> np.ndarray |
     if valid is not None:
         bad &= valid
     return bad if bad.any() else None
+
+
+# ---------------------------------------------------------------- host data
+
+
+def to_numpy(x: np.ndarray | Strings) -> np.ndarray | Strings:
+    """The array (or strings) as numpy, already the case here: every backend has this so that ops can hand data
+    to host-side code (fitted state, error reports)."""
+    return x
+
+
+def is_keys(values: np.ndarray | Strings) -> bool:
+    """Whether ``values`` are decoded keys (uint64) rather than raw values."""
+    return isinstance(values, np.ndarray) and values.dtype == np.uint64
+
+
+take = take_values
 
 
 # ---------------------------------------------------------------- decode

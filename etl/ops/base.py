@@ -1,7 +1,8 @@
 """What every op is: the columns it reads and writes, and ``transform(batch, xp)`` over a backend namespace ``xp``.
 
-Ops never import a compute library beyond numpy for bookkeeping; the per-value work goes through ``xp`` (the CPU
-backend ``etl.backends.cpu`` today). Fittable ops add:
+Ops never import a compute library beyond numpy for bookkeeping; the per-value work goes through ``xp``: the CPU
+backend ``etl.backends.cpu`` (numpy arrays) or the torch backend ``etl.backends.tensor`` (tensors on CPU or CUDA,
+uint64 keys held as int64 bits). Both implement the same functions with the same bits out. Fittable ops add:
 
 - ``new_stats(xp) -> stats``: an empty accumulator: a dict with one independent entry per column;
 - ``partial_fit(stats, batch, xp)``: add one batch to an accumulator, for the columns the accumulator holds (a
@@ -14,7 +15,8 @@ backend ``etl.backends.cpu`` today). Fittable ops add:
   Arrow tables (saved as Parquet), never pickle.
 
 An op that finds invalid values raises ``InvalidRows``; the pipeline turns it into a ``RowError`` naming the file,
-row and column, or quarantines those rows and runs the op again on the rest.
+row and column, or quarantines those rows and runs the op again on the rest. Fitted state is built on the host
+(numpy, Arrow) whatever the backend, so artifacts are the same bytes.
 """
 
 from __future__ import annotations
@@ -31,19 +33,22 @@ Stats = Any
 
 
 class InvalidRows(Exception):
-    """Rows of a batch hold values an op cannot transform. ``mask`` is per row of the batch."""
+    """Rows of a batch hold values an op cannot transform. ``mask`` is per row of the batch (a bool array or
+    tensor of the backend that found them)."""
 
     def __init__(self, column: str, mask: np.ndarray, reason: str):
         self.column, self.mask, self.reason = column, mask, reason
         super().__init__(f"column '{column}': {reason} ({int(mask.sum())} rows)")
 
 
-def rows_with_bad_elements(col: Column, elem_mask: np.ndarray) -> np.ndarray:
-    """Per-row mask from a per-value mask (a list row is bad when any of its elements is)."""
+def rows_with_bad_elements(col: Column, elem_mask: Any, xp: Any) -> np.ndarray:
+    """Per-row mask (numpy) from a per-value mask of backend ``xp`` (a list row is bad when any of its elements is)."""
+    elem_mask = xp.to_numpy(elem_mask)
     if col.offsets is None:
         return elem_mask
-    rows = np.zeros(len(col.offsets) - 1, np.bool_)
-    rows[np.searchsorted(col.offsets, np.flatnonzero(elem_mask), side="right") - 1] = True
+    offsets = xp.to_numpy(col.offsets)
+    rows = np.zeros(len(offsets) - 1, np.bool_)
+    rows[np.searchsorted(offsets, np.flatnonzero(elem_mask), side="right") - 1] = True
     return rows
 
 

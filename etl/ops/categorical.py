@@ -47,7 +47,7 @@ class Decode(Op):
             keys, raw, bad = _decode(col, spec, xp)
             if bad is not None:
                 want = f"{spec.width} hex digits" if spec.encoding == "hex" and spec.width else f"{spec.encoding} text"
-                raise InvalidRows(c, rows_with_bad_elements(col, bad), f"malformed value (expected {want})")
+                raise InvalidRows(c, rows_with_bad_elements(col, bad, xp), f"malformed value (expected {want})")
             out[c] = Column(keys, col.valid, col.offsets, raw)
         return out
 
@@ -78,8 +78,8 @@ def render_keys(keys: np.ndarray, spec: ColumnSpec, xp: Any) -> pa.Array:
     raise ValueError(f"column '{spec.name}': string keys are not invertible")
 
 
-def _require_keys(op: str, c: str, col: Column) -> None:
-    if isinstance(col.values, Strings) or col.values.dtype != np.uint64:
+def _require_keys(op: str, c: str, col: Column, xp: Any) -> None:
+    if not xp.is_keys(col.values):
         raise ValueError(f"{op}: column '{c}' holds raw values; put a Decode op before it")
 
 
@@ -105,7 +105,7 @@ class Hash(Op):
         out = {}
         for c in self.columns:
             col = batch[c]
-            _require_keys(self.name, c, col)
+            _require_keys(self.name, c, col, xp)
             out[c] = Column(xp.hash_ids(col.values, col.valid, self.seed, self.num_buckets, dt), None, col.offsets)
         return out
 
@@ -137,7 +137,7 @@ class HashedCross(Op):
     def transform(self, batch: Batch, xp: Any) -> dict[str, Column]:
         cols = [batch[c] for c in self.columns]
         for c, col in zip(self.columns, cols):
-            _require_keys(self.name, c, col)
+            _require_keys(self.name, c, col, xp)
             if col.is_list:
                 raise ValueError(f"HashedCross: column '{c}' is a list column")
         keys, valid = xp.cross_keys([col.values for col in cols], [col.valid for col in cols], self.seed)
@@ -189,11 +189,11 @@ class Categorify(Op):
     def partial_fit(self, stats: Stats, batch: Batch, xp: Any) -> None:
         for c, s in stats.items():
             col = batch[c]
-            _require_keys(self.name, c, col)
+            _require_keys(self.name, c, col, xp)
             s["counter"].add(col.values, col.valid)
             s["nulls"] += col.null_count()
             if col.raw is not None:
-                _remember_raw(s["raw"], col)
+                _remember_raw(s["raw"], col, xp)
 
     def merge(self, a: Stats, b: Stats) -> Stats:
         """The sum of ``a`` and ``b`` (``a``'s count tables are reused)."""
@@ -236,7 +236,7 @@ class Categorify(Op):
         out = {}
         for c in self.columns:
             col = batch[c]
-            _require_keys(self.name, c, col)
+            _require_keys(self.name, c, col, xp)
             dt = id_dtype(self.cardinalities()[c])
             ids = self._table(c, xp).lookup(col.values, col.valid, RESERVED_IDS, self.oov_buckets, self.seed, dt)
             out[c] = Column(ids, None, col.offsets)
@@ -258,14 +258,17 @@ class Categorify(Op):
         self._tables = {}
 
 
-def _remember_raw(raw: dict[int, str], col: Column) -> None:
+def _remember_raw(raw: dict[int, str], col: Column, xp: Any) -> None:
     """Record the text of keys not seen before (string-encoded columns only)."""
-    keys = col.values if col.valid is None else col.values[col.valid]
+    keys = xp.to_numpy(col.values).view(np.uint64)
+    valid = None if col.valid is None else xp.to_numpy(col.valid)
+    if valid is not None:
+        keys = keys[valid]
     uniq, first = np.unique(keys, return_index=True)
     new = [i for i, k in enumerate(uniq.tolist()) if k not in raw]
     if not new:
         return
-    positions = np.flatnonzero(col.valid) if col.valid is not None else np.arange(len(col.values))
-    texts = col.raw.take(positions[first[new]]).to_list()
+    positions = np.flatnonzero(valid) if valid is not None else np.arange(len(keys))
+    texts = xp.to_numpy(col.raw).take(positions[first[new]]).to_list()
     for i, t in zip(new, texts):
         raw[int(uniq[i])] = t

@@ -51,7 +51,7 @@ class Clamp(Op):
         self.lo, self.hi = min, max
 
     def transform(self, batch: Batch, xp: Any) -> dict[str, Column]:
-        return {c: Column(xp.clamp(batch[c].values.astype(np.float64, copy=False), self.lo, self.hi), batch[c].valid) for c in self.columns}
+        return {c: Column(xp.clamp(batch[c].values, self.lo, self.hi), batch[c].valid) for c in self.columns}
 
 
 class Log1p(Op):
@@ -60,7 +60,7 @@ class Log1p(Op):
     name = "Log1p"
 
     def transform(self, batch: Batch, xp: Any) -> dict[str, Column]:
-        return {c: Column(xp.log1p(batch[c].values.astype(np.float64, copy=False)), batch[c].valid) for c in self.columns}
+        return {c: Column(xp.log1p(batch[c].values), batch[c].valid) for c in self.columns}
 
 
 class Normalize(Op):
@@ -88,12 +88,9 @@ class Normalize(Op):
 
     def partial_fit(self, stats: Stats, batch: Batch, xp: Any) -> None:
         for c in stats:
-            col = batch[c]
-            v = col.values.astype(np.float64, copy=False)
-            if col.valid is not None:
-                v = v[col.valid]
-            if len(v):
-                stats[c].append((len(v), float(v.sum()), float(((v - v.mean()) ** 2).sum())))
+            m = xp.moments(batch[c].values, batch[c].valid)
+            if m is not None:
+                stats[c].append(m)
 
     def merge(self, a: Stats, b: Stats) -> Stats:
         return {c: sorted(a.get(c, []) + b.get(c, [])) for c in a.keys() | b.keys()}
@@ -111,7 +108,7 @@ class Normalize(Op):
 
     def transform(self, batch: Batch, xp: Any) -> dict[str, Column]:
         return {
-            c: Column(xp.normalize(batch[c].values.astype(np.float64, copy=False), self.mean[c], self.std[c]), batch[c].valid)
+            c: Column(xp.normalize(batch[c].values, self.mean[c], self.std[c]), batch[c].valid)
             for c in self.columns
         }
 

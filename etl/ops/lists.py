@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from etl.batch import Batch, Column, take_values
+from etl.batch import Batch, Column
 from etl.ops.base import Op
 
 
@@ -30,9 +30,9 @@ class FirstX(Op):
                 raise ValueError(f"FirstX: column '{c}' is not a list column")
             idx, offsets = xp.first_x(col.offsets, self.x)
             out[c] = Column(
-                take_values(col.values, idx),
+                xp.take(col.values, idx),
                 None if col.valid is None else col.valid[idx],
                 offsets,
-                None if col.raw is None else col.raw.take(idx),
+                None if col.raw is None else xp.take(col.raw, idx),
             )
         return out

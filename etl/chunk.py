@@ -57,7 +57,8 @@ class Layout:
 
 @dataclass(frozen=True)
 class Chunk:
-    """``n`` rows: fixed-shape fields (``label``, ``dense``, ``sparse``) and list columns."""
+    """``n`` rows: fixed-shape fields (``label``, ``dense``, ``sparse``; other names for the inputs of a device
+    transform, see ``etl.device_stage``) and list columns (values, per-value ``valid`` or None, offsets)."""
 
     n: int
     fixed: dict[str, np.ndarray]
@@ -91,14 +92,14 @@ class Chunk:
         lists = {}
         for k, c in self.lists.items():
             o = c.offsets[a : b + 1]
-            lists[k] = Column(c.values[o[0] : o[-1]], None, o - o[0])
+            lists[k] = Column(c.values[o[0] : o[-1]], None if c.valid is None else c.valid[o[0] : o[-1]], o - o[0])
         return Chunk(b - a, {k: v[a:b] for k, v in self.fixed.items()}, lists)
 
     def take(self, rows: np.ndarray) -> Chunk:
         lists = {}
         for k, c in self.lists.items():
             elems, offsets = list_elements(c.offsets, rows)
-            lists[k] = Column(c.values[elems], None, offsets)
+            lists[k] = Column(c.values[elems], None if c.valid is None else c.valid[elems], offsets)
         return Chunk(len(rows), {k: v[rows] for k, v in self.fixed.items()}, lists)
 
     @staticmethod
@@ -111,5 +112,8 @@ class Chunk:
             parts = [c.lists[k] for c in chunks]
             ends = np.cumsum([len(p.values) for p in parts])
             offsets = np.concatenate([[0]] + [p.offsets[1:] + (ends[i - 1] if i else 0) for i, p in enumerate(parts)])
-            lists[k] = Column(np.concatenate([p.values for p in parts]), None, offsets.astype(np.int64))
+            valid = None
+            if any(p.valid is not None for p in parts):
+                valid = np.concatenate([np.ones(len(p.values), np.bool_) if p.valid is None else p.valid for p in parts])
+            lists[k] = Column(np.concatenate([p.values for p in parts]), valid, offsets.astype(np.int64))
         return Chunk(sum(c.n for c in chunks), fixed, lists)

@@ -15,6 +15,10 @@ buffers of ``shuffle_buffer`` rows, permutes each buffer with a generator drawn 
 number), cuts ``batch_size``-row batches (the remainder carries over across pieces and shards), copies each into a
 free slot of ``etl.ring.Ring`` and starts its host→device copy. The consumer waits only when no batch is ready.
 
+With ``transform_on="device"`` the workers run only the host part of the pipeline (label check, decoding text into
+keys) and the rest runs on the device right after each slot's copy, on the copy's side stream
+(``etl.device_stage``); the CPU then only reads and decodes. The batches are the same, bit for bit.
+
 A batch's tensors live in a reused slot: they are valid until the next batch is requested (``.clone()`` to keep).
 Every batch is a pure function of (files, seed, epoch, rank, world size, batch number), so ``state_dict`` is that
 and resuming recomputes the order and skips ahead, re-reading at most one shuffle buffer.
@@ -36,6 +40,7 @@ from typing import Any
 import torch
 
 from etl.chunk import Chunk, Layout
+from etl.device_stage import DeviceStage
 from etl.errors import EtlError
 from etl.pipeline import Pipeline
 from etl.preprocess import MANIFEST
@@ -87,7 +92,7 @@ class LoaderStats:
     read_seconds: float = 0.0
     transform_seconds: float = 0.0
     assemble_seconds: float = 0.0
-    copy_seconds: float = 0.0
+    copy_seconds: float = 0.0  # host→device copy, and the device transform's launch with transform_on="device"
 
     @property
     def data_wait_fraction(self) -> float:
@@ -103,7 +108,9 @@ class Loader:
 
     ``source``: raw shards (a directory or files; needs ``pipeline``, and ``artifacts`` unless every op is
     fit-free) or the output directory of ``etl preprocess`` (detected by its manifest.json; read as is).
-    ``rank``/``world_size`` default to ``torch.distributed`` when it is initialised, else 0/1."""
+    ``rank``/``world_size`` default to ``torch.distributed`` when it is initialised, else 0/1.
+    ``transform_on``: ``"host"`` (worker threads run the whole pipeline) or ``"device"`` (they run only its host
+    part; the rest runs on ``device`` after the copy, with the torch backend; raw shards only)."""
 
     def __init__(
         self,
@@ -121,12 +128,19 @@ class Loader:
         prefetch: int = 4,
         rank: int | None = None,
         world_size: int | None = None,
+        transform_on: str = "host",
     ):
         if batch_size < 1 or num_workers < 1 or prefetch < 1:
             raise ValueError("batch_size, num_workers and prefetch must be >= 1")
+        if transform_on not in ("host", "device"):
+            raise ValueError(f"transform_on must be 'host' or 'device', got {transform_on!r}")
         self.pipeline, self.processed, shards = _open_source(source, pipeline, artifacts)
+        if transform_on == "device" and self.processed:
+            raise ValueError("transform_on='device' transforms raw shards; this source is already transformed")
         self.layout = Layout.of(self.pipeline)
         self.groups = row_groups(shards)
+        self._group_no = {g: i for i, g in enumerate(self.groups)}
+        self.stage = DeviceStage(self.pipeline, self.layout, self.groups) if transform_on == "device" else None
         self.total_rows = sum(g.num_rows for g in self.groups)
         if rank is None and world_size is None:
             dist = torch.distributed.is_available() and torch.distributed.is_initialized()
@@ -177,9 +191,12 @@ class Loader:
         if self._finished:
             self.position, self._finished = 0, False
         if self._ring is None:
-            fixed = [Field("label", (), torch.float32), Field("dense", (len(self.layout.dense),), torch.float32),
-                     Field("sparse", (len(self.layout.sparse),), self.layout.sparse_dtype)]  # fmt: skip
-            self._ring = Ring(self.prefetch + 2, self.batch_size, fixed, self.device)
+            if self.stage is not None:
+                self._ring = Ring(self.prefetch + 2, self.batch_size, self.stage.inputs.fields(), self.device, self.stage.outputs())
+            else:
+                fixed = [Field("label", (), torch.float32), Field("dense", (len(self.layout.dense),), torch.float32),
+                         Field("sparse", (len(self.layout.sparse),), self.layout.sparse_dtype)]  # fmt: skip
+                self._ring = Ring(self.prefetch + 2, self.batch_size, fixed, self.device)
         self._ring.reclaim()  # slots a previous, abandoned pass still counted as taken
         it = _Epoch(self)
         self._active = weakref.ref(it)
@@ -199,10 +216,15 @@ class Loader:
         columns = self.layout.columns if self.processed else self.pipeline.schema.names
         table = read_rows(g.path, columns, g.first_row + piece.start, piece.length, g.index)
         t1 = time.perf_counter()
-        if not self.processed:
+        if self.processed:
+            chunk = Chunk.from_table(table, self.layout)
+        else:
             batch = batch_from_arrow(table, self.pipeline.schema, str(g.path), g.index, g.first_row + piece.start)
-            table = self.pipeline.to_arrow(self.pipeline.transform(batch).batch)
-        chunk = Chunk.from_table(table, self.layout)
+            if self.stage is not None:
+                host = self.pipeline.transform(batch, part="host").batch
+                chunk = self.stage.inputs.chunk(host, self._group_no[g], g.first_row)
+            else:
+                chunk = Chunk.from_table(self.pipeline.to_arrow(self.pipeline.transform(batch).batch), self.layout)
         t2 = time.perf_counter()
         with self._stats_lock:
             self.stats.read_seconds += t1 - t0
@@ -358,14 +380,18 @@ def _assemble_batches(loader: Loader, ready: queue.Queue, stop: threading.Event,
                 stream.popleft()
             else:
                 stream[0] = head.slice(take, head.n)
-        batch = Chunk.concat(parts) if parts else loader.layout.empty()
+        stage = loader.stage
+        batch = Chunk.concat(parts) if parts else (stage.inputs.empty() if stage is not None else loader.layout.empty())
         slot = loader._ring.acquire(stop)
         if slot is None:
             return False
         loader._ring.fill(slot, batch.fixed, n)
         t1 = time.perf_counter()
-        loader._ring.ship(slot, n)
-        lists = {k: (torch.from_numpy(c.values), torch.from_numpy(c.offsets)) for k, c in batch.lists.items()}
+        if stage is not None:
+            lists = loader._ring.ship(slot, n, lambda inputs, out: stage.run(inputs, out, batch.lists, batch.fixed["origin"]))
+        else:
+            loader._ring.ship(slot, n)
+            lists = {k: (torch.from_numpy(c.values), torch.from_numpy(c.offsets)) for k, c in batch.lists.items()}
         loader.stats.assemble_seconds += t1 - t0
         loader.stats.copy_seconds += time.perf_counter() - t1
         emitted += 1

@@ -7,13 +7,19 @@ is recorded after it. The consumer ``wait``s for that event on its own stream (t
 uses the tensors until it ``release``s the slot; the release records an event on the consumer's stream that
 the next copy into the slot waits for, so a slot is never overwritten while the training step still reads it.
 Slots are allocated once and reused batch after batch.
+
+A ring may also hold ``outputs``: device tensors per slot that no copy fills, written by a function ``ship`` runs
+on the side stream right after the copy (the device part of a pipeline, see ``etl.device_stage``); the event the
+consumer waits for is recorded after it.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,7 +35,7 @@ class Field:
 
 
 class Ring:
-    def __init__(self, slots: int, batch_size: int, fields: list[Field], device: torch.device):
+    def __init__(self, slots: int, batch_size: int, fields: list[Field], device: torch.device, outputs: tuple[Field, ...] = ()):
         self.device = device
         self.cuda = device.type == "cuda"
         self.fields = fields
@@ -38,6 +44,7 @@ class Ring:
             {f.name: torch.empty((batch_size, *f.shape), dtype=f.dtype, pin_memory=pin) for f in fields} for _ in range(slots)
         ]
         self.dev = [{k: torch.empty_like(v, device=device) for k, v in h.items()} for h in self.host] if self.cuda else self.host
+        self.out = [{f.name: torch.empty((batch_size, *f.shape), dtype=f.dtype, device=device) for f in outputs} for _ in range(slots)]
         self.stream = torch.cuda.Stream(device=device) if self.cuda else None
         self.copied = [None] * slots  # event recorded after each slot's host→device copy
         self.released = [None] * slots  # event recorded on the consumer's stream when it released the slot
@@ -62,24 +69,31 @@ class Ring:
         for name, t in self.host[slot].items():
             np.copyto(t[:n].numpy(), arrays[name])
 
-    def ship(self, slot: int, n: int) -> None:
-        """Start the host→device copy of the slot's first ``n`` rows (CUDA only)."""
+    def ship(self, slot: int, n: int, then: Callable[[dict[str, torch.Tensor], dict[str, torch.Tensor]], Any] | None = None) -> Any:
+        """Start the host→device copy of the slot's first ``n`` rows (CUDA only), then run ``then(inputs,
+        outputs)`` on the same stream with the slot's device inputs and output tensors (first ``n`` rows), if
+        given; returns what ``then`` returns."""
+        inputs = {k: v[:n] for k, v in self.dev[slot].items()}
+        outputs = {k: v[:n] for k, v in self.out[slot].items()}
         if not self.cuda:
-            return
+            return then(inputs, outputs) if then is not None else None
         with torch.cuda.stream(self.stream):
             if self.released[slot] is not None:
                 self.stream.wait_event(self.released[slot])
             for name, h in self.host[slot].items():
                 self.dev[slot][name][:n].copy_(h[:n], non_blocking=True)
+            result = then(inputs, outputs) if then is not None else None
             event = torch.cuda.Event()
             event.record(self.stream)
             self.copied[slot] = event
+        return result
 
     def view(self, slot: int, n: int) -> dict[str, torch.Tensor]:
-        """The slot's tensors on the target device, first ``n`` rows, once the consumer's stream may use them."""
+        """The slot's tensors (inputs and outputs) on the target device, first ``n`` rows, once the consumer's
+        stream may use them."""
         if self.cuda:
             torch.cuda.current_stream(self.device).wait_event(self.copied[slot])
-        return {name: t[:n] for name, t in self.dev[slot].items()}
+        return {name: t[:n] for name, t in (self.dev[slot] | self.out[slot]).items()}
 
     def reclaim(self) -> None:
         """Mark every slot free again (between iterations, when no batch of the ring is in use any more)."""

@@ -1,0 +1,172 @@
+"""Transforming after the host→device copy: ``Loader(transform_on="device")``.
+
+The pipeline is cut in two (``Pipeline.split``). Loader workers read shards and run only the host part (the label
+check and decoding raw text into uint64 keys) and lay the result out as fixed-width **inputs**; the assembler
+shuffles and batches them into the ring's pinned slots; after a slot's host→device copy, on the same side
+stream, the device part (dense ops, Hash, Categorify, crosses...) runs with the torch backend
+(``etl.backends.tensor``, vocabularies resident on the device) and writes the batch the training loop gets
+(``label``, ``dense``, ``sparse`` and the lists, as with host placement, bit for bit).
+
+Inputs of one slot (``Inputs.fields``):
+
+- ``in_label`` float64 [B];
+- ``in_numbers`` float64 [B, N] and ``in_numbers_valid`` bool [B, N]: the columns that hold numbers after the host
+  part (the dense columns), missing values marked invalid;
+- ``in_keys`` int64 [B, K] and ``in_keys_valid`` bool [B, K]: single-valued key columns, the uint64 keys' bits;
+- list columns travel beside the ring as (values int64 keys, valid bool, offsets int64);
+- ``origin`` (host only, never copied): ``(row group number in the loader's list) << 32 | row within the row
+  group`` of every row, so that a value found invalid on the device is reported with its file, row group and row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from etl.batch import Batch, Column
+from etl.chunk import Chunk, Layout
+from etl.errors import RowError
+from etl.pipeline import Pipeline
+from etl.ring import Field
+from etl.source import RowGroup
+
+ROW_BITS = 32
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Which columns a device transform receives, and how (see the module docstring)."""
+
+    label: str
+    numbers: list[str]
+    keys: list[str]
+    lists: list[str]
+
+    @classmethod
+    def of(cls, pipeline: Pipeline) -> Inputs:
+        schema = pipeline.schema
+        kind = {c.name: ("number" if c.role in ("label", "dense") else "raw") for c in schema.columns}
+        host, _ = pipeline.split()
+        for op in host:
+            for c in op.outputs:
+                kind[c] = op.writes or kind[c]
+        label = schema.by_role("label")[0]
+        lists = [c.name for c in schema.columns if c.is_list]
+        raw = [c for c, k in kind.items() if k == "raw"]
+        if raw:
+            raise ValueError(f"column '{raw[0]}' is still raw after the host part of the pipeline")
+        numbers = [c for c, k in kind.items() if k == "number" and c != label]
+        keys = [c for c, k in kind.items() if k == "keys" and c not in lists]
+        return cls(label, numbers, keys, lists)
+
+    def fields(self) -> list[Field]:
+        """The ring fields the inputs are copied through."""
+        n, k = len(self.numbers), len(self.keys)
+        return [
+            Field("in_label", (), torch.float64),
+            Field("in_numbers", (n,), torch.float64),
+            Field("in_numbers_valid", (n,), torch.bool),
+            Field("in_keys", (k,), torch.int64),
+            Field("in_keys_valid", (k,), torch.bool),
+        ]
+
+    def empty(self) -> Chunk:
+        """A chunk of no rows."""
+        n, k = len(self.numbers), len(self.keys)
+        fixed = {
+            "in_label": np.zeros(0, np.float64),
+            "in_numbers": np.zeros((0, n), np.float64),
+            "in_numbers_valid": np.zeros((0, n), np.bool_),
+            "in_keys": np.zeros((0, k), np.int64),
+            "in_keys_valid": np.zeros((0, k), np.bool_),
+            "origin": np.zeros(0, np.int64),
+        }
+        return Chunk(0, fixed, {c: Column(np.zeros(0, np.int64), None, np.zeros(1, np.int64)) for c in self.lists})
+
+    def chunk(self, batch: Batch, group_no: int, group_first_row: int) -> Chunk:
+        """The host part's output ``batch`` (numpy, rows of row group ``group_no`` of the loader, whose first row
+        is row ``group_first_row`` of its file) as a chunk of inputs."""
+        n = batch.num_rows
+
+        def stack(names: list[str], dtype: Any) -> tuple[np.ndarray, np.ndarray]:
+            values = np.empty((n, len(names)), dtype)
+            valid = np.ones((n, len(names)), np.bool_)
+            for j, c in enumerate(names):
+                col = batch[c]
+                v = col.values.view(np.int64) if col.values.dtype == np.uint64 else col.values
+                values[:, j] = v
+                if col.valid is not None:
+                    valid[:, j] = col.valid
+            return values, valid
+
+        numbers, numbers_valid = stack(self.numbers, np.float64)
+        keys, keys_valid = stack(self.keys, np.int64)
+        fixed = {
+            "in_label": batch[self.label].values.astype(np.float64, copy=False),
+            "in_numbers": numbers,
+            "in_numbers_valid": numbers_valid,
+            "in_keys": keys,
+            "in_keys_valid": keys_valid,
+            "origin": (np.int64(group_no) << ROW_BITS) | (batch.row_ids - group_first_row),
+        }
+        lists = {}
+        for c in self.lists:
+            col = batch[c]
+            lists[c] = Column(col.values.view(np.int64), col.valid, col.offsets.astype(np.int64, copy=False))
+        return Chunk(n, fixed, lists)
+
+
+class DeviceStage:
+    """Runs the device part of ``pipeline`` on one slot's inputs and writes the loader's batch fields."""
+
+    def __init__(self, pipeline: Pipeline, layout: Layout, groups: list[RowGroup]):
+        from etl.backends import tensor  # imported here: host placement never needs it
+
+        self.xp = tensor
+        self.pipeline, self.layout, self.groups = pipeline, layout, groups
+        self.inputs = Inputs.of(pipeline)
+
+    def outputs(self) -> tuple[Field, ...]:
+        """The device-only ring fields the stage writes: ``label``, ``dense``, ``sparse``."""
+        return (
+            Field("label", (), torch.float32),
+            Field("dense", (len(self.layout.dense),), torch.float32),
+            Field("sparse", (len(self.layout.sparse),), self.layout.sparse_dtype),
+        )
+
+    def run(self, inputs: dict[str, torch.Tensor], out: dict[str, torch.Tensor], lists: dict[str, Column], origin: np.ndarray) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Transform one batch: ``inputs`` (device tensors of the slot), ``lists`` (numpy, copied here). Fills
+        ``out`` and returns the list columns as (ids, offsets) on the device. A value the device part finds
+        invalid raises ``RowError`` naming its source row."""
+        device = inputs["in_label"].device
+        n = inputs["in_label"].shape[0]
+        # one transpose per field, so that each column is contiguous for the ops
+        numbers, numbers_valid, keys, keys_valid = (inputs[k].t().contiguous() for k in ("in_numbers", "in_numbers_valid", "in_keys", "in_keys_valid"))
+        columns = {self.inputs.label: Column(inputs["in_label"])}
+        for j, c in enumerate(self.inputs.numbers):
+            columns[c] = Column(numbers[j], numbers_valid[j])
+        for j, c in enumerate(self.inputs.keys):
+            columns[c] = Column(keys[j], keys_valid[j])
+        for c, col in lists.items():
+            columns[c] = self.xp.column_to(col, device)
+        try:
+            result = self.pipeline.transform(Batch(columns, n, "<device batch>"), part="device", xp=self.xp).batch
+        except RowError as e:
+            raise self._located(e, origin) from None
+        out["label"].copy_(result[self.layout.label].values)
+        for j, c in enumerate(self.layout.dense):
+            col = result[c]
+            values = col.values if col.valid is None else torch.where(col.valid, col.values, torch.nan)
+            out["dense"][:, j].copy_(values)
+        for j, c in enumerate(self.layout.sparse):
+            out["sparse"][:, j].copy_(result[c].values)
+        return {c: (result[c].values.to(self.layout.sparse_dtype), result[c].offsets) for c in self.layout.lists}
+
+    def _located(self, e: RowError, origin: np.ndarray) -> RowError:
+        """``e`` (row = position in the batch) re-addressed to the file row the value came from."""
+        o = int(origin[e.row])
+        g = self.groups[o >> ROW_BITS]
+        return RowError(str(g.path), g.index, g.first_row + (o & ((1 << ROW_BITS) - 1)), e.column, e.problem)

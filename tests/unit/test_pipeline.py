@@ -641,3 +641,25 @@ def test_movielens_fit_transform_vs_reference(ml_shards):
             assert g is None
         else:
             assert g == pytest.approx((x - mean) / std, abs=1e-5)
+
+
+# ---------------------------------------------------------------- host / device parts
+
+
+def test_split_puts_the_ops_on_raw_values_on_the_host():
+    host, device = Pipeline.from_file(PIPELINES / "criteo.yaml").split()
+    assert [op.name for op in host] == ["Decode"]
+    assert [op.name for op in device] == ["FillMissing", "Clamp", "Log1p", "Categorify"]
+    host, device = Pipeline.from_file(PIPELINES / "movielens.yaml").split()
+    assert [op.name for op in host] == ["Decode"]
+    assert [op.name for op in device] == ["Categorify", "FirstX", "Categorify", "Normalize"]  # FirstX on keys
+
+
+def test_host_part_then_device_part_is_the_whole_transform(fitted, criteo):
+    pipe, _ = fitted
+    b = batch_from_arrow(criteo[1][0], pipe.schema)
+    whole = pipe.to_arrow(pipe.transform(b).batch)
+    parts = pipe.to_arrow(pipe.transform(pipe.transform(b, part="host").batch, part="device").batch)
+    assert parts.equals(whole)
+    with pytest.raises(ValueError, match="part"):
+        pipe.transform(b, part="gpu")

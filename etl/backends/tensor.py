@@ -1,0 +1,550 @@
+"""The torch backend: the namespace of ``etl.backends.cpu`` (same functions, arguments and semantics, the same
+bits out) on torch tensors, on CPU or CUDA. Every tensor a function creates is on the device of its inputs.
+
+Data representation:
+
+- uint64 keys are **int64 tensors holding the same 64 bits** (key ``k`` ↔ the int64 two's complement of ``k``;
+  torch has no usable uint64 arithmetic). Unsigned semantics are done honestly on int64: logical right shift is
+  an arithmetic shift with the sign-extended bits masked off (``_lsr``); ``*`` on int64 wraps modulo 2**64 on CPU
+  and CUDA, which is the uint64 product; the constants of ``etl.backends.hashing`` (and ``seed_word``) are passed
+  as their signed int64 equivalents; ``reduce(h, n) = (lsr(h, 32) * n) >> 32`` stays below 2**63, so it is exact.
+- valid masks: bool tensors, or None when nothing is missing.
+- dense results: float64 tensors (any numeric input dtype). Ids: int32 or int64 tensors, the torch dtype of the
+  numpy ``out_dtype`` argument.
+- text: the same ``etl.batch.Strings`` dataclass holding tensors: ``data`` uint8, ``starts``/``ends`` int64.
+- list offsets: int64 tensors.
+
+Host values (fitted statistics, counted vocabularies, rendered text) are numpy, computed by ``etl.backends.cpu``
+where the two backends must agree byte for byte. ``to_device``/``column_to``/``batch_to`` move host batches in.
+
+Loops run over byte positions (at most 16, 19 or the longest string) or over the columns of a cross, never over
+rows. Host synchronisation happens only where a function returns a host value or an error mask, or needs a
+data-dependent size (``first_x``, ``take`` on text, ``decode_string``'s longest string, ``KeyCounter``).
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from etl.backends import cpu
+from etl.backends.hashing import C1, C2, FNV_OFFSET, FNV_PRIME, check_buckets, seed_word
+from etl.batch import Batch, Column, Strings
+
+NULL_ID = 1
+FIRST_ID = 2
+_I64_MIN = -(1 << 63)
+_MAX_HEX_DIGITS = 16
+_MAX_DEC_DIGITS = 19
+#: a ``KeyCounter`` compacts once its pending parts hold more than 2 × max(distinct keys, this) keys
+COMPACT_MIN = 1 << 16
+
+
+def _s64(x: int) -> int:
+    """The int64 holding the same 64 bits as the uint64 ``x``."""
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+_C1 = _s64(C1)
+_C2 = _s64(C2)
+_FNV_OFFSET = _s64(FNV_OFFSET)
+_FNV_PRIME = _s64(FNV_PRIME)
+
+
+def _lsr(x: torch.Tensor, s: int) -> torch.Tensor:
+    """Logical right shift of the uint64 words held in int64 ``x`` by ``s`` (1 .. 63) bits (a new tensor)."""
+    if not 1 <= s <= 63:
+        raise ValueError(f"shift must be 1 .. 63, got {s}")
+    out = x >> s
+    out &= (1 << (64 - s)) - 1
+    return out
+
+
+def _fmix64_(k: torch.Tensor) -> torch.Tensor:
+    """MurmurHash3's fmix64 on uint64 words held in int64, **in place** on ``k`` (which must be a fresh tensor)."""
+    k ^= _lsr(k, 33)
+    k *= _C1
+    k ^= _lsr(k, 33)
+    k *= _C2
+    k ^= _lsr(k, 33)
+    return k
+
+
+def _reduce(h: torch.Tensor, n: int) -> torch.Tensor:
+    """``((h >> 32) * n) >> 32`` on uint64 words held in int64: int64 in [0, n) (the product is below 2**63)."""
+    out = _lsr(h, 32)
+    out *= n
+    out >>= 32
+    return out
+
+
+def _hash64(keys: torch.Tensor, seed: int) -> torch.Tensor:
+    """``hash64(key, seed) = fmix64(key XOR seed_word(seed))`` (a new tensor)."""
+    return _fmix64_(keys ^ _s64(seed_word(seed)))
+
+
+def _torch_dtype(out_dtype: object) -> torch.dtype:
+    """torch.int32 / torch.int64 for the numpy (or torch) id dtype ``out_dtype``."""
+    if out_dtype in (torch.int32, torch.int64):
+        return out_dtype
+    dt = np.dtype(out_dtype)
+    if dt == np.int32:
+        return torch.int32
+    if dt == np.int64:
+        return torch.int64
+    raise ValueError(f"id dtype must be int32 or int64, got {dt}")
+
+
+def _ids(ids: torch.Tensor, valid: torch.Tensor | None, out_dtype: object) -> torch.Tensor:
+    """``ids`` (int64, modified in place) with missing rows set to 1, as ``out_dtype``."""
+    if valid is not None:
+        ids.masked_fill_(~valid, NULL_ID)
+    return ids.to(_torch_dtype(out_dtype))
+
+
+# ---------------------------------------------------------------- dense
+
+
+def fill_null(values: torch.Tensor, valid: torch.Tensor | None, value: float) -> torch.Tensor:
+    """float64 copy of ``values`` with missing entries replaced by ``value``."""
+    if valid is None:
+        return values.to(torch.float64, copy=True)
+    return torch.where(valid, values.to(torch.float64), float(value))
+
+
+def clamp(values: torch.Tensor, lo: float | None, hi: float | None) -> torch.Tensor:
+    """float64 values limited to [lo, hi] (a bound of None is open); NaN stays NaN.
+
+    Signed zeros follow numpy's ``np.clip`` exactly: with one bound, a value equal to the bound becomes the bound
+    (``np.maximum``/``np.minimum``: clip(-0.0, min=0.0) is +0.0); with both bounds, a value equal to a bound is
+    kept as it is. ``torch.clamp`` keeps the value in both cases, hence the explicit comparisons."""
+    v = values.to(torch.float64)
+    if lo is not None and hi is not None:
+        v = torch.where(v < lo, float(lo), v)
+        return torch.where(v > hi, float(hi), v)
+    if lo is not None:
+        return torch.where(v <= lo, float(lo), v)
+    if hi is not None:
+        return torch.where(v >= hi, float(hi), v)
+    return v.clone()
+
+
+def log1p(values: torch.Tensor) -> torch.Tensor:
+    """float64 ln(1 + x).
+
+    Not always the same bits as the CPU backend: ``torch.log1p`` (SLEEF on CPU, CUDA's libdevice on GPU) and
+    ``np.log1p`` (SVML on AVX-512 machines, else the C library) are each within 1 ulp of the exact value, and
+    differ from each other in the last float64 bit for about 1% of inputs (np.log1p itself differs between
+    machines the same way). After the float32 rounding of the pipeline output the results agree to within 1 float32
+    ulp (in practice, identical)."""
+    return torch.log1p(values.to(torch.float64))
+
+
+def normalize(values: torch.Tensor, mean: float, std: float) -> torch.Tensor:
+    """float64 (x - mean) / std."""
+    out = values.to(torch.float64) - float(mean)
+    out /= float(std)
+    return out
+
+
+def moments(values: torch.Tensor, valid: torch.Tensor | None) -> tuple[int, float, float] | None:
+    """(count, sum, sum of squared deviations from their mean) of the present values in float64, or None when no
+    value is present. Computed on the host by ``etl.backends.cpu.moments`` (the values are copied there), so that
+    fitted statistics, and the artifacts made from them, are the same bytes whatever the backend."""
+    return cpu.moments(to_numpy(values), to_numpy(valid))
+
+
+@functools.lru_cache(maxsize=256)
+def _float_tensor(raw: bytes, device: torch.device) -> torch.Tensor:
+    """float64 tensor on ``device`` of the bytes ``raw`` (small constants, copied to the device once)."""
+    return torch.from_numpy(np.frombuffer(raw, np.float64).copy()).to(device)
+
+
+def bucketize(values: torch.Tensor, valid: torch.Tensor | None, boundaries: np.ndarray, out_dtype: object) -> torch.Tensor:
+    """id = 2 + number of ``boundaries`` (sorted float64) <= value (right-closed buckets, as
+    ``np.searchsorted(side="right")``; NaN is above every boundary); missing → 1."""
+    b = _float_tensor(np.ascontiguousarray(boundaries, np.float64).tobytes(), values.device)
+    ids = torch.searchsorted(b, values.to(torch.float64).contiguous(), right=True)
+    ids += FIRST_ID
+    return _ids(ids, valid, out_dtype)
+
+
+def nonfinite_mask(values: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor | None:
+    """Rows whose present value is NaN or ±inf, or None when there are none (synchronises: it is an error check)."""
+    if not isinstance(values, torch.Tensor) or not values.is_floating_point():
+        return None
+    bad = ~torch.isfinite(values)
+    if valid is not None:
+        bad &= valid
+    return bad if bool(bad.any()) else None
+
+
+# ---------------------------------------------------------------- host data
+
+
+def to_numpy(x: torch.Tensor | Strings | np.ndarray | None) -> np.ndarray | Strings | None:
+    """The tensor (or tensor strings) as numpy on the host, dtype kept (int64 keys stay int64: view them as
+    uint64); numpy input and None pass through."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu().numpy()
+    if isinstance(x, Strings) and isinstance(x.data, torch.Tensor):
+        return Strings(to_numpy(x.data), to_numpy(x.starts), to_numpy(x.ends))
+    return x
+
+
+def is_keys(values: torch.Tensor | Strings) -> bool:
+    """Whether ``values`` are keys (an int64 tensor) rather than text. Raw int64 values look the same here (keys
+    are their own bits), so unlike the CPU backend this cannot tell an undecoded int column from keys."""
+    return isinstance(values, torch.Tensor) and values.dtype == torch.int64
+
+
+def gather_ranges(starts: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions ``starts[i] .. starts[i] + lengths[i] - 1`` for every i, concatenated (int64), and the offsets of
+    each range within that concatenation (int64, length n + 1), as ``etl.batch.gather_ranges``. Synchronises
+    once, for the total length."""
+    starts, lengths = starts.to(torch.int64), lengths.to(torch.int64)
+    offsets = torch.zeros(len(starts) + 1, dtype=torch.int64, device=starts.device)
+    torch.cumsum(lengths, 0, out=offsets[1:])
+    total = int(offsets[-1])
+    positions = torch.repeat_interleave(starts - offsets[:-1], lengths, output_size=total)
+    positions += torch.arange(total, dtype=torch.int64, device=starts.device)
+    return positions, offsets
+
+
+def _take_strings(s: Strings, idx: torch.Tensor) -> Strings:
+    starts = s.starts[idx]
+    positions, offsets = gather_ranges(starts, s.ends[idx] - starts)
+    return Strings(s.data[positions], offsets[:-1], offsets[1:])
+
+
+def take(values: torch.Tensor | Strings, idx: torch.Tensor) -> torch.Tensor | Strings:
+    """``values[idx]``; for text, the strings at positions ``idx`` compacted into a new buffer (``Strings.take``)."""
+    return _take_strings(values, idx) if isinstance(values, Strings) else values[idx]
+
+
+# ---------------------------------------------------------------- moving batches to a device
+
+
+def _quiet_read_only_warning() -> None:
+    """Arrow buffers are read-only numpy arrays; torch wraps them without a copy but warns once per process that
+    writing to them is undefined. This backend never writes into its inputs, so the one warning is spent here."""
+    a = np.zeros(1, np.uint8)
+    a.flags.writeable = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        torch.from_numpy(a)
+
+
+_quiet_read_only_warning()
+
+
+def to_device(x: np.ndarray | Strings | torch.Tensor | None, device: torch.device | str) -> torch.Tensor | Strings | None:
+    """A numpy array (uint64 viewed as int64 first) or numpy ``Strings`` (offsets made int64) as tensors on
+    ``device``; zero copy on CPU where the dtype allows. Tensors are moved; None stays None."""
+    if x is None:
+        return None
+    if isinstance(x, Strings):
+        return Strings(
+            to_device(x.data, device),
+            to_device(x.starts, device).to(torch.int64),
+            to_device(x.ends, device).to(torch.int64),
+        )
+    if isinstance(x, torch.Tensor):
+        return x.to(device)
+    a = np.asarray(x)
+    if a.dtype == np.uint64:
+        a = a.view(np.int64)
+    if any(st < 0 for st in a.strides):
+        a = a.copy()
+    return torch.from_numpy(a).to(device)
+
+
+def column_to(col: Column, device: torch.device | str) -> Column:
+    """The column with every field (values, valid, offsets, raw) on ``device``."""
+    return Column(to_device(col.values, device), to_device(col.valid, device), to_device(col.offsets, device), to_device(col.raw, device))
+
+
+def batch_to(batch: Batch, device: torch.device | str) -> Batch:
+    """The batch with every column on ``device``; source, row group, row ids (numpy) and meta are kept."""
+    return replace(batch, columns={k: column_to(c, device) for k, c in batch.columns.items()})
+
+
+# ---------------------------------------------------------------- decode
+
+
+@functools.cache
+def _hex_digits(device: torch.device) -> torch.Tensor:
+    """Byte → hex digit value (int64); 0xFF for bytes that are not hex digits."""
+    lut = [0xFF] * 256
+    for i, c in enumerate(b"0123456789abcdef"):
+        lut[c] = i
+    for i, c in enumerate(b"ABCDEF"):
+        lut[c] = 10 + i
+    return torch.tensor(lut, dtype=torch.int64, device=device)
+
+
+@functools.cache
+def _powers_of_ten(device: torch.device) -> torch.Tensor:
+    return torch.tensor([10**e for e in range(_MAX_DEC_DIGITS)], dtype=torch.int64, device=device)
+
+
+def _bounds(s: Strings) -> tuple[torch.Tensor, torch.Tensor]:
+    return s.starts.to(torch.int64), s.ends.to(torch.int64)
+
+
+def _byte_matrix(data: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """``data[positions]`` as int64 with positions clamped into the buffer (callers mask what lies outside their
+    strings); zeros when the buffer is empty."""
+    if not len(data):
+        return torch.zeros(positions.shape, dtype=torch.int64, device=positions.device)
+    return data[positions.clamp(0, len(data) - 1)].to(torch.int64)
+
+
+def _bad_or_none(bad: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor | None:
+    if valid is not None:
+        bad &= valid
+    return bad if bool(bad.any()) else None
+
+
+def decode_hex(s: Strings, valid: torch.Tensor | None, width: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Hex text (1-16 digits of either case; exactly ``width`` when width is given) → int64 keys. Returns
+    (keys, bad) where bad marks malformed present values (None if none); a malformed value's key is unspecified.
+    Missing → key 0, never bad."""
+    starts, ends = _bounds(s)
+    w = width or 0
+    cols = w if 0 < w <= _MAX_HEX_DIGITS else _MAX_HEX_DIGITS
+    lens = ends - starts
+    ok = (lens >= 1) & (lens <= _MAX_HEX_DIGITS)
+    if w:
+        ok &= lens == w
+    # right-aligned [n, cols] digit matrix: column j has weight 16 ** (cols - 1 - j)
+    j = torch.arange(cols, dtype=torch.int64, device=starts.device)
+    inside = (j >= (cols - lens)[:, None]) & ok[:, None]
+    digits = _hex_digits(starts.device)[_byte_matrix(s.data, (ends - cols)[:, None] + j)]
+    bad = ((digits > 15) & inside).any(1) | ~ok
+    digits &= 15
+    digits <<= 4 * (cols - 1 - j)
+    digits.masked_fill_(~inside, 0)
+    keys = digits.sum(1)  # the terms have disjoint bits: the sum is their OR, with no carries
+    if valid is not None:
+        keys.masked_fill_(~valid, 0)
+    return keys, _bad_or_none(bad, valid)
+
+
+def decode_int_text(s: Strings, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Decimal integer text (optional sign, 1-19 digits, within the int64 range) → its int64 value. Anything else
+    is marked bad (bad is None when nothing is); a malformed value's key is unspecified. Missing → 0, never bad."""
+    starts, ends = _bounds(s)
+    lens = ends - starts
+    first = _byte_matrix(s.data, starts)
+    signed = (lens > 0) & ((first == 45) | (first == 43))
+    neg = signed & (first == 45)
+    nd = lens - signed.to(torch.int64)
+    ok = (nd >= 1) & (nd <= _MAX_DEC_DIGITS)
+    # left-aligned [n, 19] digit matrix; p = the number of leading digits (all of them when the text is valid)
+    j = torch.arange(_MAX_DEC_DIGITS, dtype=torch.int64, device=starts.device)
+    c = _byte_matrix(s.data, (starts + signed.to(torch.int64))[:, None] + j)
+    good = (c >= 48) & (c <= 57) & (j < nd[:, None]) & ok[:, None]
+    stop = ~good
+    p = torch.where(stop.any(1), stop.to(torch.int8).argmax(1), _MAX_DEC_DIGITS)
+    lead = j < p[:, None]
+    c -= 48
+    c *= _powers_of_ten(starts.device)[(p[:, None] - 1 - j).clamp(min=0)]
+    c.masked_fill_(~lead, 0)
+    mag = c.sum(1)  # exact below 10**19 < 2**64 as uint64 bits (int64 addition wraps)
+    # as uint64: mag <= 2**63 - 1 (int64 mag >= 0), or mag == 2**63 (int64 min) for a negative value
+    out_of_range = (mag < 0) & ~(neg & (mag == _I64_MIN))
+    bad = ~ok | (p < nd) | out_of_range
+    keys = torch.where(neg, -mag, mag)  # -(int64 min) wraps to itself: the bits of -2**63
+    if valid is not None:
+        keys.masked_fill_(~valid, 0)
+    return keys, _bad_or_none(bad, valid)
+
+
+def decode_string(s: Strings, valid: torch.Tensor | None) -> torch.Tensor:
+    """Any text → ``string_key`` = fmix64(FNV-1a-64(bytes)) as int64. Missing → 0.
+
+    One step per byte position up to the longest present string; the rows are ordered by length (longest
+    first) so that step j touches only the strings longer than j (work proportional to the bytes)."""
+    starts, ends = _bounds(s)
+    n = len(starts)
+    lens = ends - starts
+    if valid is not None:
+        lens = lens.masked_fill(~valid, 0)
+    if not n:
+        return torch.zeros(0, dtype=torch.int64, device=starts.device)
+    order = torch.argsort(lens, descending=True)
+    sorted_starts = starts[order]
+    # active[j] = number of strings longer than j, for j < the longest length (one host sync)
+    active = (n - torch.cumsum(torch.bincount(lens), 0))[:-1].tolist()
+    h = torch.full((n,), _FNV_OFFSET, dtype=torch.int64, device=starts.device)
+    for j, m in enumerate(active):
+        hj = h[:m]
+        hj ^= s.data[sorted_starts[:m] + j]
+        hj *= _FNV_PRIME
+    keys = torch.empty_like(h)
+    keys[order] = _fmix64_(h)
+    if valid is not None:
+        keys.masked_fill_(~valid, 0)
+    return keys
+
+
+def decode_int(values: torch.Tensor) -> torch.Tensor:
+    """Integer values → int64 keys: the same bits (no copy when already int64)."""
+    return values.to(torch.int64)
+
+
+def encode_hex(keys: torch.Tensor | np.ndarray, valid: torch.Tensor | np.ndarray | None, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """The inverse of ``decode_hex`` on the host: exactly ``width`` lowercase hex digits per present key (the low
+    ``4 * width`` bits); missing keys take no bytes. Returns numpy Arrow string buffers (int32 offsets, bytes),
+    made by ``etl.backends.cpu.encode_hex``."""
+    return cpu.encode_hex(np.asarray(to_numpy(keys)).view(np.uint64), to_numpy(valid), width)
+
+
+# ---------------------------------------------------------------- hash and cross
+
+
+def hash_ids(keys: torch.Tensor, valid: torch.Tensor | None, seed: int, n: int, out_dtype: object) -> torch.Tensor:
+    """id = 2 + reduce(hash64(key, seed), n); missing → 1."""
+    check_buckets(n)
+    ids = _reduce(_hash64(keys, seed), n)
+    ids += FIRST_ID
+    return _ids(ids, valid, out_dtype)
+
+
+def bucket_ids(hashes: torch.Tensor, valid: torch.Tensor | None, n: int, out_dtype: object) -> torch.Tensor:
+    """id = 2 + reduce(hash, n) for values that are already hashes; missing → 1."""
+    check_buckets(n)
+    ids = _reduce(hashes, n)
+    ids += FIRST_ID
+    return _ids(ids, valid, out_dtype)
+
+
+def cross_keys(keys: list[torch.Tensor], valids: list[torch.Tensor | None], seed: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``cross_key`` of aligned key columns (int64); a row is missing when any input is missing."""
+    if not keys:
+        raise ValueError("cross_keys needs at least one key column")
+    sw = _s64(seed_word(seed))
+    h = _fmix64_(keys[0] ^ sw)
+    for k in keys[1:]:
+        h ^= k
+        h ^= sw
+        _fmix64_(h)
+    valid = None
+    for v in valids:
+        if v is not None:
+            valid = v.clone() if valid is None else (valid & v)
+    return h, valid
+
+
+# ---------------------------------------------------------------- vocabulary lookup (sorted keys)
+
+
+class LookupTable:
+    """uint64 keys → int64 ids, as sorted keys searched with ``torch.searchsorted``. The sorted table is copied to
+    each device the first time a lookup runs there. Should a key appear twice, its last id wins (as in the CPU
+    table)."""
+
+    def __init__(self, keys: np.ndarray, ids: np.ndarray):
+        k = np.asarray(keys).astype(np.uint64, copy=False).view(np.int64)
+        v = np.asarray(ids).astype(np.int64, copy=False)
+        if k.shape != v.shape or k.ndim != 1:
+            raise ValueError(f"LookupTable needs two aligned 1-d arrays, got shapes {k.shape} and {v.shape}")
+        order = np.argsort(k, kind="stable")  # signed order: any consistent order serves for membership
+        self._keys, self._ids = k[order], v[order]
+        self._on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def _table(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        t = self._on.get(device)
+        if t is None:
+            t = self._on[device] = (torch.from_numpy(self._keys).to(device), torch.from_numpy(self._ids).to(device))
+        return t
+
+    def lookup(self, keys: torch.Tensor, valid: torch.Tensor | None, oov_base: int, oov_n: int, seed: int, out_dtype: object) -> torch.Tensor:
+        """ids of ``keys``; an absent key gets ``oov_base + reduce(hash64(key, seed), oov_n)``, missing → 1."""
+        tkeys, tids = self._table(keys.device)
+        ids = _reduce(_hash64(keys, seed), oov_n)
+        ids += oov_base
+        if len(tkeys):
+            pos = torch.searchsorted(tkeys, keys.contiguous(), right=True)
+            pos -= 1  # the last table entry <= key
+            pos.clamp_(min=0)
+            ids = torch.where(tkeys[pos] == keys, tids[pos], ids)
+        return _ids(ids, valid, out_dtype)
+
+
+# ---------------------------------------------------------------- counting (fit)
+
+
+class KeyCounter:
+    """Counts occurrences of keys (int64 tensors) in memory proportional to the number of distinct keys.
+
+    Each ``add`` keeps the distinct keys of its batch with their counts (``torch.unique``); once the kept parts
+    hold more than twice the distinct keys counted so far (and more than ``2 * COMPACT_MIN``), they are compacted
+    into one part (unique + ``index_add_``). The counter lives on the device of the first keys it is given."""
+
+    def __init__(self) -> None:
+        self._keys: list[torch.Tensor] = []
+        self._counts: list[torch.Tensor] = []
+        self._pending = 0
+        self._distinct = 0
+
+    def add(self, keys: torch.Tensor, valid: torch.Tensor | None) -> None:
+        """Count each present key once."""
+        if valid is not None:
+            keys = keys[valid]
+        if len(keys):
+            self._push(*torch.unique(keys, return_counts=True))
+
+    def add_counts(self, keys: torch.Tensor, counts: torch.Tensor) -> None:
+        """Add ``counts[i]`` occurrences of ``keys[i]`` (keys distinct)."""
+        if len(keys) != len(counts):
+            raise ValueError(f"add_counts: {len(keys)} keys but {len(counts)} counts")
+        if len(keys):
+            self._push(keys.to(torch.int64), counts.to(torch.int64))
+
+    def merge_from(self, other: KeyCounter) -> None:
+        """Add every count of ``other`` into this counter."""
+        other._compact()
+        for k, c in zip(other._keys, other._counts):
+            self._push(k, c)
+
+    def at_least(self, threshold: int) -> tuple[np.ndarray, np.ndarray]:
+        """Host numpy (uint64 keys, int64 counts) of the keys counted at least ``threshold`` times (and at least
+        once), in no particular order."""
+        self._compact()
+        if not self._keys:
+            return np.zeros(0, np.uint64), np.zeros(0, np.int64)
+        keys, counts = self._keys[0], self._counts[0]
+        keep = counts >= max(threshold, 1)
+        return to_numpy(keys[keep]).view(np.uint64), to_numpy(counts[keep])
+
+    def _push(self, keys: torch.Tensor, counts: torch.Tensor) -> None:
+        if self._keys and keys.device != self._keys[0].device:
+            keys, counts = keys.to(self._keys[0].device), counts.to(self._keys[0].device)
+        self._keys.append(keys)
+        self._counts.append(counts)
+        self._pending += len(keys)
+        if self._pending > 2 * max(self._distinct, COMPACT_MIN):
+            self._compact()
+
+    def _compact(self) -> None:
+        if len(self._keys) > 1:
+            uniq, inverse = torch.unique(torch.cat(self._keys), return_inverse=True)
+            counts = torch.zeros(len(uniq), dtype=torch.int64, device=uniq.device)
+            counts.index_add_(0, inverse, torch.cat(self._counts))
+            self._keys, self._counts = [uniq], [counts]
+        self._pending = self._distinct = len(self._keys[0]) if self._keys else 0
+
+
+# ---------------------------------------------------------------- lists
+
+
+def first_x(offsets: torch.Tensor, x: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keep the first ``x`` elements of each list: returns (element indices to keep, new offsets), both int64."""
+    offsets = offsets.to(torch.int64)
+    return gather_ranges(offsets[:-1], torch.clamp(offsets[1:] - offsets[:-1], max=x))

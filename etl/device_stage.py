@@ -141,8 +141,15 @@ class DeviceStage:
         """Transform one batch: ``inputs`` (device tensors of the slot), ``lists`` (numpy, copied here). Fills
         ``out`` and returns the list columns as (ids, offsets) on the device. A value the device part finds
         invalid raises ``RowError`` naming its source row."""
+        try:
+            result = self.pipeline.transform(self.batch(inputs, lists), part="device", xp=self.xp).batch
+        except RowError as e:
+            raise self._located(e, origin) from None
+        return self.write(result, out)
+
+    def batch(self, inputs: dict[str, torch.Tensor], lists: dict[str, Column]) -> Batch:
+        """The slot's inputs as a batch of torch columns (lists copied to the inputs' device)."""
         device = inputs["in_label"].device
-        n = inputs["in_label"].shape[0]
         # one transpose per field, so that each column is contiguous for the ops
         numbers, numbers_valid, keys, keys_valid = (inputs[k].t().contiguous() for k in ("in_numbers", "in_numbers_valid", "in_keys", "in_keys_valid"))
         columns = {self.inputs.label: Column(inputs["in_label"])}
@@ -152,10 +159,11 @@ class DeviceStage:
             columns[c] = Column(keys[j], keys_valid[j])
         for c, col in lists.items():
             columns[c] = self.xp.column_to(col, device)
-        try:
-            result = self.pipeline.transform(Batch(columns, n, "<device batch>"), part="device", xp=self.xp).batch
-        except RowError as e:
-            raise self._located(e, origin) from None
+        return Batch(columns, inputs["in_label"].shape[0], "<device batch>")
+
+    def write(self, result: Batch, out: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Copy the transformed batch into the loader's fields ``out``; return its lists as (ids, offsets).
+        Dense values still missing (no FillMissing) become NaN, as with host placement."""
         out["label"].copy_(result[self.layout.label].values)
         for j, c in enumerate(self.layout.dense):
             col = result[c]

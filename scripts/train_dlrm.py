@@ -8,6 +8,7 @@ Every ``--log-every`` steps it prints samples/s and the share of time the loop w
 
     python scripts/train_dlrm.py --data /tmp/raw --pipeline pipelines/criteo_hash.yaml --steps 200
     python scripts/train_dlrm.py --data /tmp/processed --device cuda --batch-size 65536
+    python scripts/train_dlrm.py --data /tmp/raw --pipeline pipelines/criteo_hash.yaml --device cuda --transform-on device
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100, help="stop after this many steps (0: one epoch)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--transform-on", choices=["host", "device"], default="host", help="where the pipeline's ops after decoding run (raw shards)")
     ap.add_argument("--emb-dim", type=int, default=16)
     ap.add_argument("--max-emb-rows", type=int, default=100_000)
     ap.add_argument("--lr", type=float, default=0.05)
@@ -68,7 +70,8 @@ def main() -> None:
     args = ap.parse_args()
 
     loader = etl.Loader(args.data, pipeline=args.pipeline, artifacts=args.artifacts, batch_size=args.batch_size,
-                        shuffle=True, seed=0, device=args.device, num_workers=args.workers)  # fmt: skip
+                        shuffle=True, seed=0, device=args.device, num_workers=args.workers,
+                        transform_on=args.transform_on)  # fmt: skip
     cards = loader.pipeline.cardinalities()
     model = DLRM(len(loader.layout.dense), [min(cards[c], args.max_emb_rows) for c in loader.layout.sparse], args.emb_dim).to(args.device)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr)

@@ -6,16 +6,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO, run_etl
 
 
-def test_train_dlrm_runs_and_logs(tmp_path: Path) -> None:
+@pytest.mark.parametrize("transform_on", ["host", "device"])
+def test_train_dlrm_runs_and_logs(tmp_path: Path, transform_on: str) -> None:
     raw = tmp_path / "raw"
     run_etl("generate", "--schema", REPO / "schemas/criteo.yaml", "--rows", 20_000, "--files", 2, "--out", raw)
     art = tmp_path / "art"
     run_etl("fit", "--pipeline", REPO / "pipelines/criteo.yaml", "--input", raw, "--artifacts", art)
     cmd = [sys.executable, str(REPO / "scripts/train_dlrm.py"), "--data", str(raw), "--pipeline", str(REPO / "pipelines/criteo.yaml"),
-           "--artifacts", str(art), "--batch-size", "1024", "--steps", "12", "--log-every", "4", "--device", "cpu"]  # fmt: skip
+           "--artifacts", str(art), "--batch-size", "1024", "--steps", "12", "--log-every", "4", "--device", "cpu", "--transform-on", transform_on]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     logs = [line for line in proc.stdout.splitlines() if line.startswith("step")]

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# The GPU check, for a machine with one NVIDIA GPU: scripts/gpu_check.sh OUTDIR
+#
+#   1. environment: torch + CUDA, the GPU's name; the packages the repository needs (polars is optional: the
+#      reader falls back to pyarrow);
+#   2. data: GPU_CHECK_ROWS (default 4,000,000) synthetic Criteo-like rows in 16 shards, and pipelines/criteo.yaml
+#      fitted on them;
+#   3. parity: the backend contract tests, the torch backend's unit tests and the CUDA loader/ring tests, on CUDA
+#      (set ETL_SHARED_DATA to a folder holding criteo-kaggle-8k/ to include the real Criteo sample; without it
+#      those tests are skipped, and pytest says so);
+#   4. timings (scripts/gpu_placement.py): host vs device placement of the transform at batch 65,536 and 262,144,
+#      data wait of a 4 M rows/s consumer and of scripts/train_dlrm.py's model, each device op's rows/s;
+#   5. OUTDIR/gpu_report.json (everything), OUTDIR/parity.xml (JUnit), OUTDIR/placement.json; a short table last.
+#
+# Needs Python with torch (CUDA build), numpy, numba, pyarrow, pyyaml, typer, rich and pytest; nothing is
+# installed: the repository runs from its checkout (PYTHONPATH). Meant to finish within 8 minutes on one H200.
+# GPU_CHECK_ALLOW_CPU=1 runs it without a GPU (device "cpu": a smoke test of the script itself).
+set -uo pipefail
+
+OUT=${1:?usage: scripts/gpu_check.sh OUTDIR}
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+PY=${PYTHON:-python3}
+ROWS=${GPU_CHECK_ROWS:-4000000}
+WORKERS=${GPU_CHECK_WORKERS:-8}
+BATCHES=${GPU_CHECK_BATCHES:-65536 262144}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+cd "$REPO" || exit 1
+log() { echo "[gpu_check ${SECONDS}s] $*"; }
+
+log "1/5 environment"
+DEVICE=$("$PY" - <<'EOF'
+import importlib, os, sys
+missing = [m for m in ("numpy", "numba", "pyarrow", "yaml", "typer", "rich", "pytest", "torch") if importlib.util.find_spec(m) is None]
+if missing:
+    sys.exit(f"missing Python packages: {', '.join(missing)} (carry them as wheels)")
+if importlib.util.find_spec("polars") is None:
+    print("polars is not installed: the reader uses pyarrow", file=sys.stderr)
+import torch
+if torch.cuda.is_available():
+    print("cuda")
+elif os.environ.get("GPU_CHECK_ALLOW_CPU") == "1":
+    print("cpu")
+else:
+    sys.exit(f"torch {torch.__version__} sees no CUDA device (GPU_CHECK_ALLOW_CPU=1 runs the script on CPU)")
+EOF
+) || exit 2
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv >"$OUT/nvidia-smi.csv" 2>/dev/null || true
+log "device: $DEVICE"
+
+log "2/5 data: $ROWS rows"
+"$PY" -m etl generate --schema schemas/criteo.yaml --rows "$ROWS" --files 16 --out "$WORK/raw" >"$OUT/generate.log" 2>&1 || { cat "$OUT/generate.log"; exit 1; }
+"$PY" -m etl fit --pipeline pipelines/criteo.yaml --input "$WORK/raw" --artifacts "$WORK/art" --workers "$WORKERS" >"$OUT/fit.log" 2>&1 || { cat "$OUT/fit.log"; exit 1; }
+
+log "3/5 parity tests"
+"$PY" -m pytest -q -p no:cacheprovider -rs --junitxml="$OUT/parity.xml" \
+    tests/contract/test_backends.py tests/unit/test_backend_tensor.py tests/unit/test_ring.py \
+    tests/integration/test_loader_device.py tests/integration/test_loader.py::test_cuda_batches_equal_the_cpu_batches \
+    >"$OUT/parity.log" 2>&1
+PARITY_RC=$?
+tail -n 15 "$OUT/parity.log"
+
+log "4/5 timings"
+# shellcheck disable=SC2086 # BATCHES is a list of numbers
+"$PY" scripts/gpu_placement.py --data "$WORK/raw" --artifacts "$WORK/art" --device "$DEVICE" --workers "$WORKERS" \
+    --batch-sizes $BATCHES --json "$OUT/placement.json" >"$OUT/placement.log" 2>&1
+PLACEMENT_RC=$?
+[ $PLACEMENT_RC -eq 0 ] || tail -n 30 "$OUT/placement.log"
+
+log "5/5 report"
+"$PY" - "$OUT" "$PARITY_RC" "$PLACEMENT_RC" "$SECONDS" "$ROWS" <<'EOF'
+import json, sys, xml.etree.ElementTree as ET
+from pathlib import Path
+out, parity_rc, placement_rc, seconds, rows = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+report = {"rows": rows, "seconds_before_report": seconds, "parity": {"exit_code": parity_rc}, "placement": None}
+xml = out / "parity.xml"
+if xml.is_file():
+    suite = ET.parse(xml).getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    report["parity"] |= {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+if (out / "nvidia-smi.csv").is_file():
+    report["nvidia_smi"] = (out / "nvidia-smi.csv").read_text()
+if placement_rc == 0:
+    report["placement"] = json.loads((out / "placement.json").read_text())
+(out / "gpu_report.json").write_text(json.dumps(report, indent=1))
+p = report["parity"]
+print(f"\nparity: {p.get('tests', '?')} tests, {p.get('failures', '?')} failed, {p.get('errors', '?')} errors, {p.get('skipped', '?')} skipped (exit {parity_rc})")
+if report["placement"] is None:
+    print(f"timings failed (exit {placement_rc}): see placement.log")
+else:
+    pl = report["placement"]
+    print(f"{pl['device_name']}, {pl['rows']:,} rows, {pl['workers']} workers")
+    print(f"{'pipeline':11s} {'batch':>7s} {'placement':9s} {'M rows/s':>9s} {'CPU s/Mrow':>10s} {'wait@4M/s':>9s} {'wait DLRM':>9s}")
+    for r in pl["runs"]:
+        dl = f"{100 * r['wait_dlrm']:8.2f}%" if "wait_dlrm" in r else "        -"
+        print(f"{r['pipeline']:11s} {r['batch_size']:7d} {r['placement']:9s} {r['rows_per_second'] / 1e6:9.2f} {r['cpu_seconds_per_mrow']:10.2f} {100 * r['wait_4m']:8.2f}% {dl}")
+    for key, st in pl["device_stages"].items():
+        op = next((v for s, v in st.items() if s.endswith((":Categorify", ":Hash"))), None)
+        print(f"device op {key}: {op / 1e6:.1f} M rows/s" if op else f"device op {key}: -")
+sys.exit(1 if parity_rc or placement_rc else 0)
+EOF

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Host placement versus device placement of the loader's transform, measured in one run (used by
+scripts/gpu_check.sh; runs on CPU too, where "device" means the torch backend on CPU tensors).
+
+For each pipeline (Categorify with fitted artifacts, Hash) and batch size, with both placements
+(``Loader(transform_on="host" | "device")``), on the same shards:
+
+- ``rows_per_second``: one shuffled epoch after a warm-up epoch, the consumer doing nothing;
+- ``cpu_seconds_per_mrow``: this process's CPU time (all threads) per million rows in that epoch: what the cores
+  spend to feed the accelerator;
+- ``wait_4m``: the data-wait share of a consumer that takes ``batch / 4e6`` s per batch (a model consuming 4 M
+  rows/s);
+- ``wait_dlrm``: the data-wait share of the DLRM of scripts/train_dlrm.py training on the batches;
+- ``device_stages``: rows/s of each stage of the device part (``etl.device_bench``), Categorify and Hash on the
+  device among them.
+
+    python scripts/gpu_placement.py --data RAW --artifacts ART --device cuda --json OUT/placement.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from etl.bench import dlrm_step, measure_stall
+from etl.device_bench import measure_device_stages
+from etl.loader import Loader
+from etl.pipeline import Pipeline
+from etl.readers import list_shards, read_rows
+from etl.source import row_groups
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def epoch(loader: Loader) -> tuple[float, float]:
+    """(wall seconds, process CPU seconds) of one pass over ``loader``, the batches ready on the device."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    for _ in loader:
+        pass
+    if loader.device.type == "cuda":
+        torch.cuda.synchronize(loader.device)
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
+def measure(data: Path, pipeline: Path, artifacts: Path | None, batch_size: int, placement: str, device: str, workers: int, dlrm: bool) -> dict:
+    loader = Loader(data, pipeline=pipeline, artifacts=artifacts, batch_size=batch_size, shuffle=True, seed=0,
+                    device=device, num_workers=workers, transform_on=placement)  # fmt: skip
+    epoch(loader)  # warm-up: page cache, kernels, vocabularies moved to the device
+    seconds, cpu = epoch(loader)
+    rows = loader.total_rows
+    out = {"rows_per_second": rows / seconds, "cpu_seconds_per_mrow": 1e6 * cpu / rows}
+    out["wait_4m"], _ = measure_stall(loader, batch_size / 4e6)
+    if dlrm:
+        out["wait_dlrm"], _ = measure_stall(loader, 0.0, dlrm_step(loader))
+    loader.close()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", type=Path, required=True, help="raw Criteo-like shards")
+    ap.add_argument("--artifacts", type=Path, required=True, help="artifacts of pipelines/criteo.yaml fitted on --data")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[65536, 262144])
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--stage-groups", type=int, default=8, help="row groups held in memory for the device stages")
+    ap.add_argument("--no-dlrm", action="store_true", help="skip the DLRM data-wait runs")
+    ap.add_argument("--json", type=Path, required=True)
+    args = ap.parse_args()
+
+    pipelines = {"categorify": (REPO / "pipelines/criteo.yaml", args.artifacts), "hash": (REPO / "pipelines/criteo_hash.yaml", None)}
+    groups = row_groups(list_shards(args.data))[: args.stage_groups]
+    report: dict = {"device": args.device, "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+                    "torch": torch.__version__, "workers": args.workers, "rows": sum(g.num_rows for g in row_groups(list_shards(args.data))),
+                    "runs": [], "device_stages": {}}  # fmt: skip
+    for name, (path, art) in pipelines.items():
+        p = Pipeline.load(art) if art is not None else Pipeline.from_file(path)
+        tables = [read_rows(g.path, p.schema.names, g.first_row, g.num_rows, g.index) for g in groups]
+        stage_rows = sum(t.num_rows for t in tables)
+        for bs in args.batch_sizes:
+            stages = measure_device_stages(p, tables, bs, torch.device(args.device))
+            report["device_stages"][f"{name}/{bs}"] = {s: stage_rows / sec for s, sec in stages}
+            for placement in ("host", "device"):
+                r = measure(args.data, path, art, bs, placement, args.device, args.workers, not args.no_dlrm)
+                report["runs"].append({"pipeline": name, "batch_size": bs, "placement": placement, **r})
+                print(json.dumps(report["runs"][-1]), flush=True)
+    args.json.write_text(json.dumps(report, indent=1))
+
+    print(f"\n{report['device_name']}, torch {report['torch']}, {report['rows']:,} rows, {args.workers} workers")
+    print(f"{'pipeline':11s} {'batch':>7s} {'placement':9s} {'M rows/s':>9s} {'CPU s/Mrow':>10s} {'wait@4M/s':>9s} {'wait DLRM':>9s}")
+    for r in report["runs"]:
+        dl = f"{100 * r['wait_dlrm']:8.2f}%" if "wait_dlrm" in r else "        -"
+        print(f"{r['pipeline']:11s} {r['batch_size']:7d} {r['placement']:9s} {r['rows_per_second'] / 1e6:9.2f} {r['cpu_seconds_per_mrow']:10.2f} {100 * r['wait_4m']:8.2f}% {dl}")
+    for key, st in report["device_stages"].items():
+        ops = "  ".join(f"{s.split(' ', 1)[1] if s.startswith('device ') else s}={v / 1e6:.1f}M" for s, v in st.items())
+        print(f"stages {key}: {ops}")
+
+
+if __name__ == "__main__":
+    main()

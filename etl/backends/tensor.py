@@ -17,6 +17,14 @@ Data representation:
 Host values (fitted statistics, counted vocabularies, rendered text) are numpy, computed by ``etl.backends.cpu``
 where the two backends must agree byte for byte. ``to_device``/``column_to``/``batch_to`` move host batches in.
 
+Where the results differ from the CPU backend:
+
+- ``log1p``: torch's and numpy's float64 log1p may differ in the last bit (see ``log1p``), and so may anything
+  computed from its results (a ``Normalize`` fitted after ``Log1p``). Everything else is bit-identical, and fitted
+  state is reduced on the host by the CPU code.
+- ``is_keys`` is True for any int64 tensor: an undecoded int64 column looks like keys here.
+- the key of a malformed text value (one that ``decode_*`` marks bad) is unspecified, as it is on the CPU.
+
 Loops run over byte positions (at most 16, 19 or the longest string) or over the columns of a cross, never over
 rows. Host synchronisation happens only where a function returns a host value or an error mask, or needs a
 data-dependent size (``first_x``, ``take`` on text, ``decode_string``'s longest string, ``KeyCounter``).
@@ -277,19 +285,20 @@ def batch_to(batch: Batch, device: torch.device | str) -> Batch:
 
 
 @functools.cache
-def _hex_digits(device: torch.device) -> torch.Tensor:
-    """Byte → hex digit value (int64); 0xFF for bytes that are not hex digits."""
+def _digits(base: int, device: torch.device) -> torch.Tensor:
+    """Byte → digit value in ``base`` (10 or 16; hex in either case), 0xFF for other bytes: int64 on ``device``."""
     lut = [0xFF] * 256
-    for i, c in enumerate(b"0123456789abcdef"):
+    for i, c in enumerate(b"0123456789abcdef"[:base]):
         lut[c] = i
-    for i, c in enumerate(b"ABCDEF"):
+    for i, c in enumerate(b"ABCDEF"[: base - 10]):
         lut[c] = 10 + i
     return torch.tensor(lut, dtype=torch.int64, device=device)
 
 
 @functools.cache
-def _powers_of_ten(device: torch.device) -> torch.Tensor:
-    return torch.tensor([10**e for e in range(_MAX_DEC_DIGITS)], dtype=torch.int64, device=device)
+def _weights(base: int, columns: int, device: torch.device) -> torch.Tensor:
+    """int64 ``base ** (columns - 1 - j)`` for j < columns: the weights of a right-aligned digit matrix."""
+    return torch.tensor([base ** (columns - 1 - j) for j in range(columns)], dtype=torch.int64, device=device)
 
 
 def _bounds(s: Strings) -> tuple[torch.Tensor, torch.Tensor]:
@@ -310,26 +319,32 @@ def _bad_or_none(bad: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor 
     return bad if bool(bad.any()) else None
 
 
+def _right_aligned_digits(s: Strings, ends: torch.Tensor, ndigits: torch.Tensor, base: int, columns: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The last ``ndigits[i]`` bytes of string i as digit values, right-aligned in an int64 [n, columns] matrix
+    (column j has weight ``base ** (columns - 1 - j)``; 0 left of the digits), and which rows hold a byte that is
+    not a digit among them."""
+    j = torch.arange(columns, dtype=torch.int64, device=ends.device)
+    inside = j >= (columns - ndigits)[:, None]
+    digits = _digits(base, ends.device)[_byte_matrix(s.data, (ends - columns)[:, None] + j)]
+    digits.masked_fill_(~inside, 0)
+    return digits, (digits >= base).any(1)
+
+
 def decode_hex(s: Strings, valid: torch.Tensor | None, width: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Hex text (1-16 digits of either case; exactly ``width`` when width is given) → int64 keys. Returns
     (keys, bad) where bad marks malformed present values (None if none); a malformed value's key is unspecified.
     Missing → key 0, never bad."""
     starts, ends = _bounds(s)
     w = width or 0
-    cols = w if 0 < w <= _MAX_HEX_DIGITS else _MAX_HEX_DIGITS
+    columns = w if 0 < w <= _MAX_HEX_DIGITS else _MAX_HEX_DIGITS
     lens = ends - starts
     ok = (lens >= 1) & (lens <= _MAX_HEX_DIGITS)
     if w:
         ok &= lens == w
-    # right-aligned [n, cols] digit matrix: column j has weight 16 ** (cols - 1 - j)
-    j = torch.arange(cols, dtype=torch.int64, device=starts.device)
-    inside = (j >= (cols - lens)[:, None]) & ok[:, None]
-    digits = _hex_digits(starts.device)[_byte_matrix(s.data, (ends - cols)[:, None] + j)]
-    bad = ((digits > 15) & inside).any(1) | ~ok
-    digits &= 15
-    digits <<= 4 * (cols - 1 - j)
-    digits.masked_fill_(~inside, 0)
-    keys = digits.sum(1)  # the terms have disjoint bits: the sum is their OR, with no carries
+    digits, nondigit = _right_aligned_digits(s, ends, lens, 16, columns)
+    digits *= _weights(16, columns, starts.device)  # 15 * 16**15 wraps to the right bits: the terms are disjoint
+    keys = digits.sum(1)  # ... so their sum is their OR
+    bad = nondigit | ~ok
     if valid is not None:
         keys.masked_fill_(~valid, 0)
     return keys, _bad_or_none(bad, valid)
@@ -345,20 +360,12 @@ def decode_int_text(s: Strings, valid: torch.Tensor | None) -> tuple[torch.Tenso
     neg = signed & (first == 45)
     nd = lens - signed.to(torch.int64)
     ok = (nd >= 1) & (nd <= _MAX_DEC_DIGITS)
-    # left-aligned [n, 19] digit matrix; p = the number of leading digits (all of them when the text is valid)
-    j = torch.arange(_MAX_DEC_DIGITS, dtype=torch.int64, device=starts.device)
-    c = _byte_matrix(s.data, (starts + signed.to(torch.int64))[:, None] + j)
-    good = (c >= 48) & (c <= 57) & (j < nd[:, None]) & ok[:, None]
-    stop = ~good
-    p = torch.where(stop.any(1), stop.to(torch.int8).argmax(1), _MAX_DEC_DIGITS)
-    lead = j < p[:, None]
-    c -= 48
-    c *= _powers_of_ten(starts.device)[(p[:, None] - 1 - j).clamp(min=0)]
-    c.masked_fill_(~lead, 0)
-    mag = c.sum(1)  # exact below 10**19 < 2**64 as uint64 bits (int64 addition wraps)
+    digits, nondigit = _right_aligned_digits(s, ends, nd, 10, _MAX_DEC_DIGITS)
+    digits *= _weights(10, _MAX_DEC_DIGITS, starts.device)
+    mag = digits.sum(1)  # below 10**19 < 2**64: exact as uint64 bits (int64 addition wraps)
     # as uint64: mag <= 2**63 - 1 (int64 mag >= 0), or mag == 2**63 (int64 min) for a negative value
     out_of_range = (mag < 0) & ~(neg & (mag == _I64_MIN))
-    bad = ~ok | (p < nd) | out_of_range
+    bad = ~ok | nondigit | out_of_range
     keys = torch.where(neg, -mag, mag)  # -(int64 min) wraps to itself: the bits of -2**63
     if valid is not None:
         keys.masked_fill_(~valid, 0)

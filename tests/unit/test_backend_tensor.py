@@ -197,6 +197,31 @@ def test_cross_keys(dev):
     assert len(h) == 0 and v is None
 
 
+def test_strided_columns_of_a_matrix(dev):
+    """Columns of a [rows, k] tensor (how a device batch holds its key and number columns) give the results of
+    contiguous copies, without warnings."""
+    rng = np.random.default_rng(12)
+    keys = T(rand_keys(3000, rng).reshape(1000, 3), dev)
+    valid = T(rand_valid(3000, rng).reshape(1000, 3), dev)
+    numbers = T(rng.normal(0, 5, (1000, 3)), dev)
+    table = tb.LookupTable(rand_keys(50, rng), np.arange(50) + 4)
+    k, v, x = keys[:, 1], valid[:, 1], numbers[:, 2]
+    kc, vc, xc = k.contiguous(), v.contiguous(), x.contiguous()
+    assert not k.is_contiguous()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(tb.hash_ids(k, v, 1, 100, np.int32), tb.hash_ids(kc, vc, 1, 100, np.int32))
+        assert torch.equal(table.lookup(k, v, 2, 2, 0, np.int64), table.lookup(kc, vc, 2, 2, 0, np.int64))
+        assert torch.equal(tb.cross_keys([k, keys[:, 0]], [v, None], 3)[0], tb.cross_keys([kc, keys[:, 0].contiguous()], [vc, None], 3)[0])
+        assert torch.equal(tb.bucketize(x, v, np.array([0.0, 1.0]), np.int32), tb.bucketize(xc, vc, np.array([0.0, 1.0]), np.int32))
+        for f in (lambda a, m: tb.fill_null(a, m, 1.0), lambda a, m: tb.clamp(a, 0.0, None), lambda a, m: tb.normalize(a, 1.0, 2.0)):
+            assert torch.equal(f(x, v), f(xc, vc))
+        c1, c2 = tb.KeyCounter(), tb.KeyCounter()
+        c1.add(k, v)
+        c2.add(kc, vc)
+        assert counts_of(c1, 1) == counts_of(c2, 1)
+
+
 # ---------------------------------------------------------------- decode
 
 

@@ -8,6 +8,9 @@
   consumer that does nothing) with ``workers`` threads, in rows/s and input MB/s (Parquet bytes);
 - ``stall``: a consumer whose step costs ``step_factor`` × the loader's own time per batch (``time.sleep``; a
   GPU step leaves the cores to the loader), or the DLRM of scripts/train_dlrm.py: the share of time it waited;
+- with device placement (``device_placement``; on by default with CUDA): the stages of the pipeline's device
+  part (``etl.device_bench``: host part, ring, ``h2d``, each op on the device) and a loader epoch with
+  ``transform_on="device"`` and its stall;
 - peak memory (resident set size of this process);
 - baselines: the naive polars and pyarrow+numpy scripts of ``etl.baselines`` doing the same work, with their
   outputs compared to ours.
@@ -31,6 +34,7 @@ import torch
 
 from etl import baselines
 from etl.chunk import Chunk, Layout
+from etl.device_bench import measure_device_stages
 from etl.loader import Loader
 from etl.pipeline import Pipeline
 from etl.preprocess import preprocess
@@ -67,6 +71,7 @@ class PipelineReport:
     data_wait: float = 0.0
     wait_timeline: list[float] = field(default_factory=list)  # seconds waited before each batch
     model_data_wait: float | None = None
+    device_data_wait: float | None = None  # the stall with transform_on="device"
     baselines: dict[str, dict] = field(default_factory=dict)
 
 
@@ -210,6 +215,7 @@ def run_bench(
     step_factor: float = 1.25,
     model: bool = False,
     run_baselines: bool = True,
+    device_placement: bool | None = None,
     progress: Callable[[str], None] = lambda msg: None,
 ) -> Report:
     work = Path(tempfile.mkdtemp(prefix="etl-bench-"))
@@ -239,6 +245,17 @@ def run_bench(
             p.save(work / f"art-{p.name}")
             progress(f"{p.name}: stages")
             rep.stages.extend(measure_stages(p, tables, batch_size, dev))
+            if device_placement if device_placement is not None else dev.type == "cuda":
+                progress(f"{p.name}: device placement stages")
+                rep.stages.extend(Stage(name, secs, total) for name, secs in measure_device_stages(p, tables, batch_size, dev))
+                progress(f"{p.name}: loader, device placement")
+                dloader = Loader(input_dir, pipeline=path, artifacts=work / f"art-{p.name}", batch_size=batch_size, shuffle=True,
+                                 seed=0, device=device, num_workers=workers, transform_on="device")  # fmt: skip
+                list(dloader)  # warm-up epoch
+                seconds = _timed(lambda: [None for _ in dloader])
+                rep.stages.append(Stage("dp:loader", seconds, total, mbytes, "end to end, shuffled epoch"))
+                rep.device_data_wait, _ = measure_stall(dloader, step_factor * seconds / len(dloader))
+                dloader.close()
             progress(f"{p.name}: preprocess")
             summary = preprocess(p, shards, work / f"ours-{p.name}", workers=workers)
             rep.stages.append(Stage("preprocess", summary.transform_seconds, total, mbytes, "offline, to Parquet"))

@@ -191,6 +191,7 @@ def bench(
     step_factor: float = typer.Option(1.25, help="Simulated training step, in multiples of the loader's time per batch."),
     model: bool = typer.Option(False, help="Also measure the data wait of the DLRM of scripts/train_dlrm.py."),
     baselines: bool = typer.Option(True, help="Run the naive polars and pyarrow+numpy baselines."),
+    device_placement: Optional[bool] = typer.Option(None, help="Also measure transform_on='device' (stages on the device, loader, stall); default: when the device is CUDA."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the results as JSON."),
     plot_out: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG chart of the stages and the stall timeline."),
 ) -> None:
@@ -205,7 +206,7 @@ def bench(
     with user_errors(), err.status("benchmark") as status:
         report = run_bench(pipelines, input_dir=input, rows=rows, files=files, workers=workers, batch_size=batch_size,
                            device=device, step_factor=step_factor, model=model, run_baselines=baselines,
-                           progress=lambda msg: status.update(msg))  # fmt: skip
+                           device_placement=device_placement, progress=lambda msg: status.update(msg))  # fmt: skip
     _print_report(report)
     if json_out:
         json_out.write_text(report.to_json())
@@ -227,7 +228,8 @@ def _print_report(report) -> None:
             t.add_row(s.name, f"{s.seconds:.3f}", f"{s.rows_per_second:,.0f}", mbs, s.note)
         console.print(t)
         console.print(f"data wait with the simulated step: {100 * rep.data_wait:.2f} %"
-                      + (f"; with the DLRM step: {100 * rep.model_data_wait:.2f} %" if rep.model_data_wait is not None else ""))  # fmt: skip
+                      + (f"; with the DLRM step: {100 * rep.model_data_wait:.2f} %" if rep.model_data_wait is not None else "")
+                      + (f"; device placement: {100 * rep.device_data_wait:.2f} %" if rep.device_data_wait is not None else ""))  # fmt: skip
         for name, b in rep.baselines.items():
             eq = {True: "output equal", False: "OUTPUT DIFFERS", None: "other hash, same work"}[b["output_equal"]]
             console.print(f"baseline {name}: {b['rows_per_second']:,.0f} rows/s; ours (fit + preprocess) is {b['speedup_of_ours']:.2f}x faster ({eq})")

@@ -1,15 +1,16 @@
 """The device-placement stages of ``etl bench`` (``--transform-on device``): where the time goes when the
 pipeline's device part runs after the host→device copy (``etl.device_stage``).
 
-One thread, row groups already in memory, batches of ``batch_size`` rows, best of two passes:
+One thread, row groups already in memory, batches of ``batch_size`` rows, best of two passes. Every stage is
+named ``dp:<stage>`` (device placement):
 
 - ``host part``: Arrow → columns, the label check and the host ops (decoding text to keys);
 - ``inputs``: laying the result out as the slot's fixed-width inputs, shuffle-free concatenation into batches;
 - ``ring``: copying each batch into a (pinned, on CUDA) slot;
 - ``h2d``: the slot's host→device copy (CUDA only);
-- ``device columns``: the slot's inputs as one contiguous column each (a transpose per field);
-- ``device <i>:<op>``: each op of the device part, on the device (synchronised before and after on CUDA);
-- ``device output``: the output check and writing the loader's ``label``/``dense``/``sparse`` fields.
+- ``columns``: the slot's inputs as one contiguous column each (a transpose per field);
+- ``<i>:<op>``: each op of the device part, on the device (synchronised before and after on CUDA);
+- ``output``: the output check and writing the loader's ``label``/``dense``/``sparse`` fields.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def measure_device_stages(pipeline: Pipeline, tables: list[pa.Table], batch_size
     """(stage name, seconds) for every stage of the module docstring, best of two passes."""
     stage = DeviceStage(pipeline, Layout.of(pipeline), [])
     passes = [_device_pass(pipeline, stage, tables, batch_size, device) for _ in range(2)]
-    return [(name, min(p[name] for p in passes)) for name in passes[0]]
+    return [(f"dp:{name}", min(p[name] for p in passes)) for name in passes[0]]
 
 
 def _sync(device: torch.device) -> None:
@@ -52,8 +53,8 @@ def _device_pass(pipeline: Pipeline, stage: DeviceStage, tables: list[pa.Table],
     batches = [whole.slice(a, min(a + batch_size, whole.n)) for a in range(0, whole.n, batch_size)]
     spent["inputs"] = time.perf_counter() - t0
     _, device_ops = pipeline.split()
-    spent |= {"ring": 0.0, **({"h2d": 0.0} if device.type == "cuda" else {}), "device columns": 0.0}
-    spent |= {f"device {i}:{op.name}": 0.0 for i, op in enumerate(device_ops)} | {"device output": 0.0}
+    spent |= {"ring": 0.0, **({"h2d": 0.0} if device.type == "cuda" else {}), "columns": 0.0}
+    spent |= {f"{i}:{op.name}": 0.0 for i, op in enumerate(device_ops)} | {"output": 0.0}
     ring = Ring(1, batch_size, stage.inputs.fields(), device, stage.outputs())
     stop = threading.Event()
     for b in batches:
@@ -70,17 +71,17 @@ def _device_pass(pipeline: Pipeline, stage: DeviceStage, tables: list[pa.Table],
             spent["h2d"] += t2 - t1
         batch = stage.batch(inputs, b.lists)
         _sync(device)
-        spent["device columns"] += time.perf_counter() - t2
+        spent["columns"] += time.perf_counter() - t2
         for i, op in enumerate(device_ops):
             _sync(device)
             t0 = time.perf_counter()
             batch = batch.with_columns(op.transform(batch, stage.xp))
             _sync(device)
-            spent[f"device {i}:{op.name}"] += time.perf_counter() - t0
+            spent[f"{i}:{op.name}"] += time.perf_counter() - t0
         t0 = time.perf_counter()
         pipeline._check_output(batch, stage.xp)
         stage.write(batch, out)
         _sync(device)
-        spent["device output"] += time.perf_counter() - t0
+        spent["output"] += time.perf_counter() - t0
         ring.release(slot)
     return spent

@@ -96,7 +96,7 @@ def main() -> None:
         dl = f"{100 * r['wait_dlrm']:8.2f}%" if "wait_dlrm" in r else "        -"
         print(f"{r['pipeline']:11s} {r['batch_size']:7d} {r['placement']:9s} {r['rows_per_second'] / 1e6:9.2f} {r['cpu_seconds_per_mrow']:10.2f} {100 * r['wait_4m']:8.2f}% {dl}")
     for key, st in report["device_stages"].items():
-        ops = "  ".join(f"{s.split(' ', 1)[1] if s.startswith('device ') else s}={v / 1e6:.1f}M" for s, v in st.items())
+        ops = "  ".join(f"{s.removeprefix('dp:')}={v / 1e6:.1f}M" for s, v in st.items())
         print(f"stages {key}: {ops}")
 
 

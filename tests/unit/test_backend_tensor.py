@@ -354,9 +354,11 @@ def test_clamp_matches_numpy_including_signed_zeros(dev, lo, hi):
 
 
 def test_log1p(dev):
-    """Not bit-identical: torch.log1p and np.log1p (SVML or the C library, by machine) are each within 1 ulp of
-    ln(1 + x) and differ in the last float64 bit for about 1% of inputs. Checked: at most 2 float64 ulps apart
-    (1 on CPU), the same at ±0, ±inf, NaN and -1, and within 1 float32 ulp after the pipeline's float32 rounding."""
+    """Not bit-identical: torch.log1p (SLEEF on CPU, CUDA's own on GPU) and np.log1p (SVML on AVX-512 machines,
+    else the C library) are each accurate to about 1 ulp of ln(1 + x), and differ in the last float64 bit for
+    about 1% of inputs (measured on CPU: never by more than 1 ulp; after rounding to float32: never). Checked: at
+    most 2 float64 ulps apart on CPU, 4 on other devices; within 1 float32 ulp after the pipeline's float32
+    rounding; identical at ±0, ±inf, NaN and -1."""
     rng = np.random.default_rng(2)
     v = np.concatenate([rng.random(20000) * 10, np.exp(rng.normal(0, 10, 20000)), rng.random(2000) * 1e-9])
     v = np.concatenate([v, [0.0, -0.0, np.inf, -1.0, np.nan, -0.5, 5e-324, 1e308]])
@@ -365,7 +367,7 @@ def test_log1p(dev):
     finite = np.isfinite(ref)
     assert np.array_equal(np.isnan(got), np.isnan(ref)) and np.array_equal(got[~finite & ~np.isnan(ref)], ref[~finite & ~np.isnan(ref)])
     ulps64 = np.abs(got[finite].view(np.int64) - ref[finite].view(np.int64))
-    assert ulps64.max() <= (1 if dev == "cpu" else 2)
+    assert ulps64.max() <= (2 if dev == "cpu" else 4)
     ulps32 = np.abs(got[finite].astype(np.float32).view(np.int32).astype(np.int64) - ref[finite].astype(np.float32).view(np.int32))
     assert ulps32.max() <= 1
     assert np.signbit(got[v == 0]).tolist() == np.signbit(ref[v == 0]).tolist()
@@ -374,7 +376,7 @@ def test_log1p(dev):
     with np.errstate(divide="ignore"):
         ref_i = cpu.log1p(ints)
     assert got_i.dtype == np.float64 and got_i[0] == ref_i[0] == -np.inf
-    assert np.abs(got_i[1:].view(np.int64) - ref_i[1:].view(np.int64)).max() <= 2
+    assert np.abs(got_i[1:].view(np.int64) - ref_i[1:].view(np.int64)).max() <= 4
 
 
 def test_moments_is_the_cpu_result(dev):

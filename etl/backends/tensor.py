@@ -105,14 +105,12 @@ def _resident(t: torch.Tensor) -> torch.Tensor:
 
 def _torch_dtype(out_dtype: object) -> torch.dtype:
     """torch.int32 / torch.int64 for the numpy (or torch) id dtype ``out_dtype``."""
-    if out_dtype in (torch.int32, torch.int64):
-        return out_dtype
-    dt = np.dtype(out_dtype)
-    if dt == np.int32:
-        return torch.int32
-    if dt == np.int64:
-        return torch.int64
-    raise ValueError(f"id dtype must be int32 or int64, got {dt}")
+    if isinstance(out_dtype, torch.dtype):
+        if out_dtype in (torch.int32, torch.int64):
+            return out_dtype
+    elif np.dtype(out_dtype) in (np.int32, np.int64):
+        return torch.int32 if np.dtype(out_dtype) == np.int32 else torch.int64
+    raise ValueError(f"id dtype must be int32 or int64, got {out_dtype}")
 
 
 def _ids(ids: torch.Tensor, valid: torch.Tensor | None, out_dtype: object) -> torch.Tensor:

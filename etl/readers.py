@@ -10,6 +10,7 @@ and bytes, list offsets. Validity bitmaps become bool arrays; a column without n
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -70,6 +71,32 @@ def _valid(arr: pa.Array) -> np.ndarray | None:
     return bits[arr.offset : arr.offset + len(arr)].view(np.bool_)
 
 
+class InlineStrings(Strings):
+    """``Strings`` that all live inline in Arrow string views (each at most 12 bytes, e.g. 8-digit hex).
+
+    ``inline_views`` is the (n, 4) uint32 view array itself (length, then the string's bytes); ``data`` is the
+    same memory as bytes, string i at ``16*i + 4``. ``starts`` and ``ends`` are built only when something asks
+    for them: kernels that know the layout (``etl.backends.cpu.decode_hex``) read the views directly."""
+
+    def __init__(self, views: np.ndarray):
+        object.__setattr__(self, "inline_views", views)
+
+    @property
+    def data(self) -> np.ndarray:  # type: ignore[override]
+        return self.inline_views.reshape(-1).view(np.uint8)
+
+    @cached_property
+    def starts(self) -> np.ndarray:  # type: ignore[override]
+        return np.arange(4, 16 * len(self.inline_views) + 4, 16, dtype=np.int64)
+
+    @cached_property
+    def ends(self) -> np.ndarray:  # type: ignore[override]
+        return self.starts + self.inline_views[:, 0]
+
+    def __len__(self) -> int:
+        return len(self.inline_views)
+
+
 def _strings(arr: pa.Array) -> Strings:
     """Arrow string / large_string / string_view array → ``Strings`` without copying the bytes (views whose
     strings are longer than 12 bytes are first cast to large_string)."""
@@ -79,10 +106,8 @@ def _strings(arr: pa.Array) -> Strings:
     bufs = arr.buffers()
     if pa.types.is_string_view(arr.type):
         if all(b is None or b.size == 0 for b in bufs[2:]):
-            views = np.frombuffer(bufs[1], np.uint8)
-            lengths = np.frombuffer(bufs[1], np.int32)[arr.offset * 4 :: 4][:n]
-            starts = np.arange(arr.offset * 16 + 4, (arr.offset + n) * 16 + 4, 16, dtype=np.int64)
-            return Strings(views, starts, starts + lengths)
+            views = np.frombuffer(bufs[1], np.uint32)[arr.offset * 4 : (arr.offset + n) * 4].reshape(n, 4)
+            return InlineStrings(views)
         arr = arr.cast(pa.large_string())
         bufs = arr.buffers()
     off_type = np.int64 if pa.types.is_large_string(arr.type) else np.int32

@@ -222,6 +222,40 @@ def test_strided_columns_of_a_matrix(dev):
         assert counts_of(c1, 1) == counts_of(c2, 1)
 
 
+def test_hot_path_does_not_synchronise(dev):
+    """On CUDA, the per-batch functions of the device part queue work without waiting for the GPU (constants and
+    tables are made resident by a first call; functions that return host values or error masks are left out)."""
+    if dev == "cpu":
+        pytest.skip("host synchronisation is a CUDA notion")
+    rng = np.random.default_rng(13)
+    keys, valid, x = T(rand_keys(1000, rng), dev), T(rand_valid(1000, rng), dev), T(rng.normal(0, 5, 1000), dev)
+    idx = T(rng.integers(0, 1000, 500), dev)
+    table = tb.LookupTable(rand_keys(50, rng), np.arange(50) + 4)
+    bounds = np.array([0.0, 1.0])
+    calls = [
+        lambda: tb.fill_null(x, valid, 0.0),
+        lambda: tb.clamp(x, 0.0, 3.0),
+        lambda: tb.log1p(x),
+        lambda: tb.normalize(x, 1.0, 2.0),
+        lambda: tb.bucketize(x, valid, bounds, np.int32),
+        lambda: tb.hash_ids(keys, valid, 0, 1000, np.int32),
+        lambda: tb.bucket_ids(keys, valid, 1000, np.int64),
+        lambda: tb.cross_keys([keys, keys], [valid, None], 1),
+        lambda: table.lookup(keys, valid, 2, 3, 0, np.int32),
+        lambda: tb.take(keys, idx),
+        lambda: tb.decode_int(keys),
+    ]
+    for f in calls:
+        f()  # first calls make constants resident
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for f in calls:
+            f()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
 # ---------------------------------------------------------------- decode
 
 

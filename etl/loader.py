@@ -158,6 +158,7 @@ class Loader:
         self._stats_lock = threading.Lock()
         self._ring: Ring | None = None
         self._active: weakref.ref | None = None
+        self._ahead: _Epoch | None = None  # epoch + 1, started while the current pass drains
 
     # ------------------------------------------------------------------ public
     def __len__(self) -> int:
@@ -168,7 +169,9 @@ class Loader:
         """Select the epoch the next iteration yields. Setting the current epoch keeps the position, so a loop
         that resumed with ``load_state_dict`` may call it as usual."""
         if epoch != self.epoch:
-            self.close()
+            self._close_active()
+            if self._ahead is not None and self._ahead.epoch != epoch:
+                self._close_ahead()
             self.epoch, self.position, self._finished = epoch, 0, False
 
     def state_dict(self) -> dict[str, Any]:
@@ -186,28 +189,53 @@ class Loader:
         self.epoch, self.position, self._finished = int(state["epoch"]), int(state["position"]), False
 
     def __iter__(self) -> _Epoch:
-        """Yield the rest of the current epoch (all of it when the previous pass ran to its end)."""
-        self.close()
+        """Yield the rest of the current epoch (all of it when the previous pass ran to its end).
+
+        Once a pass has assembled its last batch, the next epoch's pass starts in the background, so that its
+        first shuffle buffer is ready when the training loop calls ``set_epoch(epoch + 1)`` and iterates again
+        (any other next pass discards it)."""
+        self._close_active()
         if self._finished:
             self.position, self._finished = 0, False
-        if self._ring is None:
-            if self.stage is not None:
-                self._ring = Ring(self.prefetch + 2, self.batch_size, self.stage.inputs.fields(), self.device, self.stage.outputs())
-            else:
-                fixed = [Field("label", (), torch.float32), Field("dense", (len(self.layout.dense),), torch.float32),
-                         Field("sparse", (len(self.layout.sparse),), self.layout.sparse_dtype)]  # fmt: skip
-                self._ring = Ring(self.prefetch + 2, self.batch_size, fixed, self.device)
-        self._ring.reclaim()  # slots a previous, abandoned pass still counted as taken
-        it = _Epoch(self)
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead.epoch == self.epoch and self.position == 0:
+            it = ahead
+        else:
+            if ahead is not None:
+                ahead.close()
+            if self._ring is None:
+                if self.stage is not None:
+                    self._ring = Ring(self.prefetch + 2, self.batch_size, self.stage.inputs.fields(), self.device, self.stage.outputs())
+                else:
+                    fixed = [Field("label", (), torch.float32), Field("dense", (len(self.layout.dense),), torch.float32),
+                             Field("sparse", (len(self.layout.sparse),), self.layout.sparse_dtype)]  # fmt: skip
+                    self._ring = Ring(self.prefetch + 2, self.batch_size, fixed, self.device)
+            self._ring.reclaim()  # slots a previous, abandoned pass still counted as taken
+            it = _Epoch(self, self.epoch, self.position)
         self._active = weakref.ref(it)
         return it
 
     def close(self) -> None:
-        """Stop the background threads of the current iteration, if any (also done on break + garbage collection)."""
+        """Stop the background threads of the current iteration and of the next epoch's, if any (also done on
+        break + garbage collection)."""
+        self._close_active()
+        self._close_ahead()
+
+    def _close_active(self) -> None:
         it = self._active() if self._active is not None else None
         if it is not None:
             it.close()
         self._active = None
+
+    def _close_ahead(self) -> None:
+        if self._ahead is not None:
+            self._ahead.close()
+            self._ahead = None
+
+    def _start_ahead(self, epoch: int) -> None:
+        """Start assembling epoch ``epoch`` from its beginning (called once the current pass assembled all)."""
+        if self._ahead is None:
+            self._ahead = _Epoch(self, epoch, 0)
 
     # ------------------------------------------------------------------ work done by the threads
     def _read_piece(self, piece: Piece) -> Chunk:
@@ -251,15 +279,17 @@ def _open_source(source, pipeline, artifacts) -> tuple[Pipeline, bool, list[Path
 class _Epoch:
     """One pass over the loader's epoch from its current position; owns the background threads."""
 
-    def __init__(self, loader: Loader):
-        self.loader = loader
+    def __init__(self, loader: Loader, epoch: int, start: int):
+        self.loader, self.epoch = loader, epoch
         self.total = len(loader)
+        self.assembled = threading.Event()  # set once the assembler has queued the epoch's last batch
         self.held: int | None = None
         self.first_next: float | None = None
         self.ready: queue.Queue = queue.Queue(maxsize=loader.prefetch + 1)
         self.stop = threading.Event()
         self.pool = ThreadPoolExecutor(loader.num_workers, thread_name_prefix="etl-loader")
-        self.thread = threading.Thread(target=_assemble, args=(loader, self.ready, self.stop, self.pool), daemon=True, name="etl-assembler")
+        args = (loader, epoch, start, self.ready, self.stop, self.pool, self.assembled)
+        self.thread = threading.Thread(target=_assemble, args=args, daemon=True, name="etl-assembler")
         self.thread.start()
         self._finalizer = weakref.finalize(self, _shutdown, self.stop, self.pool, self.thread)
 
@@ -288,6 +318,8 @@ class _Epoch:
         if isinstance(item, BaseException):
             self.close()
             raise item
+        if self.assembled.is_set() and loader._active is not None and loader._active() is self:
+            loader._start_ahead(self.epoch + 1)
         slot, n, lists = item
         tensors = ring.view(slot, n)
         self.held = slot
@@ -320,10 +352,11 @@ def _shutdown(stop: threading.Event, pool: ThreadPoolExecutor, thread: threading
         thread.join()
 
 
-def _assemble(loader: Loader, ready: queue.Queue, stop: threading.Event, pool: ThreadPoolExecutor) -> None:
+def _assemble(loader: Loader, epoch: int, start: int, ready: queue.Queue, stop: threading.Event, pool: ThreadPoolExecutor, assembled: threading.Event) -> None:
     """The assembler thread: pieces (read and transformed by the pool) → shuffle buffers → batches → ring."""
     try:
-        _assemble_batches(loader, ready, stop, pool)
+        if _assemble_batches(loader, epoch, start, ready, stop, pool):
+            assembled.set()
     except BaseException as e:  # noqa: BLE001 - handed to the consumer
         _put(ready, e, stop)
 
@@ -338,12 +371,13 @@ def _put(q: queue.Queue, item: object, stop: threading.Event) -> bool:
     return False
 
 
-def _assemble_batches(loader: Loader, ready: queue.Queue, stop: threading.Event, pool: ThreadPoolExecutor) -> None:
+def _assemble_batches(loader: Loader, epoch: int, start: int, ready: queue.Queue, stop: threading.Event, pool: ThreadPoolExecutor) -> bool:
+    """Queue the batches of ``epoch`` from batch number ``start`` on; True once the last one is queued."""
     B, S, total = loader.batch_size, loader.shuffle_buffer, len(loader)
-    first_row = loader.position * B  # rank-local row where the next batch starts
+    first_row = start * B  # rank-local row where the next batch starts
     buffer_no = first_row // S
     skip = first_row - buffer_no * S  # rows of the first buffer already consumed before the resume point
-    pieces = _pieces_from(rank_pieces(loader.groups, seed=loader.seed, epoch=loader.epoch, shuffle=loader.shuffle,
+    pieces = _pieces_from(rank_pieces(loader.groups, seed=loader.seed, epoch=epoch, shuffle=loader.shuffle,
                                       rank=loader.rank, world_size=loader.world_size), buffer_no * S)  # fmt: skip
 
     def submit(p: Piece) -> Future:
@@ -354,13 +388,13 @@ def _assemble_batches(loader: Loader, ready: queue.Queue, stop: threading.Event,
     filling: list[Chunk] = []
     filled = 0
     stream: deque[Chunk] = deque()  # permuted buffers, not yet cut into batches
-    emitted = loader.position
+    emitted = start
 
     def flush() -> None:
         nonlocal buffer_no, filling, filled, skip
         buf = Chunk.concat(filling)
         if loader.shuffle:
-            buf = buf.take(epoch_rng(loader.seed, loader.epoch, loader.rank, buffer_no).permutation(buf.n))
+            buf = buf.take(epoch_rng(loader.seed, epoch, loader.rank, buffer_no).permutation(buf.n))
         if skip:
             buf, skip = buf.slice(skip, buf.n), 0
         stream.append(buf)
@@ -416,14 +450,15 @@ def _assemble_batches(loader: Loader, ready: queue.Queue, stop: threading.Event,
         loader.stats.assemble_seconds += time.perf_counter() - t0
         while emitted < total and available() >= B:
             if not emit(B):
-                return
+                return False
     if stop.is_set():
-        return
+        return False
     if filled:
         flush()
     while emitted < total:  # the final partial batch, and the empty batch a shorter rank may owe
         if not emit(min(B, available())):
-            return
+            return False
+    return True
 
 
 def _pieces_from(pieces: list[Piece], start_row: int) -> list[Piece]:

@@ -421,15 +421,44 @@ def test_break_mid_epoch_stops_the_threads(raw: Path) -> None:
 
 
 def test_many_short_epochs_do_not_grow_the_threads(small_raw: Path) -> None:
+    """Between epochs only the next epoch's pass runs (its assembler and num_workers workers); close stops it."""
     baseline = len(wait_for_threads(0))
-    loader = Loader(small_raw, pipeline=HASH, batch_size=500, shuffle=True, shuffle_buffer=800)
+    loader = Loader(small_raw, pipeline=HASH, batch_size=500, shuffle=True, shuffle_buffer=800, num_workers=2)
     counts = []
     for epoch in range(20):
         loader.set_epoch(epoch)
         assert sum(len(b) for b in loader) == 3_000
-        counts.append(len(wait_for_threads(baseline)))
-    assert max(counts) <= baseline, counts
+        counts.append(len(wait_for_threads(baseline + 3)))
+    assert max(counts) <= baseline + 3, counts
     loader.close()
+    assert len(wait_for_threads(baseline)) <= baseline, etl_threads()
+
+
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+def test_the_next_epoch_starts_while_the_current_one_drains(small_raw: Path, device: str) -> None:
+    """After a full pass, epoch + 1 is already being assembled; set_epoch(epoch + 1) then yields exactly the
+    batches a fresh loader yields for that epoch, and iterating again without set_epoch repeats the epoch."""
+    kw = dict(pipeline=HASH, batch_size=500, shuffle=True, shuffle_buffer=800, seed=5, device=device)
+    loader = Loader(small_raw, **kw)
+    first = collect(loader)
+    assert loader._ahead is not None and loader._ahead.epoch == 1
+    again = collect(loader)  # no set_epoch: epoch 0 again, the prepared epoch 1 is discarded
+    assert all(torch.equal(u, v) for x, y in zip(first, again) for u, v in zip(x, y))
+    loader.set_epoch(1)
+    loader.set_epoch(1)  # setting the current epoch keeps the prepared pass
+    assert loader._ahead is not None and loader._ahead.epoch == 1
+    second = collect(loader)
+    fresh = Loader(small_raw, **kw)
+    fresh.set_epoch(1)
+    want = collect(fresh)
+    assert len(second) == len(want) == 6
+    assert all(torch.equal(u, v) for x, y in zip(second, want) for u, v in zip(x, y))
+    assert not all(torch.equal(x[0], y[0]) for x, y in zip(first, second))  # another shuffle
+    loader.set_epoch(7)  # not the prepared epoch: it is discarded
+    assert loader._ahead is None
+    assert sum(len(b[0]) for b in collect(loader)) == 3_000
+    loader.close()
+    fresh.close()
 
 
 def test_close_is_idempotent(small_raw: Path) -> None:

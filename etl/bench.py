@@ -157,9 +157,17 @@ def _stage_seconds(pipeline: Pipeline, tables: list, batch_size: int, device: to
     return spent
 
 
+def next_epoch(loader: Loader) -> None:
+    """One pass over the next epoch, the consumer doing nothing."""
+    loader.set_epoch(loader.epoch + 1)
+    for _ in loader:
+        pass
+
+
 def measure_stall(loader: Loader, step_seconds: float, model: Callable | None = None) -> tuple[float, list[float]]:
-    """Data-wait share and per-batch waits of one epoch whose consumer sleeps ``step_seconds`` per batch (or
-    runs ``model`` on it)."""
+    """Data-wait share and per-batch waits of the next epoch (``set_epoch(epoch + 1)``, as a training loop does)
+    for a consumer that sleeps ``step_seconds`` per batch (or runs ``model`` on it)."""
+    loader.set_epoch(loader.epoch + 1)
     waits = []
     last = loader.stats.wait_seconds
     t0 = time.perf_counter()
@@ -252,7 +260,7 @@ def run_bench(
                 dloader = Loader(input_dir, pipeline=path, artifacts=work / f"art-{p.name}", batch_size=batch_size, shuffle=True,
                                  seed=0, device=device, num_workers=workers, transform_on="device")  # fmt: skip
                 list(dloader)  # warm-up epoch
-                seconds = _timed(lambda: [None for _ in dloader])
+                seconds = _timed(lambda: next_epoch(dloader))
                 rep.stages.append(Stage("dp:loader", seconds, total, mbytes, "end to end, shuffled epoch"))
                 rep.device_data_wait, _ = measure_stall(dloader, step_factor * seconds / len(dloader))
                 dloader.close()
@@ -263,7 +271,7 @@ def run_bench(
             loader = Loader(input_dir, pipeline=path, artifacts=work / f"art-{p.name}", batch_size=batch_size,
                             shuffle=True, seed=0, device=device, num_workers=workers)  # fmt: skip
             list(loader)  # warm-up epoch
-            seconds = _timed(lambda: [None for _ in loader])
+            seconds = _timed(lambda: next_epoch(loader))
             rep.stages.append(Stage("loader", seconds, total, mbytes, "end to end, shuffled epoch"))
             progress(f"{p.name}: stall")
             rep.data_wait, rep.wait_timeline = measure_stall(loader, step_factor * seconds / len(loader))

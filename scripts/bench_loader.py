@@ -30,7 +30,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def epoch(loader: Loader, step_seconds: float) -> tuple[float, float, float, int]:
-    """(seconds, data-wait share, data-wait share after the first batch, rows) of one epoch."""
+    """(seconds, data-wait share, data-wait share after the first batch, rows) of the next epoch."""
+    loader.set_epoch(loader.epoch + 1)
     loader.stats = type(loader.stats)()
     t0 = time.perf_counter()
     first_wait = None

@@ -66,6 +66,37 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+class _HashingFile:
+    """A write-only file that computes the sha256 of what is written to it as it goes (Parquet writers write
+    sequentially, so this is the checksum of the finished file, without reading it back)."""
+
+    def __init__(self, path: Path):
+        self._f = open(path, "wb")
+        self._h = hashlib.sha256()
+        self.closed = False
+
+    def write(self, data) -> int:
+        self._h.update(data)  # releases the GIL for large buffers
+        return self._f.write(data)
+
+    def flush(self) -> None:
+        self._f.flush()
+
+    def close(self) -> None:
+        if not self.closed:
+            self._f.close()
+            self.closed = True
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+    def __enter__(self) -> _HashingFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 def _tmp(path: Path) -> Path:
     return path.with_name(path.name + ".tmp")
 
@@ -105,12 +136,15 @@ def process_shard(pipeline: Pipeline, source: Path, out: Path, quarantine: Path,
     or None when ``stop`` was set before the end.
 
     Output columns are written with plain encoding (no dictionary: ids and floats decode at memcpy speed in the
-    loader) and ``compression`` (none by default; zstd or snappy trade write speed for size)."""
+    loader), without column statistics (nothing reads them; computing them cost ~5 % of the write), and
+    ``compression`` (none by default; zstd or snappy trade write speed for size). The checksum is computed while
+    the file is written."""
     shard = open_shard(source, pipeline.schema)
     schema = pipeline.output_schema()
     rows_in = rows_out = rows_q = 0
     q_writer = None
-    with pq.ParquetWriter(_tmp(out), schema, use_dictionary=False, compression=compression) as writer:
+    sink = _HashingFile(_tmp(out))
+    with sink, pq.ParquetWriter(sink, schema, use_dictionary=False, compression=compression, write_statistics=False) as writer:
         for i in range(shard.num_row_groups):
             if stop.is_set():
                 return None
@@ -143,7 +177,7 @@ def process_shard(pipeline: Pipeline, source: Path, out: Path, quarantine: Path,
         "rows_out": rows_out,
         "rows_quarantined": rows_q,
         "quarantine": f"quarantine/{quarantine.name}" if rows_q else None,
-        "sha256": sha256_file(out),
+        "sha256": sink.hexdigest(),
     }
 
 

@@ -95,12 +95,13 @@ class Chunk:
             lists[k] = Column(c.values[o[0] : o[-1]], None if c.valid is None else c.valid[o[0] : o[-1]], o - o[0])
         return Chunk(b - a, {k: v[a:b] for k, v in self.fixed.items()}, lists)
 
-    def take(self, rows: np.ndarray) -> Chunk:
+    def take_lists(self, rows: np.ndarray) -> Chunk:
+        """The list columns of rows ``rows`` (no fixed fields: the loader gathers those into its ring)."""
         lists = {}
         for k, c in self.lists.items():
             elems, offsets = list_elements(c.offsets, rows)
             lists[k] = Column(c.values[elems], None if c.valid is None else c.valid[elems], offsets)
-        return Chunk(len(rows), {k: v[rows] for k, v in self.fixed.items()}, lists)
+        return Chunk(len(rows), {}, lists)
 
     @staticmethod
     def concat(chunks: list[Chunk]) -> Chunk:

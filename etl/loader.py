@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from etl.chunk import Chunk, Layout
@@ -372,7 +373,10 @@ def _put(q: queue.Queue, item: object, stop: threading.Event) -> bool:
 
 
 def _assemble_batches(loader: Loader, epoch: int, start: int, ready: queue.Queue, stop: threading.Event, pool: ThreadPoolExecutor) -> bool:
-    """Queue the batches of ``epoch`` from batch number ``start`` on; True once the last one is queued."""
+    """Queue the batches of ``epoch`` from batch number ``start`` on; True once the last one is queued.
+
+    Each full shuffle buffer is concatenated once and given its permutation; a batch is then gathered straight
+    from the buffer(s) into a ring slot (one copy per row)."""
     B, S, total = loader.batch_size, loader.shuffle_buffer, len(loader)
     first_row = start * B  # rank-local row where the next batch starts
     buffer_no = first_row // S
@@ -387,17 +391,18 @@ def _assemble_batches(loader: Loader, epoch: int, start: int, ready: queue.Queue
     upcoming = iter(pieces[len(window) :])
     filling: list[Chunk] = []
     filled = 0
-    stream: deque[Chunk] = deque()  # permuted buffers, not yet cut into batches
+    stream: deque[tuple[Chunk, np.ndarray]] = deque()  # buffers and the order of their rows not yet emitted
     emitted = start
+    stage = loader.stage
 
     def flush() -> None:
         nonlocal buffer_no, filling, filled, skip
         buf = Chunk.concat(filling)
+        order = np.arange(buf.n)
         if loader.shuffle:
-            buf = buf.take(epoch_rng(loader.seed, epoch, loader.rank, buffer_no).permutation(buf.n))
-        if skip:
-            buf, skip = buf.slice(skip, buf.n), 0
-        stream.append(buf)
+            order = epoch_rng(loader.seed, epoch, loader.rank, buffer_no).permutation(buf.n)
+        stream.append((buf, order[skip:]))
+        skip = 0
         buffer_no += 1
         filling, filled = [], 0
 
@@ -406,33 +411,40 @@ def _assemble_batches(loader: Loader, epoch: int, start: int, ready: queue.Queue
         t0 = time.perf_counter()
         parts, need = [], n
         while need:
-            head = stream[0]
-            take = min(need, head.n)
-            parts.append(head.slice(0, take))
+            buf, order = stream[0]
+            take = min(need, len(order))
+            parts.append((buf, order[:take]))
             need -= take
-            if take == head.n:
+            if take == len(order):
                 stream.popleft()
             else:
-                stream[0] = head.slice(take, head.n)
-        stage = loader.stage
-        batch = Chunk.concat(parts) if parts else (stage.inputs.empty() if stage is not None else loader.layout.empty())
+                stream[0] = (buf, order[take:])
         slot = loader._ring.acquire(stop)
         if slot is None:
             return False
-        loader._ring.fill(slot, batch.fixed, n)
+        row = 0
+        views = loader._ring.write(slot, n)
+        for buf, rows in parts:
+            for name, view in views.items():
+                np.take(buf.fixed[name], rows, axis=0, out=view[row : row + len(rows)], mode="clip")  # in range: clip skips a buffered copy
+            row += len(rows)
+        batch = Chunk.concat([buf.take_lists(rows) for buf, rows in parts]) if parts else None
         t1 = time.perf_counter()
         if stage is not None:
-            lists = loader._ring.ship(slot, n, lambda inputs, out: stage.run(inputs, out, batch.lists, batch.fixed["origin"]))
+            origin = np.concatenate([buf.fixed["origin"][rows] for buf, rows in parts]) if parts else np.zeros(0, np.int64)
+            lists = batch.lists if batch is not None else stage.inputs.empty().lists
+            lists = loader._ring.ship(slot, n, lambda inputs, out: stage.run(inputs, out, lists, origin))
         else:
             loader._ring.ship(slot, n)
-            lists = {k: (torch.from_numpy(c.values), torch.from_numpy(c.offsets)) for k, c in batch.lists.items()}
+            lists = batch.lists if batch is not None else loader.layout.empty().lists
+            lists = {k: (torch.from_numpy(c.values), torch.from_numpy(c.offsets)) for k, c in lists.items()}
         loader.stats.assemble_seconds += t1 - t0
         loader.stats.copy_seconds += time.perf_counter() - t1
         emitted += 1
         return _put(ready, (slot, n, lists), stop)
 
     def available() -> int:
-        return sum(c.n for c in stream)
+        return sum(len(order) for _, order in stream)
 
     while window and not stop.is_set() and emitted < total:
         chunk = window.popleft().result()

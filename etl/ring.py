@@ -61,13 +61,17 @@ class Ring:
                 continue
         return None
 
-    def fill(self, slot: int, arrays: dict[str, np.ndarray], n: int) -> None:
-        """Copy the first ``n`` rows of each field from numpy into the slot's host tensors (after the slot's
-        previous host→device copy, which reads them, has finished)."""
+    def write(self, slot: int, n: int) -> dict[str, np.ndarray]:
+        """Numpy views of the first ``n`` rows of the slot's host tensors, to be filled by the caller (returned
+        once the slot's previous host→device copy, which reads them, has finished)."""
         if self.copied[slot] is not None:
             self.copied[slot].synchronize()
-        for name, t in self.host[slot].items():
-            np.copyto(t[:n].numpy(), arrays[name])
+        return {name: t[:n].numpy() for name, t in self.host[slot].items()}
+
+    def fill(self, slot: int, arrays: dict[str, np.ndarray], n: int) -> None:
+        """Copy the first ``n`` rows of each field from numpy into the slot's host tensors."""
+        for name, view in self.write(slot, n).items():
+            np.copyto(view, arrays[name])
 
     def ship(self, slot: int, n: int, then: Callable[[dict[str, torch.Tensor], dict[str, torch.Tensor]], Any] | None = None) -> Any:
         """Start the host→device copy of the slot's first ``n`` rows (CUDA only), then run ``then(inputs,

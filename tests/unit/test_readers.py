@@ -1,0 +1,134 @@
+"""etl.readers: both row-group engines (polars, and pyarrow when polars is missing) give the same batches, and
+the in-place string views (InlineStrings) behave as Strings."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from etl import readers
+from etl.backends import cpu
+from etl.batch import Strings
+from etl.errors import InputError
+from etl.pipeline import Pipeline
+from etl.readers import InlineStrings, batch_from_arrow, open_shard, read_rows
+from etl.schema import load_schema
+from etl.synth import generate
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> list[Path]:
+    out = tmp_path_factory.mktemp("raw")
+    return generate(load_schema(REPO / "schemas/criteo.yaml"), 3000, 2, out, seed=3)
+
+
+def _columns_equal(a, b) -> None:
+    assert (a.valid is None) == (b.valid is None)
+    if a.valid is not None:
+        assert np.array_equal(a.valid, b.valid)
+    if isinstance(a.values, Strings):
+        assert isinstance(b.values, Strings)
+        mask = a.valid if a.valid is not None else np.ones(len(a.values), bool)
+        assert [x for x, m in zip(a.values.to_list(), mask) if m] == [x for x, m in zip(b.values.to_list(), mask) if m]
+    else:  # values under nulls are unspecified
+        mask = a.valid if a.valid is not None else np.ones(len(a.values), bool)
+        assert np.array_equal(a.values[mask], b.values[mask])
+
+
+@pytest.mark.skipif(readers.pl is None, reason="polars is not installed")
+def test_pyarrow_engine_reads_the_same_batches(shards, monkeypatch):
+    schema = load_schema(REPO / "schemas/criteo.yaml")
+    shard = open_shard(shards[0], schema)
+    for first, n in [(0, 1500), (200, 700), (1499, 1)]:
+        polars_batch = batch_from_arrow(read_rows(shard.path, schema.names, first, n, 0), schema)
+        monkeypatch.setattr(readers, "ENGINE", "pyarrow")
+        arrow_table = read_rows(shard.path, schema.names, first, n, 0)
+        monkeypatch.setattr(readers, "ENGINE", "polars")
+        assert arrow_table.column_names == schema.names
+        arrow_batch = batch_from_arrow(arrow_table, schema)
+        assert arrow_batch.num_rows == polars_batch.num_rows == n
+        for c in schema.names:
+            _columns_equal(polars_batch[c], arrow_batch[c])
+
+
+def test_pyarrow_engine_gives_the_same_pipeline_output(shards, monkeypatch):
+    outputs = {}
+    for engine in ("polars", "pyarrow") if readers.pl is not None else ("pyarrow",):
+        monkeypatch.setattr(readers, "ENGINE", engine)
+        p = Pipeline.from_file(REPO / "pipelines/criteo.yaml")
+        p.fit(shards, workers=2)
+        shard = open_shard(shards[1], p.schema)
+        outputs[engine] = [p.to_arrow(p.transform(shard.read(i)).batch) for i in range(shard.num_row_groups)]
+    first, *rest = outputs.values()
+    for other in rest:
+        assert all(a.equals(b) for a, b in zip(first, other))
+
+
+def test_pyarrow_engine_errors_name_the_file(shards, monkeypatch, tmp_path):
+    monkeypatch.setattr(readers, "ENGINE", "pyarrow")
+    with pytest.raises(InputError, match="column 'nope'"):
+        read_rows(shards[0], ["label", "nope"], 0, 10, 0)
+    with pytest.raises(InputError, match="not within row group"):
+        read_rows(shards[0], ["label"], 1400, 200, 0)
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"PAR1 not really")
+    with pytest.raises(InputError, match="bad.parquet"):
+        read_rows(bad, ["label"], 0, 1, 0)
+
+
+def test_readers_work_without_polars(shards):
+    """A process where ``import polars`` fails (as on a machine without it) reads with pyarrow."""
+    code = (
+        "import sys; sys.modules['polars'] = None\n"
+        "from etl import readers\n"
+        "from etl.pipeline import Pipeline\n"
+        "assert readers.ENGINE == 'pyarrow', readers.ENGINE\n"
+        f"p = Pipeline.from_file({str(REPO / 'pipelines/criteo_hash.yaml')!r})\n"
+        f"shard = readers.open_shard({str(shards[0])!r}, p.schema)\n"
+        "out = p.to_arrow(p.transform(shard.read(0)).batch)\n"
+        "print(out.num_rows, int(out.column('C1').to_numpy().sum()))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    p = Pipeline.from_file(REPO / "pipelines/criteo_hash.yaml")
+    out = p.to_arrow(p.transform(open_shard(shards[0], p.schema).read(0)).batch)
+    assert proc.stdout.split() == [str(out.num_rows), str(int(out.column("C1").to_numpy().sum()))]
+
+
+def test_inline_strings_behave_as_strings():
+    items = ["68fd1e64", None, "", "0123456789ab", "xyz", "ABCDEF01"]
+    arr = pa.array(["pad"] + items, pa.string_view()).slice(1)
+    s = readers._strings(arr)
+    assert isinstance(s, InlineStrings) and len(s) == len(items)
+    assert s.to_list() == [x or "" for x in items]
+    assert (s.ends - s.starts).tolist() == [len(x or "") for x in items]
+    assert s.take(np.array([5, 0])).to_list() == ["ABCDEF01", "68fd1e64"]
+    plain = Strings(s.data, s.starts, s.ends)  # the same strings through start/end arrays
+    valid = np.array([x is not None for x in items])
+    for width in (8, None, 12):
+        k1, b1 = cpu.decode_hex(s, valid, width)
+        k2, b2 = cpu.decode_hex(plain, valid, width)
+        assert np.array_equal(k1, k2)
+        assert (b1 is None and b2 is None) or np.array_equal(b1, b2)
+
+
+def test_long_string_views_fall_back_to_offsets():
+    arr = pa.array(["a" * 20, "b"], pa.string_view())
+    s = readers._strings(arr)
+    assert not isinstance(s, InlineStrings)
+    assert s.to_list() == ["a" * 20, "b"]
+
+
+def test_written_shard_round_trip_pyarrow(tmp_path, monkeypatch):
+    monkeypatch.setattr(readers, "ENGINE", "pyarrow")
+    t = pa.table({"label": pa.array([1, 0, 1], pa.int64()), "C1": pa.array(["0000000a", None, "ffffffff"])})
+    pq.write_table(t, tmp_path / "x.parquet", row_group_size=2)
+    assert read_rows(tmp_path / "x.parquet", ["C1", "label"], 2, 1, 1).to_pydict() == {"C1": ["ffffffff"], "label": [1]}

@@ -305,6 +305,8 @@ class _Epoch:
         if loader.position >= self.total:
             self.close()
             loader._finished = True
+            if loader._active is not None and loader._active() is self:
+                loader._start_ahead(self.epoch + 1)  # if not started yet (the last batch came before `assembled`)
             raise StopIteration
         t0 = time.perf_counter()
         self.first_next = self.first_next or t0

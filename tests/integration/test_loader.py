@@ -312,12 +312,12 @@ def test_a_stalled_consumer_bounds_the_reads(tmp_path: Path, monkeypatch) -> Non
     slots_rows = (P + 2) * B  # batches the ring and ready queue can hold
     bound = W + P + -(-S // piece) + -(-slots_rows // piece) + 2
     assert read_after_stall <= bound < total_pieces, (read_after_stall, bound)
-    # once the consumer goes on, everything is read exactly once
+    # once the consumer goes on, everything is read exactly once (reads after those are the next epoch's, which
+    # starts once this one is assembled)
     rest = sum(len(b) for b in it)
-    assert rest + B == 30_000
-    assert len(calls) == total_pieces
-    assert len({(p.group.path, p.group.index, p.start) for p in calls}) == total_pieces
     loader.close()
+    assert rest + B == 30_000
+    assert len({(p.group.path, p.group.index, p.start) for p in calls[:total_pieces]}) == total_pieces
 
 
 # ---------------------------------------------------------------- (4) errors

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from etl.batch import Column, list_elements
+from etl.batch import Batch, Column, list_elements
 from etl.pipeline import Pipeline
 
 
@@ -86,6 +86,29 @@ class Chunk:
             offsets = arr.offsets.to_numpy().astype(np.int64)
             values = arr.values.to_numpy().astype(layout.sparse_numpy)[offsets[0] : offsets[-1]]
             lists[c] = Column(values, None, offsets - offsets[0])
+        return cls(n, fixed, lists)
+
+    @classmethod
+    def from_batch(cls, batch: Batch, layout: Layout) -> Chunk:
+        """A transformed batch (numpy columns, ``Pipeline.transform``'s output) → a chunk, without going through
+        Arrow: the same values as ``from_table(pipeline.to_arrow(batch))`` (missing dense values become NaN)."""
+        n = batch.num_rows
+
+        def stack(names: list[str], dtype: np.dtype) -> np.ndarray:
+            out = np.empty((n, len(names)), dtype)
+            for j, c in enumerate(names):
+                col = batch[c]
+                out[:, j] = col.values
+                if col.valid is not None:
+                    out[~col.valid, j] = np.nan
+            return out
+
+        fixed = {
+            "label": batch[layout.label].values.astype(np.float32),
+            "dense": stack(layout.dense, np.dtype(np.float32)),
+            "sparse": stack(layout.sparse, layout.sparse_numpy),
+        }
+        lists = {c: Column(batch[c].values.astype(layout.sparse_numpy), None, batch[c].offsets.astype(np.int64)) for c in layout.lists}
         return cls(n, fixed, lists)
 
     def slice(self, a: int, b: int) -> Chunk:

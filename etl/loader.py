@@ -253,7 +253,7 @@ class Loader:
                 host = self.pipeline.transform(batch, part="host").batch
                 chunk = self.stage.inputs.chunk(host, self._group_no[g], g.first_row)
             else:
-                chunk = Chunk.from_table(self.pipeline.to_arrow(self.pipeline.transform(batch).batch), self.layout)
+                chunk = Chunk.from_batch(self.pipeline.transform(batch).batch, self.layout)
         t2 = time.perf_counter()
         with self._stats_lock:
             self.stats.read_seconds += t1 - t0

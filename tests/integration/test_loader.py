@@ -368,19 +368,19 @@ def test_an_unexpected_worker_failure_is_wrapped_with_the_piece(raw: Path, monke
     # workers of earlier loaders finish their current piece after shutdown(wait=False): let them, so that they
     # do not count as calls below
     baseline = len(wait_for_threads(0))
-    original = etl.chunk.Chunk.from_table.__func__
+    original = etl.chunk.Chunk.from_batch.__func__
     calls = []
     lock = threading.Lock()
 
-    def flaky(cls, table, layout):
+    def flaky(cls, batch, layout):
         with lock:
             calls.append(1)
             n = len(calls)
         if n == 3:
             raise RuntimeError("disk on fire")
-        return original(cls, table, layout)
+        return original(cls, batch, layout)
 
-    monkeypatch.setattr(etl.chunk.Chunk, "from_table", classmethod(flaky))
+    monkeypatch.setattr(etl.chunk.Chunk, "from_batch", classmethod(flaky))
     loader = Loader(raw, pipeline=HASH, batch_size=500, num_workers=1, prefetch=1)
     third = loader.groups[2]  # shuffle off, one worker: the third piece read is the third row group
     got = 0

@@ -76,6 +76,7 @@ def generate(
     files: int = typer.Option(1, help="Number of shards."),
     out: Path = typer.Option(..., help="Output directory."),
     seed: int = typer.Option(0, help="Random seed (same seed → same bytes)."),
+    max_cardinality: Optional[int] = typer.Option(None, help="Largest categorical cardinality, whatever --rows (default: 30 × min(rows, 1 M))."),
 ) -> None:
     """Generate synthetic shards shaped like the schema's data (Zipf categoricals, nulls, heavy tails)."""
     from etl.schema import load_schema
@@ -84,7 +85,7 @@ def generate(
     with user_errors():
         s = load_schema(schema)
         with progress_bar("generate", rows) as advance:
-            paths = run(s, rows, files, out, seed=seed, progress=advance)
+            paths = run(s, rows, files, out, seed=seed, progress=advance, max_cardinality=max_cardinality)
     console.print(f"wrote {len(paths)} shard(s), {rows:,} rows, to {out}")
 
 

@@ -16,8 +16,8 @@ Shape, per role (each column's parameters are a fixed function of its position i
   on ``[1, K+1)``) mixed with a uniform share ``beta``: ``P(r) = (1-beta)·Zipf + beta/K``. Large-``K`` columns get
   ``s`` → 1.05 and ``beta`` → 0.3, small ones ``s`` → 1.2 and ``beta`` → 0 (the big Criteo columns look like that:
   top key ~5 % of rows, half the keys seen once). Nulls 5-15 % per column. ``K`` (the cardinality) defaults to a
-  log-uniform spread over the categorical columns from 10 to ``30·min(rows, 1_000_000)`` (see
-  :func:`default_cardinalities`); on 2 M Criteo rows the largest column shows ~0.9 M distinct keys, the smallest 10.
+  log-uniform spread over the categorical columns from 10 to ``30·min(rows, 1_000_000)``, or to a fixed
+  ``max_cardinality`` (see :func:`default_cardinalities`); on 2 M Criteo rows the largest column shows ~0.9 M distinct keys, the smallest 10.
   A rank becomes a key through a bijection of the key space (``bits``-bit xor-multiply-xorshift permutation salted by
   seed and column), so keys are scattered and distinct ranks give distinct keys.
 * list: 0-6 elements (weights 5, 30, 25, 18, 12, 6, 4 %); length 0 is written as a null list, as ``convert`` does
@@ -109,16 +109,22 @@ def _max_cardinality(c: ColumnSpec) -> int:
     return 1 << (4 * (c.width or 8) if c.encoding == "hex" else _INT_BITS if c.encoding == "int" else 28)
 
 
-def default_cardinalities(schema: Schema, rows: int) -> dict[str, int]:
+def default_cardinalities(schema: Schema, rows: int, max_cardinality: int | None = None) -> dict[str, int]:
     """Default cardinality (number of possible keys) of each categorical and list column.
 
-    Categorical columns spread log-uniformly from 10 to ``30·min(rows, 1_000_000)`` in a fixed scattered order of
-    column index (Criteo: C1..C26 get 26 distinct sizes); list columns from 10 to 1000. Capped by the key space of
-    the encoding (``16**width`` for hex, ``2**31`` for int).
+    Categorical columns spread log-uniformly from 10 to ``30·min(rows, 1_000_000)`` (or to ``max_cardinality``
+    when given, whatever the number of rows) in a fixed scattered order of column index (Criteo: C1..C26 get 26
+    distinct sizes); list columns from 10 to 1000. Capped by the key space of the encoding (``16**width`` for hex,
+    ``2**31`` for int).
     """
     out: dict[str, int] = {}
     cats = [c for c in schema.columns if c.role == "categorical"]
-    kmax = max(10.0, 30.0 * min(max(rows, 1), 1_000_000))
+    if max_cardinality is not None:
+        if not isinstance(max_cardinality, (int, np.integer)) or isinstance(max_cardinality, bool) or max_cardinality < 10:
+            raise SpecError("generate", "max_cardinality", f"expected an integer >= 10, got {max_cardinality!r}")
+        kmax = float(max_cardinality)
+    else:
+        kmax = max(10.0, 30.0 * min(max(rows, 1), 1_000_000))
     for c, t in zip(cats, _positions(len(cats), 1)):
         out[c.name] = min(round(10 * (kmax / 10) ** t), _max_cardinality(c))
     lists = [c for c in schema.columns if c.is_list]
@@ -146,8 +152,8 @@ class _Plan:
     salt: int = 0
 
 
-def _plans(schema: Schema, rows: int, seed: int, cardinalities: Mapping[str, int] | None) -> list[_Plan]:
-    cards = default_cardinalities(schema, rows)
+def _plans(schema: Schema, rows: int, seed: int, cardinalities: Mapping[str, int] | None, max_cardinality: int | None = None) -> list[_Plan]:
+    cards = default_cardinalities(schema, rows, max_cardinality)
     for name, k in (cardinalities or {}).items():
         if name not in cards:
             raise SpecError("cardinalities", name, f"not a categorical or list column of schema '{schema.name}'")
@@ -430,13 +436,16 @@ def generate(
     seed: int = 0,
     cardinalities: Mapping[str, int] | None = None,
     progress: Callable[[int], None] | None = None,
+    max_cardinality: int | None = None,
 ) -> list[Path]:
     """Write ``rows`` synthetic rows of ``schema`` as ``files`` raw-layout shards in ``out_dir``; return their paths.
 
     Shards are ``part-00000.parquet`` ... with the rows split evenly (the first ``rows % files`` shards get one row
     more; a shard may be empty when ``files > rows``), row groups of at most 131,072 rows, the Arrow schema of
     ``etl.convert.raw_arrow_schema``. See the module docstring for the distributions. ``cardinalities`` overrides
-    the number of possible keys of named categorical/list columns (defaults: :func:`default_cardinalities`).
+    the number of possible keys of named categorical/list columns (defaults: :func:`default_cardinalities`);
+    ``max_cardinality`` fixes the largest default one, so that data sets of different sizes share the same
+    vocabulary sizes (e.g. 2 M and 8 M rows with ``max_cardinality=1_000_000``).
 
     Deterministic: the same arguments give byte-identical files, whatever the number of threads. Files are written
     in parallel (one thread per file, up to the CPU count) under temporary names and renamed when all are complete;
@@ -449,7 +458,7 @@ def generate(
         raise SpecError("generate", "rows", f"expected an integer >= 0, got {rows!r}")
     if not isinstance(files, (int, np.integer)) or files < 1:
         raise SpecError("generate", "files", f"expected an integer >= 1, got {files!r}")
-    plans = _plans(schema, int(rows), int(seed), cardinalities)
+    plans = _plans(schema, int(rows), int(seed), cardinalities, max_cardinality)
     arrow_schema = raw_arrow_schema(schema)
     sizes = [rows // files + (1 if f < rows % files else 0) for f in range(files)]
 

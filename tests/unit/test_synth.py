@@ -174,3 +174,31 @@ def test_empty_and_replaced_output(criteo, tmp_path):
     for p in paths:
         t = pq.read_table(p)
         assert t.num_rows == 0 and t.schema.equals(raw_arrow_schema(criteo))
+
+
+def test_max_cardinality_fixes_vocabulary_sizes_whatever_the_rows(criteo, tmp_path):
+    small, large = default_cardinalities(criteo, 2_000, 5_000), default_cardinalities(criteo, 8_000_000, 5_000)
+    assert small == large
+    assert max(small[c] for c in criteo.by_role("categorical")) == 5_000
+    assert min(small[c] for c in criteo.by_role("categorical")) == 10
+    assert default_cardinalities(criteo, 2_000) != small  # the default follows the rows
+    a = pq.read_table(generate(criteo, 4000, 1, tmp_path / "a", max_cardinality=50)[0])
+    b = pq.read_table(generate(criteo, 20000, 1, tmp_path / "b", max_cardinality=50)[0])
+    for c in criteo.by_role("categorical"):
+        assert pc.count_distinct(b[c], mode="only_valid").as_py() <= 50
+        assert pc.count_distinct(a[c], mode="only_valid").as_py() <= 50
+    assert pc.count_distinct(b["C2"], mode="only_valid").as_py() >= pc.count_distinct(a["C2"], mode="only_valid").as_py()
+    with pytest.raises(SpecError, match="max_cardinality"):
+        generate(criteo, 10, 1, tmp_path / "x", max_cardinality=3)
+
+
+def test_cli_max_cardinality(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "g"
+    proc = subprocess.run([sys.executable, "-m", "etl", "generate", "--schema", str(ROOT / "schemas/criteo.yaml"), "--rows", "3000",
+                           "--out", str(out), "--max-cardinality", "40"], capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    t = pq.read_table(out / "part-00000.parquet")
+    assert max(pc.count_distinct(t[c], mode="only_valid").as_py() for c in t.column_names if c.startswith("C")) <= 40

@@ -414,6 +414,11 @@ def hash_ids(keys: np.ndarray, valid: np.ndarray | None, seed: int, n: int, out_
     return out
 
 
+def hash_columns(keys: list[np.ndarray], valids: list[np.ndarray | None], seed: int, n: int, out_dtype) -> list[np.ndarray]:
+    """``hash_ids`` of several columns."""
+    return [hash_ids(k, v, seed, n, out_dtype) for k, v in zip(keys, valids)]
+
+
 def bucket_ids(hashes: np.ndarray, valid: np.ndarray | None, n: int, out_dtype) -> np.ndarray:
     """id = 2 + reduce(hash, n) for values that are already hashes; missing → 1."""
     check_buckets(n)
@@ -509,6 +514,17 @@ class LookupTable:
         out = np.empty(len(keys), out_dtype)
         _lookup(self.table, keys, valid, oov_base, oov_n, np.uint64(seed_word(seed)), out)
         return out
+
+
+class LookupTables:
+    """The vocabularies of several columns (one ``LookupTable`` each), looked up together."""
+
+    def __init__(self, tables: list[tuple[np.ndarray, np.ndarray]]):
+        self.tables = [LookupTable(k, v) for k, v in tables]
+
+    def lookup(self, keys: list[np.ndarray], valids: list[np.ndarray | None], oov_base: int, oov_n: int, seed: int, out_dtypes: list) -> list[np.ndarray]:
+        """ids of each column's ``keys`` in its table, as ``LookupTable.lookup``."""
+        return [t.lookup(k, v, oov_base, oov_n, seed, dt) for t, k, v, dt in zip(self.tables, keys, valids, out_dtypes)]
 
 
 # ---------------------------------------------------------------- counting (fit)

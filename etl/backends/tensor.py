@@ -429,6 +429,31 @@ def hash_ids(keys: torch.Tensor, valid: torch.Tensor | None, seed: int, n: int, 
     return _ids(ids, valid, out_dtype)
 
 
+def _aligned(arrays: list[torch.Tensor]) -> bool:
+    """Whether ``arrays`` can be stacked into one [columns, n] tensor (same length, dtype and device)."""
+    first = arrays[0]
+    return all(a.shape == first.shape and a.dtype == first.dtype and a.device == first.device and a.ndim == 1 for a in arrays)
+
+
+def _stacked_valid(valids: list[torch.Tensor | None], like: torch.Tensor) -> torch.Tensor | None:
+    """The masks of stacked columns as one [columns, n] bool tensor (all present where a mask is None)."""
+    if all(v is None for v in valids):
+        return None
+    return torch.stack([torch.ones(like.shape[1], dtype=torch.bool, device=like.device) if v is None else v for v in valids])
+
+
+def hash_columns(keys: list[torch.Tensor], valids: list[torch.Tensor | None], seed: int, n: int, out_dtype: object) -> list[torch.Tensor]:
+    """``hash_ids`` of several columns. Aligned columns are hashed as one [columns, n] tensor: one set of kernel
+    launches for all of them instead of one per column."""
+    check_buckets(n)
+    if len(keys) < 2 or not _aligned(keys):
+        return [hash_ids(k, v, seed, n, out_dtype) for k, v in zip(keys, valids)]
+    stacked = torch.stack(keys)
+    ids = _reduce(_hash64(stacked, seed), n)
+    ids += FIRST_ID
+    return list(_ids(ids, _stacked_valid(valids, stacked), out_dtype).unbind(0))
+
+
 def bucket_ids(hashes: torch.Tensor, valid: torch.Tensor | None, n: int, out_dtype: object) -> torch.Tensor:
     """id = 2 + reduce(hash, n) for values that are already hashes; missing → 1."""
     check_buckets(n)
@@ -488,6 +513,82 @@ class LookupTable:
             pos.clamp_(min=0)
             ids = torch.where(tkeys[pos] == keys, tids[pos], ids)
         return _ids(ids, valid, out_dtype)
+
+
+#: columns whose tables are searched together are padded to the largest of them; a group is kept while its
+#: padded size stays below twice its real size plus this many entries
+_PAD_SLACK = 1 << 12
+_PAD_KEY = torch.iinfo(torch.int64).max
+
+
+class LookupTables:
+    """The vocabularies of several columns, looked up together. Tables of similar sizes form groups; a group's
+    sorted keys are padded into one [columns, longest] tensor and searched with one batched ``searchsorted``, so
+    a lookup of all columns costs a few kernel launches per group rather than per column. Ids as
+    ``LookupTable.lookup``."""
+
+    def __init__(self, tables: list[tuple[np.ndarray, np.ndarray]]):
+        self.tables = [LookupTable(k, v) for k, v in tables]
+        self.groups = _size_groups([len(t._keys) for t in self.tables])
+        self._on: dict[torch.device, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
+
+    def _padded(self, device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Per group: sorted keys and ids [columns, longest] (keys padded with the largest int64) and the index
+        of each column's last real entry [columns, 1] (-1 for an empty table)."""
+        out = self._on.get(device)
+        if out is None:
+            out = []
+            for group in self.groups:
+                width = max(len(self.tables[i]._keys) for i in group)
+                keys = np.full((len(group), width), _PAD_KEY, np.int64)
+                ids = np.zeros((len(group), width), np.int64)
+                last = np.empty((len(group), 1), np.int64)
+                for r, i in enumerate(group):
+                    t = self.tables[i]
+                    keys[r, : len(t._keys)], ids[r, : len(t._ids)], last[r, 0] = t._keys, t._ids, len(t._keys) - 1
+                out.append(tuple(_resident(torch.from_numpy(a).to(device)) for a in (keys, ids, last)))
+            self._on[device] = out
+        return out
+
+    def lookup(self, keys: list[torch.Tensor], valids: list[torch.Tensor | None], oov_base: int, oov_n: int, seed: int, out_dtypes: list[object]) -> list[torch.Tensor]:
+        """ids of each column's ``keys`` in its table (absent key: ``oov_base + reduce(hash64(key, seed), oov_n)``;
+        missing: 1). Columns of unequal lengths (lists) are looked up one by one."""
+        if not _aligned(keys):
+            return [t.lookup(k, v, oov_base, oov_n, seed, dt) for t, k, v, dt in zip(self.tables, keys, valids, out_dtypes)]
+        out: list[torch.Tensor | None] = [None] * len(keys)
+        for group, (tkeys, tids, last) in zip(self.groups, self._padded(keys[0].device)):
+            stacked = torch.stack([keys[i] for i in group])
+            ids = _reduce(_hash64(stacked, seed), oov_n)
+            ids += oov_base
+            if tkeys.shape[1]:
+                pos = torch.searchsorted(tkeys, stacked, right=True)
+                pos -= 1  # the last entry <= key; beyond a column's real entries only padding (larger keys)
+                pos = torch.minimum(pos, last).clamp_(min=0)
+                found = torch.gather(tkeys, 1, pos) == stacked
+                found &= last >= 0
+                ids = torch.where(found, torch.gather(tids, 1, pos), ids)
+            valid = _stacked_valid([valids[i] for i in group], stacked)
+            if valid is not None:
+                ids.masked_fill_(~valid, NULL_ID)
+            dtypes = {_torch_dtype(out_dtypes[i]) for i in group}
+            rows = ids.to(dtypes.pop()).unbind(0) if len(dtypes) == 1 else [ids[r].to(_torch_dtype(out_dtypes[i])) for r, i in enumerate(group)]
+            for i, r in zip(group, rows):
+                out[i] = r
+        return out
+
+
+def _size_groups(sizes: list[int]) -> list[list[int]]:
+    """Column indices grouped by table size (largest first): a group grows while padding every table to the
+    group's largest keeps it under twice the real entries plus ``_PAD_SLACK``."""
+    order = sorted(range(len(sizes)), key=lambda i: -sizes[i])
+    groups: list[list[int]] = []
+    for i in order:
+        g = groups[-1] if groups else None
+        if g is not None and (len(g) + 1) * sizes[g[0]] <= 2 * (sum(sizes[j] for j in g) + sizes[i]) + _PAD_SLACK:
+            g.append(i)
+        else:
+            groups.append([i])
+    return groups
 
 
 # ---------------------------------------------------------------- counting (fit)

@@ -101,13 +101,12 @@ class Hash(Op):
         return {c: self.num_buckets + RESERVED_IDS for c in self.columns}
 
     def transform(self, batch: Batch, xp: Any) -> dict[str, Column]:
-        dt = id_dtype(self.num_buckets + RESERVED_IDS)
-        out = {}
-        for c in self.columns:
-            col = batch[c]
+        cols = [batch[c] for c in self.columns]
+        for c, col in zip(self.columns, cols):
             _require_keys(self.name, c, col, xp)
-            out[c] = Column(xp.hash_ids(col.values, col.valid, self.seed, self.num_buckets, dt), None, col.offsets)
-        return out
+        dt = id_dtype(self.num_buckets + RESERVED_IDS)
+        ids = xp.hash_columns([col.values for col in cols], [col.valid for col in cols], self.seed, self.num_buckets, dt)
+        return {c: Column(i, None, col.offsets) for c, col, i in zip(self.columns, cols, ids)}
 
 
 class HashedCross(Op):
@@ -224,23 +223,22 @@ class Categorify(Op):
         self._tables = {}
 
     # ---- transform
-    def _table(self, c: str, xp: Any) -> Any:
-        """The lookup table of column ``c`` for backend ``xp``, built once."""
-        t = self._tables.get((c, xp.__name__))
+    def _lookup_tables(self, xp: Any) -> Any:
+        """The lookup tables of every column for backend ``xp``, built once."""
+        t = self._tables.get(xp.__name__)
         if t is None:
-            v = self.vocab[c]
-            t = self._tables[(c, xp.__name__)] = xp.LookupTable(v.column("key").to_numpy(), v.column("id").to_numpy())
+            vocabs = [self.vocab[c] for c in self.columns]
+            t = self._tables[xp.__name__] = xp.LookupTables([(v.column("key").to_numpy(), v.column("id").to_numpy()) for v in vocabs])
         return t
 
     def transform(self, batch: Batch, xp: Any) -> dict[str, Column]:
-        out = {}
-        for c in self.columns:
-            col = batch[c]
+        cols = [batch[c] for c in self.columns]
+        for c, col in zip(self.columns, cols):
             _require_keys(self.name, c, col, xp)
-            dt = id_dtype(self.cardinalities()[c])
-            ids = self._table(c, xp).lookup(col.values, col.valid, RESERVED_IDS, self.oov_buckets, self.seed, dt)
-            out[c] = Column(ids, None, col.offsets)
-        return out
+        cards = self.cardinalities()
+        dtypes = [id_dtype(cards[c]) for c in self.columns]
+        ids = self._lookup_tables(xp).lookup([col.values for col in cols], [col.valid for col in cols], RESERVED_IDS, self.oov_buckets, self.seed, dtypes)
+        return {c: Column(i, None, col.offsets) for c, col, i in zip(self.columns, cols, ids)}
 
     # ---- artifacts
     def state(self) -> tuple[dict[str, Any], dict[str, pa.Table]]:

@@ -230,6 +230,14 @@ def test_hash(device: str, n: int, buckets: int, seed: int) -> None:
     assert_same(Hash(["k"], num_buckets=buckets, seed=seed), Batch({"k": key_column(n, 8)}, n), device)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n", ROWS)
+def test_hash_of_several_columns_at_once(device: str, n: int) -> None:
+    """Aligned columns are hashed together on the torch backend: the same ids as one by one."""
+    batch = Batch({"a": key_column(n, 20), "b": key_column(n, 21), "c": Column(key_column(n, 22).values)}, n)
+    assert_same(Hash(["a", "b", "c"], num_buckets=1_000_003, seed=9), batch, device)
+
+
 @covers(HashedCross)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("n", ROWS)
@@ -264,6 +272,34 @@ def test_categorify_fit_and_transform(device: str, params: dict) -> None:
     for n in ROWS:
         assert_same(ref, Batch({"k": keys.take(np.arange(n))}, n), device)
         assert_same(ref, Batch({"k": fresh.take(np.arange(n))}, n), device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_categorify_of_several_columns_at_once(device: str) -> None:
+    """Columns with tables of very different sizes (one empty, one holding the padding key 2**63 - 1) are looked up
+    in groups on the torch backend: the same ids as one by one."""
+    rng = np.random.default_rng(16)
+    cols = {}
+    for name, distinct in (("big", 3_000), ("mid", 900), ("small", 12), ("tiny", 3), ("none", 1)):
+        pool = np.concatenate([np.array([2**63 - 1, 0], np.uint64), rng.integers(0, 2**63, distinct, dtype=np.int64).view(np.uint64)])
+        cols[name] = Column(pool[rng.integers(0, len(pool), 20_000)], rng.random(20_000) > 0.05)
+    op = Categorify(list(cols), freq_threshold=2)
+    op.bind({c: spec(c) for c in cols})
+    stats = op.new_stats(cpu)
+    fit = dict(cols)
+    fit["none"] = Column(np.zeros(0, np.uint64))  # nothing seen: an empty vocabulary
+    op.partial_fit(stats, _ragged(fit), cpu)
+    op.finalize(stats, cpu)
+    assert op.vocab["none"].num_rows == 0 and op.vocab["big"].num_rows > 1_000
+    fresh = {c: key_column(5_000, 23 + i) for i, c in enumerate(cols)}
+    for data in (cols, fresh):
+        for n in ROWS:
+            assert_same(op, Batch({c: col.take(np.arange(n)) for c, col in data.items()}, n), device)
+
+
+def _ragged(cols: dict[str, Column]) -> Batch:
+    """A batch object holding columns of unequal lengths (enough for partial_fit, which reads them one by one)."""
+    return Batch(cols, max(len(c) for c in cols.values()))
 
 
 @pytest.mark.parametrize("device", DEVICES)

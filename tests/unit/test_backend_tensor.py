@@ -691,3 +691,14 @@ def test_ops_give_the_cpu_results(dev):
                 else:
                     assert g.dtype == (np.int64 if r.dtype == np.uint64 else r.dtype), name
                     np.testing.assert_array_equal(g.view(r.dtype) if r.dtype == np.uint64 else g, r, err_msg=name)
+
+
+def test_tables_are_searched_in_groups_of_similar_sizes() -> None:
+    """Largest first; a group grows while padding to its largest table stays under 2x its entries + slack."""
+    assert tb._size_groups([1000, 900, 10, 0, 5000]) == [[4, 0, 1], [2, 3]]
+    assert tb._size_groups([]) == []
+    sizes = [int(x) for x in np.random.default_rng(0).zipf(1.3, 40) * 50]
+    groups = tb._size_groups(sizes)
+    assert sorted(i for g in groups for i in g) == list(range(40))
+    for g in groups:
+        assert len(g) == 1 or len(g) * max(sizes[i] for i in g) <= 2 * sum(sizes[i] for i in g) + tb._PAD_SLACK

@@ -165,12 +165,11 @@ class DeviceStage:
         """Copy the transformed batch into the loader's fields ``out``; return its lists as (ids, offsets).
         Dense values still missing (no FillMissing) become NaN, as with host placement."""
         out["label"].copy_(result[self.layout.label].values)
-        for j, c in enumerate(self.layout.dense):
-            col = result[c]
-            values = col.values if col.valid is None else torch.where(col.valid, col.values, torch.nan)
-            out["dense"][:, j].copy_(values)
-        for j, c in enumerate(self.layout.sparse):
-            out["sparse"][:, j].copy_(result[c].values)
+        dense = [result[c] for c in self.layout.dense]
+        if dense:
+            out["dense"].copy_(torch.stack([c.values if c.valid is None else torch.where(c.valid, c.values, torch.nan) for c in dense], dim=1))
+        if self.layout.sparse:
+            out["sparse"].copy_(torch.stack([result[c].values.to(self.layout.sparse_dtype) for c in self.layout.sparse], dim=1))
         return {c: (result[c].values.to(self.layout.sparse_dtype), result[c].offsets) for c in self.layout.lists}
 
     def _located(self, e: RowError, origin: np.ndarray) -> RowError:

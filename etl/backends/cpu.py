@@ -106,11 +106,21 @@ def _reduce(h, n):
 # ---------------------------------------------------------------- dense
 
 
+@_jit
+def _fill_null(values, valid, value, out):
+    for i in range(len(out)):
+        out[i] = np.float64(values[i]) if valid[i] else value
+
+
 def fill_null(values: np.ndarray, valid: np.ndarray | None, value: float) -> np.ndarray:
-    """float64 copy of ``values`` with missing entries replaced by ``value``."""
-    out = values.astype(np.float64)
-    if valid is not None:
-        out[~valid] = value
+    """float64 copy of ``values`` with missing entries replaced by ``value`` (one pass)."""
+    if valid is None or values.dtype not in (np.int64, np.float64, np.int32, np.float32):
+        out = values.astype(np.float64)
+        if valid is not None:
+            out[~valid] = value
+        return out
+    out = np.empty(len(values), np.float64)
+    _fill_null(values, valid, np.float64(value), out)
     return out
 
 
@@ -500,11 +510,11 @@ def _lookup(tab, keys, valid, oov_base, oov_n, sw, out):
 
 
 class LookupTable:
-    """Open-addressing hash table from uint64 keys to int64 ids >= 0 (load factor <= 0.5, linear probing)."""
+    """Open-addressing hash table from uint64 keys to int64 ids >= 0 (load factor <= 1/4, linear probing)."""
 
     def __init__(self, keys: np.ndarray, ids: np.ndarray):
         cap = 16
-        while cap < 2 * len(keys):
+        while cap < 4 * len(keys):  # load factor <= 1/4: an absent key (out of vocabulary) stops at ~1.4 probes
             cap *= 2
         self.table = np.zeros((cap, 2), np.uint64)
         _table_insert(self.table, keys.astype(np.uint64, copy=False), ids.astype(np.int64, copy=False))

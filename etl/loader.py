@@ -396,6 +396,7 @@ def _assemble_batches(loader: Loader, epoch: int, start: int, ready: queue.Queue
     stream: deque[tuple[Chunk, np.ndarray]] = deque()  # buffers and the order of their rows not yet emitted
     emitted = start
     stage = loader.stage
+    empty = stage.inputs.empty() if stage is not None else loader.layout.empty()  # the batch a shorter rank may owe
 
     def flush() -> None:
         nonlocal buffer_no, filling, filled, skip
@@ -430,16 +431,14 @@ def _assemble_batches(loader: Loader, epoch: int, start: int, ready: queue.Queue
             for name, view in views.items():
                 np.take(buf.fixed[name], rows, axis=0, out=view[row : row + len(rows)], mode="clip")  # in range: clip skips a buffered copy
             row += len(rows)
-        batch = Chunk.concat([buf.take_lists(rows) for buf, rows in parts]) if parts else None
+        columns = Chunk.concat([buf.take_lists(rows) for buf, rows in parts]).lists if parts else empty.lists
         t1 = time.perf_counter()
         if stage is not None:
-            origin = np.concatenate([buf.fixed["origin"][rows] for buf, rows in parts]) if parts else np.zeros(0, np.int64)
-            lists = batch.lists if batch is not None else stage.inputs.empty().lists
-            lists = loader._ring.ship(slot, n, lambda inputs, out: stage.run(inputs, out, lists, origin))
+            origin = np.concatenate([buf.fixed["origin"][rows] for buf, rows in parts]) if parts else empty.fixed["origin"]
+            lists = loader._ring.ship(slot, n, lambda inputs, out: stage.run(inputs, out, columns, origin))
         else:
             loader._ring.ship(slot, n)
-            lists = batch.lists if batch is not None else loader.layout.empty().lists
-            lists = {k: (torch.from_numpy(c.values), torch.from_numpy(c.offsets)) for k, c in lists.items()}
+            lists = {k: (torch.from_numpy(c.values), torch.from_numpy(c.offsets)) for k, c in columns.items()}
         loader.stats.assemble_seconds += t1 - t0
         loader.stats.copy_seconds += time.perf_counter() - t1
         emitted += 1

@@ -139,6 +139,24 @@ def test_resume_continues_with_the_same_batches(raw: Path, case: str, world_size
         assert_same(rest, want[k:])
 
 
+@pytest.mark.parametrize("case", ["one", "straddle-later"])
+def test_resume_with_device_placement(raw: Path, case: str) -> None:
+    """With transform_on="device" the batches, and the resumed batches, are those of host placement."""
+    want = reference(raw, 1)
+    k = _k(case, len(want))
+    first = make(raw, transform_on="device")
+    first.set_epoch(1)
+    head = take(iter(first), k)
+    state = first.state_dict()
+    first.close()
+    assert_same(head, want[:k])
+    second = make(raw, transform_on="device", num_workers=1)
+    second.load_state_dict(state)
+    rest = take(iter(second))
+    second.close()
+    assert_same(rest, want[k:])
+
+
 def test_resume_from_a_state_saved_after_the_last_batch(raw: Path) -> None:
     want = reference(raw, 1)
     first = make(raw)

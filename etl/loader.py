@@ -333,6 +333,9 @@ class _Epoch:
         s.rows += n
         s.consumer_seconds = time.perf_counter() - self.first_next
         lists = {k: (v.to(loader.device, non_blocking=True), o.to(loader.device, non_blocking=True)) for k, (v, o) in lists.items()}
+        if loader.stage is not None and loader.device.type == "cuda":
+            for t in (t for pair in lists.values() for t in pair):  # made on the copy stream, used on the consumer's
+                t.record_stream(torch.cuda.current_stream(loader.device))
         return LoaderBatch(tensors["label"], tensors["dense"], tensors["sparse"], lists, loader.layout.sparse)
 
     def close(self) -> None:

@@ -23,12 +23,13 @@ for fitted tables (vocabularies). Loading never unpickles anything.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -280,19 +281,23 @@ class Pipeline:
         """Fit every fittable op, streaming over ``shards`` row group by row group in bounded memory.
 
         Reading, the label check and the ops that feed the fitted ops (Decode...) run in ``workers`` threads.
-        Every prepared batch then goes to ``workers`` fitting threads that split the fitted columns between them
-        (each column's statistics live in one thread only: no duplicated count tables), and the per-thread
-        accumulators are merged at the end. Merges are associative and commutative and finalize orders everything
-        canonically, so the fitted state (and the artifact bytes) do not depend on shard order or worker count.
-        Ops that read the output of another unfitted op are fitted in a later pass."""
+        Every prepared batch then goes to ``workers`` fitting threads that share its (op, column) units: each
+        thread claims the next unclaimed unit of the batch and adds it to that column's accumulator, under the
+        column's lock (one accumulator per column: no duplicated count tables; a busy column is put off while the
+        thread claims others, so the work balances whatever the columns cost). Statistics are sums (counts,
+        exact float sums) and finalize orders everything canonically, so the fitted state (and the artifact
+        bytes) do not depend on shard order, batch order or worker count. Ops that read the output of another
+        unfitted op are fitted in a later pass."""
         lock = threading.Lock()
         while not self.is_fitted:
             stage = self._next_stage()
             prep, columns = self._fit_plan(stage)
             fitters = max(1, workers)
-            accs = [[_columns_of(op.new_stats(self.xp), f, fitters) for op in stage] for f in range(fitters)]
+            stats = [op.new_stats(self.xp) for op in stage]
+            units = [(op, _columns_of(st, c)) for op, st in zip(stage, stats) for c in st]
+            unit_locks = [threading.Lock() for _ in units]
 
-            def prepare(path: Path, emit: Callable[[Transformed], None], stop: threading.Event) -> None:
+            def prepare(path: Path, emit: Callable[[Any], None], stop: threading.Event) -> None:
                 shard = open_shard(path, self.schema)
                 for i in range(shard.num_row_groups):
                     if stop.is_set():
@@ -301,21 +306,37 @@ class Pipeline:
                     self._apply("label check", t, on_error, self._check_labels)
                     for op in prep:
                         self._apply(op.name, t, on_error, lambda b: op.transform(b, self.xp))
-                    emit(t)
+                    emit((t, itertools.count()))  # the batch and its unit claims, shared by the fitting threads
                     if progress is not None:
                         with lock:
                             progress(t.batch.num_rows + t.num_rejected)
 
-            def gather(f: int, t: Transformed) -> None:
-                for op, acc in zip(stage, accs[f]):
-                    op.partial_fit(acc, t.batch, self.xp)
+            def gather(f: int, item: tuple[Transformed, Iterator[int]]) -> None:
+                t, claims = item
+                later = []
+                for u in claims:  # next() on itertools.count is atomic: each unit is claimed once per batch
+                    if u >= len(units):
+                        break
+                    if unit_locks[u].acquire(blocking=False):
+                        self._fit_unit(units[u], unit_locks[u], t)
+                    else:
+                        later.append(u)
+                for u in later:
+                    unit_locks[u].acquire()
+                    self._fit_unit(units[u], unit_locks[u], t)
 
             run_staged(shards, workers, fitters, prepare, gather)
-            total = accs[0]
-            for acc in accs[1:]:
-                total = [op.merge(a, b) for op, a, b in zip(stage, total, acc)]
-            for op, stats in zip(stage, total):
-                op.finalize(stats, self.xp)
+            for op, st in zip(stage, stats):
+                op.finalize(st, self.xp)
+
+    def _fit_unit(self, unit: tuple[Op, dict[str, Any]], held: threading.Lock, t: Transformed) -> None:
+        """Add batch ``t`` to one column's accumulator (``unit``: the op and its one-column stats), then release
+        the column's lock ``held``."""
+        try:
+            op, acc = unit
+            op.partial_fit(acc, t.batch, self.xp)
+        finally:
+            held.release()
 
     def _next_stage(self) -> list[Op]:
         """Unfitted ops whose inputs do not depend on another unfitted op."""
@@ -407,9 +428,9 @@ class Pipeline:
         return pipe
 
 
-def _columns_of(stats: dict[str, Any], part: int, parts: int) -> dict[str, Any]:
-    """The per-column accumulators that fitting thread ``part`` of ``parts`` owns (every parts-th column)."""
-    return {c: v for i, (c, v) in enumerate(stats.items()) if i % parts == part}
+def _columns_of(stats: dict[str, Any], column: str) -> dict[str, Any]:
+    """The accumulator of an op restricted to one column (the same per-column entry, so updates are shared)."""
+    return {column: stats[column]}
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

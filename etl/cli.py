@@ -205,6 +205,8 @@ def bench(
     repo = Path(__file__).resolve().parents[1]
     pipelines = pipeline or [repo / "pipelines/criteo.yaml", repo / "pipelines/criteo_hash.yaml"]
     with user_errors(), err.status("benchmark") as status:
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise EtlError(f"--device {device}: torch {torch.__version__} sees no CUDA device")
         report = run_bench(pipelines, input_dir=input, rows=rows, files=files, workers=workers, batch_size=batch_size,
                            device=device, step_factor=step_factor, model=model, run_baselines=baselines,
                            device_placement=device_placement, progress=lambda msg: status.update(msg))  # fmt: skip

@@ -152,6 +152,8 @@ class Loader:
         self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, seed, drop_last
         self.shuffle_buffer = max(shuffle_buffer or 4 * batch_size, 1)
         self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {device!r}: torch {torch.__version__} sees no CUDA device")
         self.num_workers, self.prefetch = num_workers, prefetch
         self.epoch, self.position = 0, 0
         self._finished = False  # the last pass ran to its end: the next iteration starts the epoch over

@@ -30,3 +30,12 @@ def test_bench_without_device_placement_on_cpu(tmp_path: Path) -> None:
             "--device", "cpu", "--no-baselines", "--json", out)  # fmt: skip
     rep = json.loads(out.read_text())["pipelines"][0]
     assert not any(s["name"].startswith("dp:") for s in rep["stages"]) and rep["device_data_wait"] is None
+
+
+def test_bench_on_cuda_without_cuda_is_a_clear_error() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    proc = run_etl("bench", "--rows", 1000, "--files", 1, "--device", "cuda", "--no-baselines", check=False)
+    assert proc.returncode == 2 and "sees no CUDA device" in proc.stderr

@@ -84,3 +84,10 @@ def test_raw_shards_need_a_fitted_pipeline(raw: Path) -> None:
         Loader(raw, pipeline=REPO / "pipelines/criteo.yaml")
     with pytest.raises(ValueError, match="need a pipeline"):
         Loader(raw)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without CUDA")
+def test_a_cuda_device_without_cuda_is_a_clear_error(tmp_path) -> None:
+    generate(load_schema(REPO / "schemas/criteo.yaml"), 100, 1, tmp_path, seed=0)
+    with pytest.raises(ValueError, match="sees no CUDA device"):
+        Loader(tmp_path, pipeline=REPO / "pipelines/criteo_hash.yaml", device="cuda")

@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+import torch
+
 from etl.pipeline import Pipeline
 from tests.conftest import REPO, run_etl
 
@@ -32,10 +35,7 @@ def test_bench_without_device_placement_on_cpu(tmp_path: Path) -> None:
     assert not any(s["name"].startswith("dp:") for s in rep["stages"]) and rep["device_data_wait"] is None
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error without CUDA")
 def test_bench_on_cuda_without_cuda_is_a_clear_error() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        return
     proc = run_etl("bench", "--rows", 1000, "--files", 1, "--device", "cuda", "--no-baselines", check=False)
     assert proc.returncode == 2 and "sees no CUDA device" in proc.stderr

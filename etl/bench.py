@@ -4,7 +4,7 @@
 - stages, one thread, on row groups already in memory: ``columns`` (Arrow → numpy views), each op of the
   pipeline, ``output`` (checks, typed Arrow table), ``batch`` (the loader's field layout), ``ring`` (copy into a
   batch slot), and ``h2d`` (slot → device) when CUDA is present;
-- ``fit`` over all shards, ``preprocess`` (offline, all shards → Parquet) and ``loader`` (one shuffled epoch to a
+- ``fit`` over all shards (best of two), ``preprocess`` (offline, all shards → Parquet) and ``loader`` (one shuffled epoch to a
   consumer that does nothing) with ``workers`` threads, in rows/s and input MB/s (Parquet bytes);
 - ``stall``: a consumer whose step costs ``step_factor`` × the loader's own time per batch (``time.sleep``; a
   GPU step leaves the cores to the loader), or the DLRM of scripts/train_dlrm.py: the share of time it waited;
@@ -109,6 +109,13 @@ def measure_floor(groups: list, columns: list[str], workers: int) -> float:
         return _timed(lambda: run_workers(groups, workers, lambda w, g, stop: read_rows(g.path, columns, g.first_row, g.num_rows, g.index)))
 
     return min(read_all(), read_all())
+
+
+def measure_fit(pipeline: Pipeline, shards: list[Path], workers: int) -> float:
+    """Seconds to fit ``pipeline`` over ``shards``: the best of two runs (the first on an unfitted copy, which
+    also loads the compiled kernels from numba's cache and touches fresh memory); ``pipeline`` ends fitted."""
+    first = _timed(lambda: Pipeline(pipeline.doc, pipeline.schema, pipeline.path, pipeline.xp).fit(shards, workers=workers))
+    return min(first, _timed(lambda: pipeline.fit(shards, workers=workers)))
 
 
 def measure_stages(pipeline: Pipeline, tables: list, batch_size: int, device: torch.device) -> list[Stage]:
@@ -251,7 +258,7 @@ def run_bench(
             rep.stages.append(Stage("floor", measure_floor(groups, p.schema.names, workers), total, mbytes, "bare Parquet read"))
             if not p.is_fitted:
                 progress(f"{p.name}: fit")
-                rep.stages.append(Stage("fit", _timed(lambda: p.fit(shards, workers=workers)), total, mbytes))
+                rep.stages.append(Stage("fit", measure_fit(p, shards, workers), total, mbytes, "best of two"))
             p.save(work / f"art-{p.name}")
             progress(f"{p.name}: stages")
             rep.stages.extend(measure_stages(p, tables, batch_size, dev))

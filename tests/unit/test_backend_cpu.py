@@ -347,6 +347,28 @@ def test_key_counter_add_counts_and_key_zero():
     assert counts.tolist() == [ref[k] for k in sorted(ref)]
 
 
+def test_key_counter_large_splits_into_tables_and_counts_exactly():
+    """Many distinct keys (tables far beyond L2, growth, prefetching paths), weights and merges: exact counts."""
+    rng = np.random.default_rng(11)
+    pool = rand_keys(150_000, rng)
+    kc, other = cpu.KeyCounter(), cpu.KeyCounter()
+    seen = []
+    for b in range(6):
+        batch = pool[rng.integers(0, len(pool), 60_000)] if b % 2 else pool[rng.zipf(1.2, 60_000) % len(pool)]
+        valid = rng.random(len(batch)) > 0.1 if b % 3 else None
+        (kc if b < 4 else other).add(batch, valid)
+        seen.append(batch if valid is None else batch[valid])
+    kc.add_counts(pool[:5000], np.full(5000, 7, np.int64))
+    seen.append(np.repeat(pool[:5000], 7))
+    kc.merge_from(other)
+    ref_keys, ref_counts = np.unique(np.concatenate(seen), return_counts=True)
+    keys, counts = kc.at_least(1)
+    assert np.array_equal(keys, ref_keys) and np.array_equal(counts, ref_counts)
+    assert kc.size == len(ref_keys)
+    keys, counts = kc.at_least(3)
+    assert np.array_equal(keys, ref_keys[ref_counts >= 3]) and np.array_equal(counts, ref_counts[ref_counts >= 3])
+
+
 def test_key_counter_empty_and_all_null():
     kc = cpu.KeyCounter()
     kc.add(np.zeros(0, np.uint64), None)

@@ -408,12 +408,10 @@ def decode_int(values: np.ndarray) -> np.ndarray:
 
 @_jit
 def _bucket_ids(keys, valid, rehash, sw, n, out):
-    for i in range(len(keys)):
-        if valid is not None and not valid[i]:
-            out[i] = 1
-        else:
-            h = _fmix64(keys[i] ^ sw) if rehash else keys[i]
-            out[i] = 2 + _reduce(h, n)
+    for i in range(len(keys)):  # no branch on validity: the loop vectorises
+        h = _fmix64(keys[i] ^ sw) if rehash else keys[i]
+        b = 2 + _reduce(h, n)
+        out[i] = b if valid is None or valid[i] else 1
 
 
 def hash_ids(keys: np.ndarray, valid: np.ndarray | None, seed: int, n: int, out_dtype) -> np.ndarray:

@@ -568,10 +568,7 @@ def _count(tab, keys, valid, weights, start, size):
 def _rehash(old, new):
     """Insert every used slot of ``old`` into the empty table ``new`` (keys are distinct)."""
     mask = np.uint64(len(new) - 1)
-    n = len(old)
-    for i in range(n):
-        if i + _PREFETCH < n and old[i + _PREFETCH, 1] != 0:
-            _prefetch(new, (_slot(old[i + _PREFETCH, 0], mask), 0))
+    for i in range(len(old)):  # no prefetch: slot order is kept, so the writes go forward in two streams
         if old[i, 1] != 0:
             k = old[i, 0]
             j = _slot(k, mask)

@@ -3,7 +3,7 @@
 
 For each row group in turn (read from the files each time, as the loader and fit do), times: the Parquet read
 (polars; its decoder may use a second core inside one call), Arrow → numpy views, each op of the pipeline, the
-output checks and typed Arrow table, the loader's chunk layout, and what preprocess adds (Parquet encode + write to
+output checks, the loader's chunk layout, and what preprocess adds (typed Arrow table, Parquet encode + write to
 memory, sha256); for the categorify pipeline also fit's counting per column group (KeyCounter.add) and finalize.
 Best of ``--repeat`` passes per step. The sum is the work of one row on one core; with two cores and perfect
 overlap the end-to-end rate is at most twice the "per core" figure.
@@ -49,10 +49,11 @@ def profile_transform(pipeline: Pipeline, groups: list) -> dict[str, float]:
             batch = batch.with_columns(op.transform(batch, pipeline.xp))
             t0 = tick(f"op {op.name}", t0)
         pipeline._check_output(batch)
-        out = pipeline.to_arrow(batch)
-        t0 = tick("output (checks, typed table)", t0)
-        Chunk.from_table(out, layout)
+        t0 = tick("output checks", t0)
+        Chunk.from_batch(batch, layout)
         t0 = tick("chunk (loader layout)", t0)
+        out = pipeline.to_arrow(batch)
+        t0 = tick("preprocess: typed Arrow table", t0)
         sink = pa.BufferOutputStream()
         with pq.ParquetWriter(sink, out.schema, use_dictionary=False, compression="none", write_statistics=False) as w:
             w.write_table(out)

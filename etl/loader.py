@@ -14,6 +14,8 @@ read and transform the pieces (Parquet decoding and the numba kernels release th
 buffers of ``shuffle_buffer`` rows, permutes each buffer with a generator drawn from (seed, epoch, rank, buffer
 number), cuts ``batch_size``-row batches (the remainder carries over across pieces and shards), copies each into a
 free slot of ``etl.ring.Ring`` and starts its host→device copy. The consumer waits only when no batch is ready.
+Once a pass has handed its last piece to the workers, the next epoch's pass starts reading (its batches enter the
+ring after this pass's last one), so an epoch does not begin with a wait for its first shuffle buffer.
 
 With ``transform_on="device"`` the workers run only the host part of the pipeline (label check, decoding text into
 keys) and the rest runs on the device right after each slot's copy, on the copy's side stream
@@ -194,9 +196,9 @@ class Loader:
     def __iter__(self) -> _Epoch:
         """Yield the rest of the current epoch (all of it when the previous pass ran to its end).
 
-        Once a pass has assembled its last batch, the next epoch's pass starts in the background, so that its
-        first shuffle buffer is ready when the training loop calls ``set_epoch(epoch + 1)`` and iterates again
-        (any other next pass discards it)."""
+        Once a pass has handed all its pieces to the workers, the next epoch's pass starts in the background (its
+        batches enter the ring only after this pass's last one), so that its first batches are ready when the training loop calls
+        ``set_epoch(epoch + 1)`` and iterates again (any other next pass discards it)."""
         self._close_active()
         if self._finished:
             self.position, self._finished = 0, False
@@ -235,10 +237,11 @@ class Loader:
             self._ahead.close()
             self._ahead = None
 
-    def _start_ahead(self, epoch: int) -> None:
-        """Start assembling epoch ``epoch`` from its beginning (called once the current pass assembled all)."""
+    def _start_ahead(self, epoch: int, after: threading.Event) -> None:
+        """Start epoch ``epoch`` from its beginning; its batches take ring slots once ``after`` is set (the
+        current pass queued its last batch or was closed)."""
         if self._ahead is None:
-            self._ahead = _Epoch(self, epoch, 0)
+            self._ahead = _Epoch(self, epoch, 0, after)
 
     # ------------------------------------------------------------------ work done by the threads
     def _read_piece(self, piece: Piece) -> Chunk:
@@ -282,16 +285,17 @@ def _open_source(source, pipeline, artifacts) -> tuple[Pipeline, bool, list[Path
 class _Epoch:
     """One pass over the loader's epoch from its current position; owns the background threads."""
 
-    def __init__(self, loader: Loader, epoch: int, start: int):
+    def __init__(self, loader: Loader, epoch: int, start: int, after: threading.Event | None = None):
         self.loader, self.epoch = loader, epoch
         self.total = len(loader)
-        self.assembled = threading.Event()  # set once the assembler has queued the epoch's last batch
+        self.all_submitted = threading.Event()  # every piece went to the workers: the next epoch may start reading
+        self.assembled = threading.Event()  # the pass takes no more ring slots: last batch queued, or closed
         self.held: int | None = None
         self.first_next: float | None = None
         self.ready: queue.Queue = queue.Queue(maxsize=loader.prefetch + 1)
         self.stop = threading.Event()
         self.pool = ThreadPoolExecutor(loader.num_workers, thread_name_prefix="etl-loader")
-        args = (loader, epoch, start, self.ready, self.stop, self.pool, self.assembled)
+        args = (loader, epoch, start, self.ready, self.stop, self.pool, self.all_submitted, self.assembled, after)
         self.thread = threading.Thread(target=_assemble, args=args, daemon=True, name="etl-assembler")
         self.thread.start()
         self._finalizer = weakref.finalize(self, _shutdown, self.stop, self.pool, self.thread)
@@ -308,7 +312,7 @@ class _Epoch:
             self.close()
             loader._finished = True
             if loader._active is not None and loader._active() is self:
-                loader._start_ahead(self.epoch + 1)  # if not started yet (the last batch came before `assembled`)
+                loader._start_ahead(self.epoch + 1, self.assembled)  # if not started yet
             raise StopIteration
         t0 = time.perf_counter()
         self.first_next = self.first_next or t0
@@ -322,9 +326,11 @@ class _Epoch:
         t1 = time.perf_counter()
         if isinstance(item, BaseException):
             self.close()
+            if loader._active is not None and loader._active() is self:
+                loader._close_ahead()  # an error ends the run: no next epoch in the background
             raise item
-        if self.assembled.is_set() and loader._active is not None and loader._active() is self:
-            loader._start_ahead(self.epoch + 1)
+        if self.all_submitted.is_set() and loader._active is not None and loader._active() is self:
+            loader._start_ahead(self.epoch + 1, self.assembled)
         slot, n, lists = item
         tensors = ring.view(slot, n)
         self.held = slot
@@ -343,6 +349,7 @@ class _Epoch:
     def close(self) -> None:
         """Stop the threads, then give back the slot in use and the slots of batches never taken."""
         self._finalizer()
+        self.assembled.set()
         ring = self.loader._ring
         if self.held is not None:
             ring.release(self.held)
@@ -360,10 +367,11 @@ def _shutdown(stop: threading.Event, pool: ThreadPoolExecutor, thread: threading
         thread.join()
 
 
-def _assemble(loader: Loader, epoch: int, start: int, ready: queue.Queue, stop: threading.Event, pool: ThreadPoolExecutor, assembled: threading.Event) -> None:
+def _assemble(loader: Loader, epoch: int, start: int, ready: queue.Queue, stop: threading.Event, pool: ThreadPoolExecutor,
+              all_submitted: threading.Event, assembled: threading.Event, after: threading.Event | None) -> None:  # fmt: skip
     """The assembler thread: pieces (read and transformed by the pool) → shuffle buffers → batches → ring."""
     try:
-        if _assemble_batches(loader, epoch, start, ready, stop, pool):
+        if _assemble_batches(loader, epoch, start, ready, stop, pool, all_submitted, after):
             assembled.set()
     except BaseException as e:  # noqa: BLE001 - handed to the consumer
         _put(ready, e, stop)
@@ -379,8 +387,10 @@ def _put(q: queue.Queue, item: object, stop: threading.Event) -> bool:
     return False
 
 
-def _assemble_batches(loader: Loader, epoch: int, start: int, ready: queue.Queue, stop: threading.Event, pool: ThreadPoolExecutor) -> bool:
-    """Queue the batches of ``epoch`` from batch number ``start`` on; True once the last one is queued.
+def _assemble_batches(loader: Loader, epoch: int, start: int, ready: queue.Queue, stop: threading.Event, pool: ThreadPoolExecutor,
+                      all_submitted: threading.Event, after: threading.Event | None) -> bool:  # fmt: skip
+    """Queue the batches of ``epoch`` from batch number ``start`` on; True once the last one is queued. Sets
+    ``all_submitted`` once every piece went to the workers; takes ring slots only once ``after`` (if given) is set.
 
     Each full shuffle buffer is concatenated once and given its permutation; a batch is then gathered straight
     from the buffer(s) into a ring slot (one copy per row)."""
@@ -427,6 +437,9 @@ def _assemble_batches(loader: Loader, epoch: int, start: int, ready: queue.Queue
                 stream.popleft()
             else:
                 stream[0] = (buf, order[take:])
+        while after is not None and not after.wait(0.05):
+            if stop.is_set():
+                return False
         slot = loader._ring.acquire(stop)
         if slot is None:
             return False
@@ -457,6 +470,8 @@ def _assemble_batches(loader: Loader, epoch: int, start: int, ready: queue.Queue
         nxt = next(upcoming, None)
         if nxt is not None:
             window.append(submit(nxt))
+        else:
+            all_submitted.set()
         t0 = time.perf_counter()
         while chunk.n:
             take = min(chunk.n, S - filled)
@@ -471,6 +486,7 @@ def _assemble_batches(loader: Loader, epoch: int, start: int, ready: queue.Queue
                 return False
     if stop.is_set():
         return False
+    all_submitted.set()
     if filled:
         flush()
     while emitted < total:  # the final partial batch, and the empty batch a shorter rank may owe

@@ -8,7 +8,9 @@
   also loads compiled kernels and touches fresh memory), and ``loader`` (one shuffled epoch to a
   consumer that does nothing) with ``workers`` threads, in rows/s and input MB/s (Parquet bytes);
 - ``stall``: a consumer whose step costs ``step_factor`` × the loader's own time per batch (``time.sleep``; a
-  GPU step leaves the cores to the loader), or the DLRM of scripts/train_dlrm.py: the share of time it waited;
+  GPU step leaves the cores to the loader), over two consecutive epochs (the second is what later epochs of a
+  training run see: its first batches were prepared while the first epoch drained), or the DLRM of
+  scripts/train_dlrm.py: the share of time it waited;
 - with device placement (``device_placement``; on by default with CUDA): the stages of the pipeline's device
   part (``etl.device_bench``: host part, ring, ``h2d``, each op on the device) and a loader epoch with
   ``transform_on="device"`` and its stall;
@@ -71,8 +73,9 @@ class Stage:
 class PipelineReport:
     pipeline: str
     stages: list[Stage] = field(default_factory=list)
-    data_wait: float = 0.0
-    wait_timeline: list[float] = field(default_factory=list)  # seconds waited before each batch
+    data_wait: float = 0.0  # the second of two epochs with the simulated step (a training run's later epochs)
+    data_wait_first_epoch: float = 0.0  # the first one, after an epoch with no step (starts colder)
+    wait_timeline: list[float] = field(default_factory=list)  # seconds waited before each batch of the second
     model_data_wait: float | None = None
     device_data_wait: float | None = None  # the stall with transform_on="device"
     baselines: dict[str, dict] = field(default_factory=dict)
@@ -286,6 +289,7 @@ def run_bench(
             seconds = _timed(lambda: next_epoch(loader))
             rep.stages.append(Stage("loader", seconds, total, mbytes, "end to end, shuffled epoch"))
             progress(f"{p.name}: stall")
+            rep.data_wait_first_epoch, _ = measure_stall(loader, step_factor * seconds / len(loader))
             rep.data_wait, rep.wait_timeline = measure_stall(loader, step_factor * seconds / len(loader))
             if model:
                 rep.model_data_wait, _ = measure_stall(loader, 0.0, dlrm_step(loader))

@@ -230,7 +230,7 @@ def _print_report(report) -> None:
             mbs = f"{s.mbytes / s.seconds:,.0f}" if s.mbytes and s.seconds else ""
             t.add_row(s.name, f"{s.seconds:.3f}", f"{s.rows_per_second:,.0f}", mbs, s.note)
         console.print(t)
-        console.print(f"data wait with the simulated step: {100 * rep.data_wait:.2f} %"
+        console.print(f"data wait with the simulated step: {100 * rep.data_wait:.2f} % (first epoch {100 * rep.data_wait_first_epoch:.2f} %)"
                       + (f"; with the DLRM step: {100 * rep.model_data_wait:.2f} %" if rep.model_data_wait is not None else "")
                       + (f"; device placement: {100 * rep.device_data_wait:.2f} %" if rep.device_data_wait is not None else ""))  # fmt: skip
         for name, b in rep.baselines.items():

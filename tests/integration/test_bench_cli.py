@@ -21,7 +21,7 @@ def test_bench_small_run_writes_json_and_plot(tmp_path: Path) -> None:
     assert "fit" not in [s["name"] for s in hashed["stages"]]
     for rep in (cat, hashed):
         assert all(s["seconds"] > 0 and s["rows"] == 30_000 and s["rows_per_second"] > 0 for s in rep["stages"])
-        assert 0 <= rep["data_wait"] <= 1 and 0 <= rep["model_data_wait"] <= 1
+        assert 0 <= rep["data_wait"] <= 1 and 0 <= rep["data_wait_first_epoch"] <= 1 and 0 <= rep["model_data_wait"] <= 1
         assert len(rep["wait_timeline"]) == 8  # ceil(30,000 / 4,096) batches
     assert cat["baselines"]["polars"]["output_equal"] is True and cat["baselines"]["numpy"]["output_equal"] is True
     assert hashed["baselines"]["numpy"]["output_equal"] is True and hashed["baselines"]["polars"]["output_equal"] is None

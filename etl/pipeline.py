@@ -235,11 +235,10 @@ class Pipeline:
         return {}
 
     def _check_output(self, batch: Batch, xp: Any = None) -> dict[str, Column]:
-        for c in self.output_columns:
-            col = batch[c]
-            bad = (xp or self.xp).nonfinite_mask(col.values, col.valid) if not isinstance(col.values, Strings) else None
-            if bad is not None:
-                raise InvalidRows(c, bad, "value is NaN or infinite after the transform")
+        names = [c for c in self.output_columns if not isinstance(batch[c].values, Strings)]
+        found = (xp or self.xp).first_nonfinite([(batch[c].values, batch[c].valid) for c in names])
+        if found is not None:
+            raise InvalidRows(names[found[0]], found[1], "value is NaN or infinite after the transform")
         return {}
 
     def transform_table(self, table: pa.Table) -> pa.Table:

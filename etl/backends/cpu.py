@@ -168,6 +168,16 @@ def nonfinite_mask(values: np.ndarray, valid: np.ndarray | None) -> np.ndarray |
     return bad if bad.any() else None
 
 
+def first_nonfinite(columns: list[tuple[np.ndarray, np.ndarray | None]]) -> tuple[int, np.ndarray] | None:
+    """The first of ``columns`` (values, valid) holding a present NaN or ±inf, as (its index, its
+    ``nonfinite_mask``), or None."""
+    for i, (values, valid) in enumerate(columns):
+        bad = nonfinite_mask(values, valid)
+        if bad is not None:
+            return i, bad
+    return None
+
+
 # ---------------------------------------------------------------- host data
 
 

@@ -197,6 +197,31 @@ def nonfinite_mask(values: torch.Tensor, valid: torch.Tensor | None) -> torch.Te
     return bad if bool(bad.any()) else None
 
 
+def first_nonfinite(columns: list[tuple[torch.Tensor, torch.Tensor | None]]) -> tuple[int, torch.Tensor] | None:
+    """The first of ``columns`` (values, valid) holding a present NaN or ±inf, as (its index, its
+    ``nonfinite_mask``), or None: one host synchronisation for all of them (aligned columns are checked as one
+    stacked tensor)."""
+    floats = [(i, v, m) for i, (v, m) in enumerate(columns) if isinstance(v, torch.Tensor) and v.is_floating_point()]
+    if not floats:
+        return None
+    values = [v for _, v, _ in floats]
+    if len(values) > 1 and _aligned(values):
+        stacked = torch.stack(values)
+        bad = ~torch.isfinite(stacked)
+        valid = _stacked_valid([m for _, _, m in floats], stacked)
+        if valid is not None:
+            bad &= valid
+        flags = bad.any(dim=1).tolist()
+        masks = bad.unbind(0)
+    else:
+        masks = [~torch.isfinite(v) if m is None else ~torch.isfinite(v) & m for _, v, m in floats]
+        flags = torch.stack([b.any() for b in masks]).tolist()
+    for (i, _, _), flag, mask in zip(floats, flags, masks):
+        if flag:
+            return i, mask
+    return None
+
+
 # ---------------------------------------------------------------- host data
 
 

@@ -27,14 +27,11 @@ class FillMissing(Op):
         self.value = float(value)
 
     def transform(self, batch: Batch, xp: Any) -> dict[str, Column]:
-        out = {}
-        for c in self.columns:
-            col = batch[c]
-            bad = xp.nonfinite_mask(col.values, col.valid)
-            if bad is not None:
-                raise InvalidRows(c, bad, "value is NaN or infinite")
-            out[c] = Column(xp.fill_null(col.values, col.valid, self.value))
-        return out
+        cols = [batch[c] for c in self.columns]
+        found = xp.first_nonfinite([(col.values, col.valid) for col in cols])
+        if found is not None:
+            raise InvalidRows(self.columns[found[0]], found[1], "value is NaN or infinite")
+        return {c: Column(xp.fill_null(col.values, col.valid, self.value)) for c, col in zip(self.columns, cols)}
 
 
 class Clamp(Op):

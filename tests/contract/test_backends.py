@@ -176,6 +176,22 @@ def test_nonfinite_values_are_reported_for_the_same_rows(device: str) -> None:
     assert_same(FillMissing(["x"]), Batch({"x": Column(x, valid)}, 6), device)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("second", [np.float64, np.float32])
+def test_the_first_column_with_nonfinite_values_is_reported(device: str, second) -> None:
+    """Several columns checked at once (stacked when aligned, one by one when their dtypes differ): the first bad
+    column in the op's order is reported, with the same rows, on every backend."""
+    a = np.array([1.0, 2.0, 3.0, 4.0])
+    b = np.array([np.inf, 2.0, np.nan, 4.0]).astype(second)
+    c = np.array([np.nan, 1.0, 1.0, 1.0])
+    batch = Batch({"a": Column(a), "b": Column(b, np.array([True, True, True, False])), "c": Column(c)}, 4)
+    op = FillMissing(["a", "b", "c"])
+    assert_same(op, batch, device)
+    e = run(op, batch, device)
+    assert isinstance(e, InvalidRows) and e.column == "b" and tensor.to_numpy(e.mask).tolist() == [True, False, True, False]
+    assert run(FillMissing(["a"]), batch, device)["a"].values.tolist() == a.tolist()
+
+
 # ---------------------------------------------------------------- decode
 
 

@@ -416,6 +416,15 @@ def test_bucketize_vs_bisect():
     assert len(cpu.bucketize(np.zeros(0), None, b, np.int32)) == 0
 
 
+def test_first_nonfinite():
+    ok, bad = np.array([1.0, 2.0]), np.array([1.0, np.nan])
+    assert cpu.first_nonfinite([]) is None
+    assert cpu.first_nonfinite([(ok, None), (np.array([1, 2]), None)]) is None
+    assert cpu.first_nonfinite([(bad, np.array([True, False]))]) is None  # the NaN is under a missing entry
+    i, mask = cpu.first_nonfinite([(ok, None), (bad, None), (np.array([np.inf, 0.0]), None)])
+    assert i == 1 and mask.tolist() == [False, True]
+
+
 def test_nonfinite_mask():
     vals = np.array([0.0, np.nan, np.inf, -np.inf, 1.0, np.nan])
     valid = np.array([True, True, True, True, True, False])

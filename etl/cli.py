@@ -153,7 +153,7 @@ def preprocess(
 
 @app.command()
 def demo(
-    pipeline: Path = typer.Option(Path("pipelines/criteo.yaml"), help="Pipeline YAML (its schema describes the data)."),
+    pipeline: Optional[Path] = typer.Option(None, help="Pipeline YAML (its schema describes the data); default: the repository's pipelines/criteo.yaml."),
     rows: int = typer.Option(1_000_000, help="Synthetic rows to generate."),
     files: int = typer.Option(4, help="Number of shards."),
     workdir: Path = typer.Option(Path("demo"), help="Where raw/ and processed/ are written."),
@@ -166,7 +166,7 @@ def demo(
     from etl.synth import generate as gen
 
     with user_errors():
-        p = Pipeline.from_file(pipeline)
+        p = Pipeline.from_file(pipeline or Path(__file__).resolve().parents[1] / "pipelines/criteo.yaml")
         raw, processed = workdir / "raw", workdir / "processed"
         with progress_bar("generate", rows) as advance:
             gen(p.schema, rows, files, raw, seed=0, progress=advance)

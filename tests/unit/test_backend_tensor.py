@@ -464,7 +464,7 @@ def test_to_device_and_back(dev):
 
 def test_strings_move_take_and_is_keys(dev):
     items = ["ab", "", "cde", None, "f" * 20, "é"]
-    for valid, s in layouts(items):
+    for _valid, s in layouts(items):
         ts = T(s, dev)
         assert ts.starts.dtype == torch.int64 and ts.ends.dtype == torch.int64 and ts.data.dtype == torch.uint8
         back = N(ts)
@@ -572,7 +572,7 @@ def test_key_counter_empty_and_bounded(dev, monkeypatch):
     c.merge_from(tb.KeyCounter())
     assert counts_of(c, 1) == {}
     monkeypatch.setattr(tb, "COMPACT_MIN", 8)
-    for i in range(50):
+    for _ in range(50):
         c.add(T(np.arange(20, dtype=np.uint64) + 2**63, dev), None)
         assert sum(len(k) for k in c._keys) <= 2 * 20 + 20
     assert counts_of(c, 1) == {2**63 + i: 50 for i in range(20)}

@@ -1,4 +1,5 @@
-"""MovieLens ratings enriched with genres (a multi-hot list column) through convert and preprocess."""
+"""MovieLens ratings enriched with genres (a multi-hot list column) through convert, preprocess and the loader
+(host and device placement)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
+import torch
 
 from etl.backends.hashing import string_key
+from etl.loader import Loader
 
 from tests.conftest import REPO, run_etl
 
@@ -57,3 +60,15 @@ def test_movielens_genres_multi_hot(movielens: Path, tmp_path: Path) -> None:
 
     ts = np.array([float(r["timestamp"]) for r in rows])
     np.testing.assert_allclose(table.column("timestamp").to_numpy(), ((ts - ts.mean()) / ts.std()).astype(np.float32), rtol=1e-5, atol=1e-6)
+
+    # the loader on the same raw shards, host vs device placement (torch backend on CPU tensors here): the
+    # same batches, lists included, and the same rows as preprocess wrote
+    kw = dict(pipeline=REPO / "pipelines/movielens.yaml", artifacts=out / "artifacts", batch_size=8_192)
+    host = [(b.label.clone(), b.dense.clone(), b.sparse.clone(), *(t.clone() for t in b.lists["genres"])) for b in Loader(raw, **kw)]
+    dev = [(b.label.clone(), b.dense.clone(), b.sparse.clone(), *(t.clone() for t in b.lists["genres"])) for b in Loader(raw, transform_on="device", **kw)]
+    assert len(host) == len(dev) == -(-len(rows) // 8_192)
+    for x, y in zip(host, dev):
+        assert all(u.dtype == v.dtype and torch.equal(u, v) for u, v in zip(x, y))
+    np.testing.assert_array_equal(torch.cat([x[0] for x in dev]).numpy(), table.column("rating").to_numpy())
+    np.testing.assert_array_equal(torch.cat([x[2] for x in dev])[:, 0].numpy(), table.column("userId").to_numpy())
+    assert sum(len(x[3]) for x in dev) == sum(len(gs) for gs in first3)

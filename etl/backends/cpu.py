@@ -549,9 +549,9 @@ class LookupTables:
 
 
 @_jit
-def _count(tab, keys, valid, weights, start, size):
-    """Add present keys from position ``start`` (``weights[i]`` times, or once when weights is None) until the
-    end or until the table is half full; returns (position reached, number of keys in the table)."""
+def _count(tab, keys, valid, start, size):
+    """Count present keys from position ``start`` until the end or until the table is half full; returns
+    (position reached, number of keys in the table)."""
     mask = np.uint64(len(tab) - 1)
     limit = len(tab) // 2
     n = len(keys)
@@ -570,7 +570,7 @@ def _count(tab, keys, valid, weights, start, size):
         if tab[j, 1] == 0:
             tab[j, 0] = k
             size += 1
-        tab[j, 1] += np.uint64(1) if weights is None else np.uint64(weights[i])
+        tab[j, 1] += np.uint64(1)
     return n, size
 
 
@@ -586,28 +586,6 @@ def _rehash(old, new):
                 j = (j + 1) & np.int64(mask)
             new[j, 0] = k
             new[j, 1] = old[i, 1]
-
-
-@_jit
-def _merge_counts(tab, other, size):
-    """Add every used slot of ``other`` into ``tab`` (which has room for all of them); returns the new size."""
-    mask = np.uint64(len(tab) - 1)
-    n = len(other)
-    for i in range(n):
-        if i + _PREFETCH < n and other[i + _PREFETCH, 1] != 0:
-            _prefetch(tab, (_slot(other[i + _PREFETCH, 0], mask), 0))
-        c = other[i, 1]
-        if c == 0:
-            continue
-        k = other[i, 0]
-        j = _slot(k, mask)
-        while tab[j, 1] != 0 and tab[j, 0] != k:
-            j = (j + 1) & np.int64(mask)
-        if tab[j, 1] == 0:
-            tab[j, 0] = k
-            size += 1
-        tab[j, 1] += c
-    return size
 
 
 @_jit
@@ -639,24 +617,13 @@ class KeyCounter:
     def counts(self) -> np.ndarray:
         return self.table[:, 1].view(np.int64)
 
-    def _add(self, keys: np.ndarray, valid: np.ndarray | None, weights: np.ndarray | None) -> None:
+    def add(self, keys: np.ndarray, valid: np.ndarray | None) -> None:
+        """Count each present key once."""
         i = 0
         while i < len(keys):
-            i, self.size = _count(self.table, keys, valid, weights, i, self.size)
+            i, self.size = _count(self.table, keys, valid, i, self.size)
             if i < len(keys):
                 self._grow(self.size + 1)
-
-    def add(self, keys: np.ndarray, valid: np.ndarray | None) -> None:
-        self._add(keys, valid, None)
-
-    def add_counts(self, keys: np.ndarray, counts: np.ndarray) -> None:
-        """Add ``counts[i]`` occurrences of ``keys[i]`` (keys distinct)."""
-        self._add(keys, None, counts.astype(np.int64, copy=False))
-
-    def merge_from(self, other: KeyCounter) -> None:
-        """Add every count of ``other`` into this counter."""
-        self._grow(self.size + other.size)
-        self.size = _merge_counts(self.table, other.table, self.size)
 
     def _grow(self, need: int) -> None:
         """Make room for ``need`` keys at a load factor of at most 1/2."""

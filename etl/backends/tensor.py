@@ -639,19 +639,6 @@ class KeyCounter:
         if len(keys):
             self._push(*torch.unique(keys, return_counts=True))
 
-    def add_counts(self, keys: torch.Tensor, counts: torch.Tensor) -> None:
-        """Add ``counts[i]`` occurrences of ``keys[i]`` (keys distinct)."""
-        if len(keys) != len(counts):
-            raise ValueError(f"add_counts: {len(keys)} keys but {len(counts)} counts")
-        if len(keys):
-            self._push(keys.to(torch.int64), counts.to(torch.int64))
-
-    def merge_from(self, other: KeyCounter) -> None:
-        """Add every count of ``other`` into this counter."""
-        other._compact()
-        for k, c in zip(other._keys, other._counts):
-            self._push(k, c)
-
     def at_least(self, threshold: int) -> tuple[np.ndarray, np.ndarray]:
         """Host numpy (uint64 keys, int64 counts) of the keys counted at least ``threshold`` times (and at least
         once), in no particular order."""

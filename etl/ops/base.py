@@ -5,11 +5,10 @@ backend ``etl.backends.cpu`` (numpy arrays) or the torch backend ``etl.backends.
 uint64 keys held as int64 bits). Both implement the same functions with the same bits out. Fittable ops add:
 
 - ``new_stats(xp) -> stats``: an empty accumulator: a dict with one independent entry per column;
-- ``partial_fit(stats, batch, xp)``: add one batch to an accumulator, for the columns the accumulator holds (a
-  fitting thread may own only some columns);
-- ``merge(a, b) -> stats``: combine two accumulators (per column; a column held by one side only is taken as
-  is); associative and commutative, so shards are fitted in parallel, in any order, by any number of workers,
-  with the same result;
+- ``partial_fit(stats, batch, xp)``: add one batch to an accumulator, for the columns the accumulator holds (the
+  pipeline gives each column its own accumulator, which fitting threads update in turn); the result must not
+  depend on the order of the batches (counts, sums reduced canonically at the end), so shards are fitted in any
+  order by any number of workers with the same result;
 - ``finalize(stats, xp)``: set the fitted state;
 - ``state() -> (json_dict, tables)`` and ``load_state(json_dict, tables)``: the fitted state as JSON plus named
   Arrow tables (saved as Parquet), never pickle.
@@ -92,9 +91,6 @@ class Op:
         raise NotImplementedError
 
     def partial_fit(self, stats: Stats, batch: Batch, xp: Any) -> None:
-        raise NotImplementedError
-
-    def merge(self, a: Stats, b: Stats) -> Stats:
         raise NotImplementedError
 
     def finalize(self, stats: Stats, xp: Any) -> None:

@@ -194,18 +194,6 @@ class Categorify(Op):
             if col.raw is not None:
                 _remember_raw(s["raw"], col, xp)
 
-    def merge(self, a: Stats, b: Stats) -> Stats:
-        """The sum of ``a`` and ``b`` (``a``'s count tables are reused)."""
-        out = {c: a.get(c, b.get(c)) for c in a.keys() ^ b.keys()}
-        for c in a.keys() & b.keys():
-            counter = a[c]["counter"]
-            counter.merge_from(b[c]["counter"])
-            raw = dict(a[c]["raw"])
-            for k, v in b[c]["raw"].items():
-                raw[k] = min(raw.get(k, v), v)
-            out[c] = {"counter": counter, "nulls": a[c]["nulls"] + b[c]["nulls"], "raw": raw}
-        return out
-
     def finalize(self, stats: Stats, xp: Any) -> None:
         for c in self.columns:
             keys, counts = stats[c]["counter"].at_least(self.freq_threshold)

@@ -64,9 +64,9 @@ class Normalize(Op):
     """(x - mean) / std with mean and population std fitted over the present values of all shards.
 
     Fitting keeps one (count, sum, sum of squared deviations from the batch mean) triple per batch; finalize
-    combines them exactly as the parallel variance formula says, adding every term with ``math.fsum`` over the
-    sorted triples, so the fitted numbers are the same bits whatever the order in which shards and batches were
-    seen. A column whose std is 0 is divided by 1."""
+    combines them as the parallel variance formula says, adding every sum with ``math.fsum`` (exactly rounded,
+    so independent of the order of the terms): the fitted numbers are the same bits whatever the order in which
+    shards and batches were seen. A column whose std is 0 is divided by 1."""
 
     name = "Normalize"
     fittable = True
@@ -88,9 +88,6 @@ class Normalize(Op):
             m = xp.moments(batch[c].values, batch[c].valid)
             if m is not None:
                 stats[c].append(m)
-
-    def merge(self, a: Stats, b: Stats) -> Stats:
-        return {c: sorted(a.get(c, []) + b.get(c, [])) for c in a.keys() | b.keys()}
 
     def finalize(self, stats: Stats, xp: Any) -> None:
         for c in self.columns:

@@ -269,7 +269,7 @@ def fitted_categorify(keys: Column, device: str | None, **params) -> Categorify:
     xp = cpu if device is None else tensor
     stats = op.new_stats(xp)
     half = len(keys) // 2
-    for rows in (np.arange(half), np.arange(half, len(keys))):  # two batches, so counts are merged
+    for rows in (np.arange(half), np.arange(half, len(keys))):  # two batches: counts accumulate
         op.partial_fit(stats, on_backend(Batch({"k": keys.take(rows)}, len(rows)), device), xp)
     op.finalize(stats, xp)
     return op

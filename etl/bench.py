@@ -77,7 +77,7 @@ class PipelineReport:
     data_wait_first_epoch: float = 0.0  # the first one, after an epoch with no step (starts colder)
     wait_timeline: list[float] = field(default_factory=list)  # seconds waited before each batch of the second
     model_data_wait: float | None = None
-    device_data_wait: float | None = None  # the stall with transform_on="device"
+    device_data_wait: float | None = None  # data_wait with transform_on="device"
     baselines: dict[str, dict] = field(default_factory=dict)
 
 
@@ -177,6 +177,18 @@ def next_epoch(loader: Loader) -> None:
         pass
 
 
+def measure_loader(loader: Loader, step_factor: float) -> tuple[float, float, float, list[float]]:
+    """(seconds of one epoch with a consumer doing nothing, after a warm-up epoch; data wait of the first and of the
+    second of two epochs whose step costs ``step_factor`` × the loader's time per batch; the second's per-batch
+    waits)."""
+    next_epoch(loader)  # warm-up: page cache, compiled kernels, tables
+    seconds = _timed(lambda: next_epoch(loader))
+    step = step_factor * seconds / len(loader)
+    first, _ = measure_stall(loader, step)
+    wait, timeline = measure_stall(loader, step)
+    return seconds, first, wait, timeline
+
+
 def measure_stall(loader: Loader, step_seconds: float, model: Callable | None = None) -> tuple[float, list[float]]:
     """Data-wait share and per-batch waits of the next epoch (``set_epoch(epoch + 1)``, as a training loop does)
     for a consumer that sleeps ``step_seconds`` per batch (or runs ``model`` on it)."""
@@ -266,31 +278,25 @@ def run_bench(
             p.save(work / f"art-{p.name}")
             progress(f"{p.name}: stages")
             rep.stages.extend(measure_stages(p, tables, batch_size, dev))
+            loader_args = dict(pipeline=path, artifacts=work / f"art-{p.name}", batch_size=batch_size, shuffle=True, seed=0,
+                               device=device, num_workers=workers)  # fmt: skip
             if device_placement if device_placement is not None else dev.type == "cuda":
                 progress(f"{p.name}: device placement stages")
                 rep.stages.extend(Stage(name, secs, total) for name, secs in measure_device_stages(p, tables, batch_size, dev))
                 progress(f"{p.name}: loader, device placement")
-                dloader = Loader(input_dir, pipeline=path, artifacts=work / f"art-{p.name}", batch_size=batch_size, shuffle=True,
-                                 seed=0, device=device, num_workers=workers, transform_on="device")  # fmt: skip
-                list(dloader)  # warm-up epoch
-                seconds = _timed(lambda: next_epoch(dloader))
+                dloader = Loader(input_dir, transform_on="device", **loader_args)
+                seconds, _, rep.device_data_wait, _ = measure_loader(dloader, step_factor)
                 rep.stages.append(Stage("dp:loader", seconds, total, mbytes, "end to end, shuffled epoch"))
-                rep.device_data_wait, _ = measure_stall(dloader, step_factor * seconds / len(dloader))
                 dloader.close()
             progress(f"{p.name}: preprocess")
             warm = preprocess(p, shards, work / f"warm-{p.name}", workers=workers).transform_seconds
             shutil.rmtree(work / f"warm-{p.name}", ignore_errors=True)
             summary = preprocess(p, shards, work / f"ours-{p.name}", workers=workers)
             rep.stages.append(Stage("preprocess", min(warm, summary.transform_seconds), total, mbytes, "offline, to Parquet; best of two"))
-            progress(f"{p.name}: loader")
-            loader = Loader(input_dir, pipeline=path, artifacts=work / f"art-{p.name}", batch_size=batch_size,
-                            shuffle=True, seed=0, device=device, num_workers=workers)  # fmt: skip
-            list(loader)  # warm-up epoch
-            seconds = _timed(lambda: next_epoch(loader))
+            progress(f"{p.name}: loader and stall")
+            loader = Loader(input_dir, **loader_args)
+            seconds, rep.data_wait_first_epoch, rep.data_wait, rep.wait_timeline = measure_loader(loader, step_factor)
             rep.stages.append(Stage("loader", seconds, total, mbytes, "end to end, shuffled epoch"))
-            progress(f"{p.name}: stall")
-            rep.data_wait_first_epoch, _ = measure_stall(loader, step_factor * seconds / len(loader))
-            rep.data_wait, rep.wait_timeline = measure_stall(loader, step_factor * seconds / len(loader))
             if model:
                 rep.model_data_wait, _ = measure_stall(loader, 0.0, dlrm_step(loader))
             loader.close()

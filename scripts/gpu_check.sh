@@ -91,14 +91,8 @@ print(f"\nparity: {p.get('tests', '?')} tests, {p.get('failures', '?')} failed, 
 if report["placement"] is None:
     print(f"timings failed (exit {placement_rc}): see placement.log")
 else:
-    pl = report["placement"]
-    print(f"{pl['device_name']}, {pl['rows']:,} rows, {pl['workers']} workers")
-    print(f"{'pipeline':11s} {'batch':>7s} {'placement':9s} {'M rows/s':>9s} {'CPU s/Mrow':>10s} {'wait@4M/s':>9s} {'wait DLRM':>9s}")
-    for r in pl["runs"]:
-        dl = f"{100 * r['wait_dlrm']:8.2f}%" if "wait_dlrm" in r else "        -"
-        print(f"{r['pipeline']:11s} {r['batch_size']:7d} {r['placement']:9s} {r['rows_per_second'] / 1e6:9.2f} {r['cpu_seconds_per_mrow']:10.2f} {100 * r['wait_4m']:8.2f}% {dl}")
-    for key, st in pl["device_stages"].items():
-        op = next((v for s, v in st.items() if s.endswith((":Categorify", ":Hash"))), None)
-        print(f"device op {key}: {op / 1e6:.1f} M rows/s" if op else f"device op {key}: -")
+    sys.path.insert(0, "scripts")
+    from gpu_placement import print_table
+    print_table(report["placement"])
 sys.exit(1 if parity_rc or placement_rc else 0)
 EOF

@@ -9,7 +9,8 @@ For each pipeline (Categorify with fitted artifacts, Hash) and batch size, with 
 - ``cpu_seconds_per_mrow``: this process's CPU time (all threads) per million rows in that epoch: what the cores
   spend to feed the accelerator;
 - ``wait_4m``: the data-wait share of a consumer that takes ``batch / 4e6`` s per batch (a model consuming 4 M
-  rows/s);
+  rows/s), over the second of two such epochs (what later epochs of a training run see; ``wait_4m_first_epoch``
+  is the first);
 - ``wait_dlrm``: the data-wait share of the DLRM of scripts/train_dlrm.py training on the batches;
 - ``device_stages``: rows/s of each stage of the device part (``etl.device_bench``), Categorify and Hash on the
   device among them.
@@ -52,6 +53,7 @@ def measure(data: Path, pipeline: Path, artifacts: Path | None, batch_size: int,
     seconds, cpu = epoch(loader)
     rows = loader.total_rows
     out = {"rows_per_second": rows / seconds, "cpu_seconds_per_mrow": 1e6 * cpu / rows}
+    out["wait_4m_first_epoch"], _ = measure_stall(loader, batch_size / 4e6)
     out["wait_4m"], _ = measure_stall(loader, batch_size / 4e6)
     if dlrm:
         out["wait_dlrm"], _ = measure_stall(loader, 0.0, dlrm_step(loader))
@@ -88,15 +90,19 @@ def main() -> None:
                 report["runs"].append({"pipeline": name, "batch_size": bs, "placement": placement, **r})
                 print(json.dumps(report["runs"][-1]), flush=True)
     args.json.write_text(json.dumps(report, indent=1))
+    print_table(report)
 
-    print(f"\n{report['device_name']}, torch {report['torch']}, {report['rows']:,} rows, {args.workers} workers")
+
+def print_table(report: dict) -> None:
+    """The report as a short table (also printed last by scripts/gpu_check.sh)."""
+    print(f"\n{report['device_name']}, torch {report['torch']}, {report['rows']:,} rows, {report['workers']} workers")
     print(f"{'pipeline':11s} {'batch':>7s} {'placement':9s} {'M rows/s':>9s} {'CPU s/Mrow':>10s} {'wait@4M/s':>9s} {'wait DLRM':>9s}")
     for r in report["runs"]:
         dl = f"{100 * r['wait_dlrm']:8.2f}%" if "wait_dlrm" in r else "        -"
         print(f"{r['pipeline']:11s} {r['batch_size']:7d} {r['placement']:9s} {r['rows_per_second'] / 1e6:9.2f} {r['cpu_seconds_per_mrow']:10.2f} {100 * r['wait_4m']:8.2f}% {dl}")
     for key, st in report["device_stages"].items():
         ops = "  ".join(f"{s.removeprefix('dp:')}={v / 1e6:.1f}M" for s, v in st.items())
-        print(f"stages {key}: {ops}")
+        print(f"device stages {key}: {ops}")
 
 
 if __name__ == "__main__":

@@ -26,4 +26,6 @@ def test_gpu_check_runs_on_cpu_without_polars(tmp_path: Path) -> None:
     runs = report["placement"]["runs"]
     assert {(r["pipeline"], r["placement"]) for r in runs} == {(p, q) for p in ("categorify", "hash") for q in ("host", "device")}
     assert all(r["rows_per_second"] > 0 and 0 <= r["wait_4m"] <= 1 and 0 <= r["wait_dlrm"] <= 1 for r in runs)
-    assert "parity:" in proc.stdout and proc.stdout.rstrip().splitlines()[-1].startswith("device op hash/4096")
+    last = proc.stdout.rstrip().splitlines()[-1]
+    assert "parity:" in proc.stdout and last.startswith("device stages hash/4096") and ":Hash=" in last
+    assert all(0 <= r["wait_4m_first_epoch"] <= 1 for r in runs)

@@ -48,11 +48,7 @@ class Inputs:
     @classmethod
     def of(cls, pipeline: Pipeline) -> Inputs:
         schema = pipeline.schema
-        kind = {c.name: ("number" if c.role in ("label", "dense") else "raw") for c in schema.columns}
-        host, _ = pipeline.split()
-        for op in host:
-            for c in op.outputs:
-                kind[c] = op.writes or kind[c]
+        kind = pipeline.kinds_after(pipeline.split()[0])
         label = schema.by_role("label")[0]
         lists = [c.name for c in schema.columns if c.is_list]
         raw = [c for c, k in kind.items() if k == "raw"]

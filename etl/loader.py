@@ -197,8 +197,8 @@ class Loader:
         """Yield the rest of the current epoch (all of it when the previous pass ran to its end).
 
         Once a pass has handed all its pieces to the workers, the next epoch's pass starts in the background (its
-        batches enter the ring only after this pass's last one), so that its first batches are ready when the training loop calls
-        ``set_epoch(epoch + 1)`` and iterates again (any other next pass discards it)."""
+        batches enter the ring only after this pass's last one), so that its first batches are ready when the
+        training loop calls ``set_epoch(epoch + 1)`` and iterates again (any other next pass discards it)."""
         self._close_active()
         if self._finished:
             self.position, self._finished = 0, False
@@ -208,17 +208,19 @@ class Loader:
         else:
             if ahead is not None:
                 ahead.close()
-            if self._ring is None:
-                if self.stage is not None:
-                    self._ring = Ring(self.prefetch + 2, self.batch_size, self.stage.inputs.fields(), self.device, self.stage.outputs())
-                else:
-                    fixed = [Field("label", (), torch.float32), Field("dense", (len(self.layout.dense),), torch.float32),
-                             Field("sparse", (len(self.layout.sparse),), self.layout.sparse_dtype)]  # fmt: skip
-                    self._ring = Ring(self.prefetch + 2, self.batch_size, fixed, self.device)
+            self._ring = self._ring or self._new_ring()
             self._ring.reclaim()  # slots a previous, abandoned pass still counted as taken
             it = _Epoch(self, self.epoch, self.position)
         self._active = weakref.ref(it)
         return it
+
+    def _new_ring(self) -> Ring:
+        """Slots for the batch fields, or, with device placement, for the device stage's inputs and outputs."""
+        if self.stage is not None:
+            return Ring(self.prefetch + 2, self.batch_size, self.stage.inputs.fields(), self.device, self.stage.outputs())
+        fixed = [Field("label", (), torch.float32), Field("dense", (len(self.layout.dense),), torch.float32),
+                 Field("sparse", (len(self.layout.sparse),), self.layout.sparse_dtype)]  # fmt: skip
+        return Ring(self.prefetch + 2, self.batch_size, fixed, self.device)
 
     def close(self) -> None:
         """Stop the background threads of the current iteration and of the next epoch's, if any (also done on
@@ -311,7 +313,7 @@ class _Epoch:
         if loader.position >= self.total:
             self.close()
             loader._finished = True
-            if loader._active is not None and loader._active() is self:
+            if self._is_active():
                 loader._start_ahead(self.epoch + 1, self.assembled)  # if not started yet
             raise StopIteration
         t0 = time.perf_counter()
@@ -326,10 +328,10 @@ class _Epoch:
         t1 = time.perf_counter()
         if isinstance(item, BaseException):
             self.close()
-            if loader._active is not None and loader._active() is self:
+            if self._is_active():
                 loader._close_ahead()  # an error ends the run: no next epoch in the background
             raise item
-        if self.all_submitted.is_set() and loader._active is not None and loader._active() is self:
+        if self.all_submitted.is_set() and self._is_active():
             loader._start_ahead(self.epoch + 1, self.assembled)
         slot, n, lists = item
         tensors = ring.view(slot, n)
@@ -345,6 +347,10 @@ class _Epoch:
             for t in (t for pair in lists.values() for t in pair):  # made on the copy stream, used on the consumer's
                 t.record_stream(torch.cuda.current_stream(loader.device))
         return LoaderBatch(tensors["label"], tensors["dense"], tensors["sparse"], lists, loader.layout.sparse)
+
+    def _is_active(self) -> bool:
+        """Whether this is the loader's current pass (not the next epoch's, prepared in the background)."""
+        return self.loader._active is not None and self.loader._active() is self
 
     def close(self) -> None:
         """Stop the threads, then give back the slot in use and the slots of batches never taken."""

@@ -132,7 +132,7 @@ class Pipeline:
 
     def _check_flow(self) -> list[str]:
         """Follow each column's kind (raw → keys → ids; numbers) through the ops; return the output columns."""
-        kind = {c.name: ("number" if c.role in ("label", "dense") else "raw") for c in self.schema.columns}
+        kind = _schema_kinds(self.schema)
         order = list(kind)
         for i, op in enumerate(self.ops):
             where = f"ops[{i}] ({op.name}).columns"
@@ -142,10 +142,8 @@ class Pipeline:
                 if op.reads is not None and kind[c] != op.reads:
                     hint = " (put a Decode op before it)" if kind[c] == "raw" else ""
                     raise SpecError(self.path, where, f"column '{c}' holds {kind[c]} values, the op needs {op.reads}{hint}")
-            for c in op.outputs:
-                if c not in kind:
-                    order.append(c)
-                kind[c] = op.writes or kind.get(c, "raw")
+            order.extend(c for c in op.outputs if c not in kind)
+            _follow(kind, op)
         for c in self.schema.columns:
             if c.role in ("categorical", "list") and kind[c.name] != "ids":
                 raise SpecError(self.path, "ops", f"categorical column '{c.name}' is not turned into ids (add Decode, then Hash or Categorify)")
@@ -187,15 +185,22 @@ class Pipeline:
         the device part is the rest (dense ops, Hash, Categorify, crosses, ops on decoded lists), each part in
         pipeline order. The host part then the device part gives the same result as every op in order: an op
         on raw values never reads a column that an op of the device part writes."""
-        kind = {c.name: ("number" if c.role in ("label", "dense") else "raw") for c in self.schema.columns}
+        kind = _schema_kinds(self.schema)
         host: list[Op] = []
         device: list[Op] = []
         for op in self.ops:
             on_raw = op.reads == "raw" or (op.reads is None and all(kind.get(c) == "raw" for c in op.columns))
             (host if on_raw else device).append(op)
-            for c in op.outputs:
-                kind[c] = op.writes or kind.get(c, "raw")
+            _follow(kind, op)
         return host, device
+
+    def kinds_after(self, ops: list[Op]) -> dict[str, str]:
+        """The kind of every column ("number", "raw", "keys", "ids") once ``ops`` (some of this pipeline's ops,
+        in its order, e.g. the host part of ``split``) have run."""
+        kind = _schema_kinds(self.schema)
+        for op in ops:
+            _follow(kind, op)
+        return kind
 
     def transform(self, batch: Batch, on_error: str = "raise", part: str = "all", xp: Any = None) -> Transformed:
         """Run every op (the pipeline must be fitted). Invalid rows raise ``RowError`` or, with
@@ -425,6 +430,17 @@ class Pipeline:
             except (KeyError, ValueError) as e:
                 raise ArtifactError(f"{d}: state of {op.name}: {e}") from None
         return pipe
+
+
+def _schema_kinds(schema: Schema) -> dict[str, str]:
+    """The kind of each schema column before any op: label and dense columns hold numbers, the others raw values."""
+    return {c.name: ("number" if c.role in ("label", "dense") else "raw") for c in schema.columns}
+
+
+def _follow(kind: dict[str, str], op: Op) -> None:
+    """Update ``kind`` with the columns ``op`` writes (in place: what it reads, unchanged when ``writes`` is None)."""
+    for c in op.outputs:
+        kind[c] = op.writes or kind.get(c, "raw")
 
 
 def _columns_of(stats: dict[str, Any], column: str) -> dict[str, Any]:

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,3 +37,17 @@ def movielens() -> Path:
     if not (MOVIELENS / "ratings.csv").is_file():
         pytest.skip(f"MovieLens sample not found at {MOVIELENS}")
     return MOVIELENS
+
+
+def criteo_table(n: int, seed: int = 0) -> pa.Table:
+    """``n`` raw Criteo-layout rows: 0/1 labels, dense values in [-3, 1000) and 8-digit hex keys from 50 per column,
+    with missing values."""
+    rng = np.random.default_rng(seed)
+    cols: dict[str, pa.Array] = {"label": pa.array(rng.integers(0, 2, n))}
+    for i in range(1, 14):
+        v = rng.integers(-3, 1000, n)
+        cols[f"I{i}"] = pa.array(v, mask=rng.random(n) < 0.2)
+    for i in range(1, 27):
+        keys = rng.integers(0, 50, n)
+        cols[f"C{i}"] = pa.array([f"{k * 2654435761 % 2**32:08x}" for k in keys], pa.string(), mask=rng.random(n) < 0.1)
+    return pa.table(cols)

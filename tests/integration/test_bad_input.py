@@ -11,21 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import REPO, run_etl
+from tests.conftest import REPO, criteo_table, run_etl
 
 CRITEO = REPO / "pipelines/criteo.yaml"
-
-
-def criteo_table(n: int, seed: int = 0) -> pa.Table:
-    rng = np.random.default_rng(seed)
-    cols: dict[str, pa.Array] = {"label": pa.array(rng.integers(0, 2, n))}
-    for i in range(1, 14):
-        v = rng.integers(-3, 1000, n)
-        cols[f"I{i}"] = pa.array(v, mask=rng.random(n) < 0.2)
-    for i in range(1, 27):
-        keys = rng.integers(0, 50, n)
-        cols[f"C{i}"] = pa.array([f"{k * 2654435761 % 2**32:08x}" for k in keys], pa.string(), mask=rng.random(n) < 0.1)
-    return pa.table(cols)
 
 
 def write(table: pa.Table, path: Path, row_group_size: int = 100) -> Path:

@@ -25,20 +25,22 @@ CATS = [f"C{i}" for i in range(1, 27)]
 # ---------------------------------------------------------------- Layout
 
 
-@pytest.fixture(scope="module")
-def criteo_fitted(tmp_path_factory) -> tuple[Pipeline, list[Path]]:
-    paths = generate(load_schema(ROOT / "schemas/criteo.yaml"), 4000, 2, tmp_path_factory.mktemp("criteo"), seed=3)
-    p = Pipeline.from_file(ROOT / "pipelines/criteo.yaml")
+def _fitted(name: str, rows: int, seed: int, tmp_path_factory) -> tuple[Pipeline, list[Path]]:
+    """Synthetic shards of schema ``name`` and pipeline ``name`` fitted on them."""
+    paths = generate(load_schema(ROOT / f"schemas/{name}.yaml"), rows, 2, tmp_path_factory.mktemp(name), seed=seed)
+    p = Pipeline.from_file(ROOT / f"pipelines/{name}.yaml")
     p.fit(paths)
     return p, paths
+
+
+@pytest.fixture(scope="module")
+def criteo_fitted(tmp_path_factory) -> tuple[Pipeline, list[Path]]:
+    return _fitted("criteo", 4000, 3, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def movielens_fitted(tmp_path_factory) -> tuple[Pipeline, list[Path]]:
-    paths = generate(load_schema(ROOT / "schemas/movielens.yaml"), 3000, 2, tmp_path_factory.mktemp("ml"), seed=4)
-    p = Pipeline.from_file(ROOT / "pipelines/movielens.yaml")
-    p.fit(paths)
-    return p, paths
+    return _fitted("movielens", 3000, 4, tmp_path_factory)
 
 
 def test_layout_of_criteo(criteo_fitted) -> None:

@@ -16,19 +16,7 @@ from etl.errors import RowError
 from etl.pipeline import Pipeline
 from etl.readers import batch_from_arrow
 from etl.source import RowGroup
-from tests.conftest import REPO
-
-
-def raw_table(n: int, seed: int) -> pa.Table:
-    rng = np.random.default_rng(seed)
-    cols: dict[str, pa.Array] = {"label": pa.array(rng.integers(0, 2, n))}
-    for i in range(1, 14):
-        v = rng.integers(-3, 1000, n)
-        cols[f"I{i}"] = pa.array(v, mask=rng.random(n) < 0.2)
-    for i in range(1, 27):
-        keys = [f"{k:08x}" for k in rng.integers(0, 50, n)]
-        cols[f"C{i}"] = pa.array(keys, mask=rng.random(n) < 0.1)
-    return pa.table(cols)
+from tests.conftest import REPO, criteo_table
 
 
 def tensors(chunk: Chunk) -> dict[str, torch.Tensor]:
@@ -47,7 +35,7 @@ def test_inputs_of_movielens_hold_lists_and_int_keys() -> None:
 
 def test_chunk_lays_out_keys_as_bits_and_rows_as_origins() -> None:
     pipe = Pipeline.from_file(REPO / "pipelines/criteo_hash.yaml")
-    table = raw_table(50, 1)
+    table = criteo_table(50, 1)
     host = pipe.transform(batch_from_arrow(table, pipe.schema, "f.parquet", 3, 1_000), part="host").batch
     chunk = Inputs.of(pipe).chunk(host, group_no=5, group_first_row=1_000)
     assert chunk.fixed["in_keys"].dtype == np.int64 and chunk.fixed["in_keys"].shape == (50, 26)
@@ -62,7 +50,7 @@ def test_chunk_lays_out_keys_as_bits_and_rows_as_origins() -> None:
 @pytest.mark.parametrize("name", ["criteo_hash", "criteo"])
 def test_run_equals_the_host_transform(name: str, tmp_path: Path) -> None:
     pipe = Pipeline.from_file(REPO / f"pipelines/{name}.yaml")
-    table = raw_table(300, 2)
+    table = criteo_table(300, 2)
     batch = batch_from_arrow(table, pipe.schema)
     if not pipe.is_fitted:
         path = tmp_path / "t.parquet"
@@ -89,7 +77,7 @@ ops:
   - {{op: Hash, columns: "@categorical", num_buckets: 100}}
 """)
     pipe = Pipeline.from_file(p)
-    batch = batch_from_arrow(raw_table(100, 3), pipe.schema)
+    batch = batch_from_arrow(criteo_table(100, 3), pipe.schema)
     want = Chunk.from_table(pipe.to_arrow(pipe.transform(batch).batch), Layout.of(pipe))
     stage = DeviceStage(pipe, Layout.of(pipe), [])
     chunk = stage.inputs.chunk(pipe.transform(batch, part="host").batch, 0, 0)
@@ -110,7 +98,7 @@ ops:
   - {{op: Hash, columns: "@categorical", num_buckets: 100}}
 """)
     pipe = Pipeline.from_file(p)
-    table = raw_table(10, 4)
+    table = criteo_table(10, 4)
     table = table.set_column(3, "I3", pa.array([5, 5, 5, 5, 5, 5, 5, -9, 5, 5]))  # ln(1 - 9) is NaN
     for i in range(1, 14):
         if i != 3:

@@ -14,7 +14,7 @@ from typing import Any
 _EXPORTS = {
     "Loader": "etl.loader",
     "LoaderBatch": "etl.loader",
-    "LoaderError": "etl.loader",
+    "LoaderError": "etl.errors",
     "LoaderStats": "etl.loader",
     "Pipeline": "etl.pipeline",
     "load_schema": "etl.schema",

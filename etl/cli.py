@@ -58,7 +58,7 @@ def convert(
     rows_per_file: int = typer.Option(1_000_000, help="Rows per output shard."),
 ) -> None:
     """Convert delimited text (e.g. Criteo TSV) into Parquet shards in the raw layout."""
-    from etl.convert import convert as run
+    from etl.io.text import convert as run
     from etl.schema import load_schema
 
     with user_errors():
@@ -101,7 +101,7 @@ def fit(
     import time
 
     from etl.pipeline import Pipeline
-    from etl.readers import list_shards
+    from etl.io.parquet import list_shards
 
     with user_errors():
         _check_choice("--on-error", on_error, ("raise", "quarantine"))
@@ -131,7 +131,7 @@ def preprocess(
     from etl.pipeline import Pipeline
     from etl.preprocess import COMPRESSIONS
     from etl.preprocess import preprocess as run
-    from etl.readers import list_shards
+    from etl.io.parquet import list_shards
 
     with user_errors():
         _check_choice("--on-error", on_error, ("raise", "quarantine"))
@@ -162,7 +162,7 @@ def demo(
     """The main job on an embedded default: generate synthetic shards, fit, preprocess, summarise."""
     from etl.pipeline import Pipeline
     from etl.preprocess import preprocess as run
-    from etl.readers import list_shards
+    from etl.io.parquet import list_shards
     from etl.synth import generate as gen
 
     with user_errors():
@@ -197,7 +197,7 @@ def bench(
     plot_out: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG chart of the stages and the stall timeline."),
 ) -> None:
     """Measure read floor, every stage, fit, preprocess, the loader, data wait and baselines in one run."""
-    from etl.bench import plot, run_bench
+    from etl.bench.run import plot, run_bench
 
     import torch
 

@@ -44,3 +44,12 @@ class RowError(EtlError, ValueError):
 
 class ArtifactError(EtlError, ValueError):
     """Fitted artifacts are missing, of another format version, or do not match the pipeline."""
+
+
+class ConfigError(EtlError, ValueError):
+    """An argument or option has a value that cannot work (``batch_size=0``, an unknown mode, a CUDA device
+    without CUDA...). The message names the argument."""
+
+
+class LoaderError(EtlError):
+    """A failure in a loader worker, re-raised in the training process with the piece it was working on."""

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from etl.errors import ArtifactError, InputError
-from etl.readers import list_shards
+from etl.io.parquet import list_shards
 
 
 def describe(path: Path) -> str:

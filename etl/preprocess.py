@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 
 from etl.errors import ArtifactError
 from etl.pipeline import ON_ERROR, Pipeline, Transformed
-from etl.readers import batch_from_arrow, open_shard
+from etl.io.parquet import batch_from_arrow, open_shard
 from etl.workers import run_workers
 
 MANIFEST = "manifest.json"

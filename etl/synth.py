@@ -1,4 +1,4 @@
-"""Synthetic data sets in the raw layout (the same Parquet layout and Arrow types ``etl.convert`` writes).
+"""Synthetic data sets in the raw layout (the same Parquet layout and Arrow types ``etl.io.text`` writes).
 
 Every value is a pure function of ``(seed, column index, file index, row index)``: a counter-based generator
 (splitmix64 of a per-column stream key and the row counter) replaces a sequential RNG, so row groups and files can be
@@ -42,7 +42,7 @@ import numpy as np
 import pyarrow as pa
 
 from etl.backends.cpu import encode_hex
-from etl.convert import ROW_GROUP_ROWS, ShardSetWriter, raw_arrow_schema
+from etl.io.text import ROW_GROUP_ROWS, ShardSetWriter, raw_arrow_schema
 from etl.errors import SpecError
 from etl.schema import ColumnSpec, Schema
 from etl.workers import run_workers
@@ -442,7 +442,7 @@ def generate(
 
     Shards are ``part-00000.parquet`` ... with the rows split evenly (the first ``rows % files`` shards get one row
     more; a shard may be empty when ``files > rows``), row groups of at most 131,072 rows, the Arrow schema of
-    ``etl.convert.raw_arrow_schema``. See the module docstring for the distributions. ``cardinalities`` overrides
+    ``etl.io.text.raw_arrow_schema``. See the module docstring for the distributions. ``cardinalities`` overrides
     the number of possible keys of named categorical/list columns (defaults: :func:`default_cardinalities`);
     ``max_cardinality`` fixes the largest default one, so that data sets of different sizes share the same
     vocabulary sizes (e.g. 2 M and 8 M rows with ``max_cardinality=1_000_000``).

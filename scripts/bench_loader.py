@@ -24,7 +24,7 @@ from pathlib import Path
 from etl.loader import Loader
 from etl.pipeline import Pipeline
 from etl.preprocess import preprocess
-from etl.readers import list_shards
+from etl.io.parquet import list_shards
 from etl.schema import load_schema
 from etl.synth import generate
 

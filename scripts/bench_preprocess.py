@@ -5,7 +5,7 @@ Generates (or reuses) a synthetic Criteo-like set, then times, on the same files
 
 - ours: fit of the categorify pipeline; preprocess with the categorify pipeline (artifacts given); preprocess with
   the hash pipeline;
-- baselines (``etl.baselines``), the same work written the way a user would:
+- baselines (``etl.bench.baselines``), the same work written the way a user would:
   - a plain polars script (value counts per column for the vocabularies, `replace_strict` to map keys to ids,
     polars' own hash modulo N for the hash pipeline), reading with polars and writing Parquet;
   - a plain pyarrow + numpy script (`read_table`, hex decode over the Arrow buffers, `np.unique` counts for the
@@ -30,10 +30,10 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from etl.baselines import first_difference, numpy_categorify, numpy_hash, polars_categorify, polars_hash
+from etl.bench.baselines import first_difference, numpy_categorify, numpy_hash, polars_categorify, polars_hash
 from etl.pipeline import Pipeline
 from etl.preprocess import preprocess
-from etl.readers import list_shards
+from etl.io.parquet import list_shards
 from etl.schema import load_schema
 from etl.synth import generate
 

@@ -22,10 +22,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from etl.backends import cpu
-from etl.chunk import Chunk, Layout
+from etl.loader.chunk import Chunk, Layout
 from etl.pipeline import Pipeline
-from etl.readers import batch_from_arrow, list_shards, read_rows
-from etl.source import row_groups
+from etl.io.parquet import batch_from_arrow, list_shards, read_rows
+from etl.loader.order import row_groups
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import polars as pl
 import pyarrow.parquet as pq
 
-from etl.readers import list_shards
+from etl.io.parquet import list_shards
 
 
 def row_groups(files: list[Path]) -> list[tuple[Path, int, int, int]]:

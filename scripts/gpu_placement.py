@@ -12,7 +12,7 @@ For each pipeline (Categorify with fitted artifacts, Hash) and batch size, with 
   rows/s), over the second of two such epochs (what later epochs of a training run see; ``wait_4m_first_epoch``
   is the first);
 - ``wait_dlrm``: the data-wait share of the DLRM of scripts/train_dlrm.py training on the batches;
-- ``device_stages``: rows/s of each stage of the device part (``etl.device_bench``), Categorify and Hash on the
+- ``device_stages``: rows/s of each stage of the device part (``etl.bench.device``), Categorify and Hash on the
   device among them.
 
     python scripts/gpu_placement.py --data RAW --artifacts ART --device cuda --json OUT/placement.json
@@ -27,12 +27,12 @@ from pathlib import Path
 
 import torch
 
-from etl.bench import dlrm_step, measure_stall, next_epoch
-from etl.device_bench import measure_device_stages
+from etl.bench.run import dlrm_step, measure_stall, next_epoch
+from etl.bench.device import measure_device_stages
 from etl.loader import Loader
 from etl.pipeline import Pipeline
-from etl.readers import list_shards, read_rows
-from etl.source import row_groups
+from etl.io.parquet import list_shards, read_rows
+from etl.loader.order import row_groups
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -384,7 +384,7 @@ def decode_hex(s: Strings, valid: np.ndarray | None, width: int | None) -> tuple
     """Hex text → uint64 keys. Returns (keys, bad) where bad marks malformed present values (None if none)."""
     keys = np.empty(len(s), np.uint64)
     bad = np.zeros(len(s), np.bool_)
-    views = getattr(s, "inline_views", None)  # etl.readers.InlineStrings: no start/end arrays to read
+    views = getattr(s, "inline_views", None)  # etl.io.parquet.InlineStrings: no start/end arrays to read
     if views is not None:
         nbad = _decode_hex_views(views.reshape(-1).view(np.uint64), valid, width or 0, _HEX_DIGIT, keys, bad)
     else:

@@ -26,7 +26,7 @@ from etl.ops.categorical import Categorify, Decode, Hash, HashedCross
 from etl.ops.dense import Bucketize, Clamp, FillMissing, Log1p, Normalize
 from etl.ops.lists import FirstX
 from etl.pipeline import Pipeline
-from etl.readers import batch_from_arrow, column_from_arrow
+from etl.io.parquet import batch_from_arrow, column_from_arrow
 from etl.schema import ColumnSpec
 from tests.conftest import REPO, run_etl
 

@@ -20,9 +20,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-import etl.chunk
+import etl.loader.chunk
 from etl.errors import RowError
-from etl.loader import Loader, LoaderError
+from etl.errors import LoaderError
+from etl.loader import Loader
 from etl.pipeline import Pipeline
 from etl.schema import load_schema
 from etl.synth import generate
@@ -369,7 +370,7 @@ def test_an_unexpected_worker_failure_is_wrapped_with_the_piece(raw: Path, monke
     # workers of earlier loaders finish their current piece after shutdown(wait=False): let them, so that they
     # do not count as calls below
     baseline = len(wait_for_threads(0))
-    original = etl.chunk.Chunk.from_batch.__func__
+    original = etl.loader.chunk.Chunk.from_batch.__func__
     calls = []
     lock = threading.Lock()
 
@@ -381,7 +382,7 @@ def test_an_unexpected_worker_failure_is_wrapped_with_the_piece(raw: Path, monke
             raise RuntimeError("disk on fire")
         return original(cls, batch, layout)
 
-    monkeypatch.setattr(etl.chunk.Chunk, "from_batch", classmethod(flaky))
+    monkeypatch.setattr(etl.loader.chunk.Chunk, "from_batch", classmethod(flaky))
     loader = Loader(raw, pipeline=HASH, batch_size=500, num_workers=1, prefetch=1)
     third = loader.groups[2]  # shuffle off, one worker: the third piece read is the third row group
     got = 0

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from etl.device_stage import Inputs
+from etl.loader.device_stage import Inputs
 from etl.errors import RowError
 from etl.loader import Loader
 from etl.pipeline import Pipeline

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 from etl.batch import Batch, Column, Strings, take_values
-from etl.readers import column_from_arrow
+from etl.io.parquet import column_from_arrow
 from etl.schema import ColumnSpec
 
 

@@ -1,4 +1,4 @@
-"""etl.readers: both row-group engines (polars, and pyarrow when polars is missing) give the same batches, and
+"""etl.io.parquet: both row-group engines (polars, and pyarrow when polars is missing) give the same batches, and
 the in-place string views (InlineStrings) behave as Strings."""
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from etl import readers
+from etl.io import parquet
 from etl.backends import cpu
 from etl.batch import Strings
 from etl.errors import InputError
 from etl.pipeline import Pipeline
-from etl.readers import InlineStrings, batch_from_arrow, open_shard, read_rows
+from etl.io.parquet import InlineStrings, batch_from_arrow, open_shard, read_rows
 from etl.schema import load_schema
 from etl.synth import generate
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
@@ -43,15 +43,15 @@ def _columns_equal(a, b) -> None:
         assert np.array_equal(a.values[mask], b.values[mask])
 
 
-@pytest.mark.skipif(readers.pl is None, reason="polars is not installed")
+@pytest.mark.skipif(parquet.pl is None, reason="polars is not installed")
 def test_pyarrow_engine_reads_the_same_batches(shards, monkeypatch):
     schema = load_schema(REPO / "schemas/criteo.yaml")
     shard = open_shard(shards[0], schema)
     for first, n in [(0, 1500), (200, 700), (1499, 1)]:
         polars_batch = batch_from_arrow(read_rows(shard.path, schema.names, first, n, 0), schema)
-        monkeypatch.setattr(readers, "ENGINE", "pyarrow")
+        monkeypatch.setattr(parquet, "ENGINE", "pyarrow")
         arrow_table = read_rows(shard.path, schema.names, first, n, 0)
-        monkeypatch.setattr(readers, "ENGINE", "polars")
+        monkeypatch.setattr(parquet, "ENGINE", "polars")
         assert arrow_table.column_names == schema.names
         arrow_batch = batch_from_arrow(arrow_table, schema)
         assert arrow_batch.num_rows == polars_batch.num_rows == n
@@ -61,8 +61,8 @@ def test_pyarrow_engine_reads_the_same_batches(shards, monkeypatch):
 
 def test_pyarrow_engine_gives_the_same_pipeline_output(shards, monkeypatch):
     outputs = {}
-    for engine in ("polars", "pyarrow") if readers.pl is not None else ("pyarrow",):
-        monkeypatch.setattr(readers, "ENGINE", engine)
+    for engine in ("polars", "pyarrow") if parquet.pl is not None else ("pyarrow",):
+        monkeypatch.setattr(parquet, "ENGINE", engine)
         p = Pipeline.from_file(REPO / "pipelines/criteo.yaml")
         p.fit(shards, workers=2)
         shard = open_shard(shards[1], p.schema)
@@ -73,7 +73,7 @@ def test_pyarrow_engine_gives_the_same_pipeline_output(shards, monkeypatch):
 
 
 def test_pyarrow_engine_errors_name_the_file(shards, monkeypatch, tmp_path):
-    monkeypatch.setattr(readers, "ENGINE", "pyarrow")
+    monkeypatch.setattr(parquet, "ENGINE", "pyarrow")
     with pytest.raises(InputError, match="column 'nope'"):
         read_rows(shards[0], ["label", "nope"], 0, 10, 0)
     with pytest.raises(InputError, match="not within row group"):
@@ -88,11 +88,11 @@ def test_readers_work_without_polars(shards):
     """A process where ``import polars`` fails (as on a machine without it) reads with pyarrow."""
     code = (
         "import sys; sys.modules['polars'] = None\n"
-        "from etl import readers\n"
+        "from etl.io import parquet\n"
         "from etl.pipeline import Pipeline\n"
-        "assert readers.ENGINE == 'pyarrow', readers.ENGINE\n"
+        "assert parquet.ENGINE == 'pyarrow', parquet.ENGINE\n"
         f"p = Pipeline.from_file({str(REPO / 'pipelines/criteo_hash.yaml')!r})\n"
-        f"shard = readers.open_shard({str(shards[0])!r}, p.schema)\n"
+        f"shard = parquet.open_shard({str(shards[0])!r}, p.schema)\n"
         "out = p.to_arrow(p.transform(shard.read(0)).batch)\n"
         "print(out.num_rows, int(out.column('C1').to_numpy().sum()))\n"
     )
@@ -106,7 +106,7 @@ def test_readers_work_without_polars(shards):
 def test_inline_strings_behave_as_strings():
     items = ["68fd1e64", None, "", "0123456789ab", "xyz", "ABCDEF01"]
     arr = pa.array(["pad"] + items, pa.string_view()).slice(1)
-    s = readers._strings(arr)
+    s = parquet._strings(arr)
     assert isinstance(s, InlineStrings) and len(s) == len(items)
     assert s.to_list() == [x or "" for x in items]
     assert (s.ends - s.starts).tolist() == [len(x or "") for x in items]
@@ -122,13 +122,13 @@ def test_inline_strings_behave_as_strings():
 
 def test_long_string_views_fall_back_to_offsets():
     arr = pa.array(["a" * 20, "b"], pa.string_view())
-    s = readers._strings(arr)
+    s = parquet._strings(arr)
     assert not isinstance(s, InlineStrings)
     assert s.to_list() == ["a" * 20, "b"]
 
 
 def test_written_shard_round_trip_pyarrow(tmp_path, monkeypatch):
-    monkeypatch.setattr(readers, "ENGINE", "pyarrow")
+    monkeypatch.setattr(parquet, "ENGINE", "pyarrow")
     t = pa.table({"label": pa.array([1, 0, 1], pa.int64()), "C1": pa.array(["0000000a", None, "ffffffff"])})
     pq.write_table(t, tmp_path / "x.parquet", row_group_size=2)
     assert read_rows(tmp_path / "x.parquet", ["C1", "label"], 2, 1, 1).to_pydict() == {"C1": ["ffffffff"], "label": [1]}

@@ -1,4 +1,4 @@
-"""etl.chunk: the Layout of a pipeline's output and Chunk (from_table, from_batch, slice, take_lists, concat), checked against plain
+"""etl.loader.chunk: the Layout of a pipeline's output and Chunk (from_table, from_batch, slice, take_lists, concat), checked against plain
 Python rows."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from etl.chunk import Chunk, Layout
+from etl.loader.chunk import Chunk, Layout
 from etl.pipeline import Pipeline
-from etl.readers import batch_from_arrow
+from etl.io.parquet import batch_from_arrow
 from etl.schema import load_schema, parse_schema, schema_to_dict
 from etl.synth import generate
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DENSE = [f"I{i}" for i in range(1, 14)]
 CATS = [f"C{i}" for i in range(1, 27)]
 

@@ -1,4 +1,4 @@
-"""etl.device_stage: the inputs a device transform receives, and the device part run on them (CPU tensors)."""
+"""etl.loader.device_stage: the inputs a device transform receives, and the device part run on them (CPU tensors)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from etl.chunk import Chunk, Layout
-from etl.device_stage import ROW_BITS, DeviceStage, Inputs
+from etl.loader.chunk import Chunk, Layout
+from etl.loader.device_stage import ROW_BITS, DeviceStage, Inputs
 from etl.errors import RowError
 from etl.pipeline import Pipeline
-from etl.readers import batch_from_arrow
-from etl.source import RowGroup
+from etl.io.parquet import batch_from_arrow
+from etl.loader.order import RowGroup
 from tests.conftest import REPO, criteo_table
 
 

@@ -1,4 +1,4 @@
-"""etl.ring on CPU: the acquire → fill → view → release cycle, slot reuse, stopping while no slot is free."""
+"""etl.loader.ring on CPU: the acquire → fill → view → release cycle, slot reuse, stopping while no slot is free."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from etl.ring import Field, Ring
+from etl.loader.ring import Field, Ring
 
 FIELDS = [Field("label", (), torch.float32), Field("dense", (3,), torch.float32), Field("sparse", (2,), torch.int64)]
 

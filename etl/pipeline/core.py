@@ -40,7 +40,7 @@ from etl.batch import Batch, Column, Strings
 from etl.errors import ArtifactError, RowError, SpecError
 from etl.ops import REGISTRY, InvalidRows, Op
 from etl.ops.base import id_dtype
-from etl.readers import batch_from_arrow, open_shard
+from etl.io.parquet import batch_from_arrow, open_shard
 from etl.schema import Schema, load_schema, parse_schema, read_yaml, schema_to_dict
 from etl.workers import run_staged
 

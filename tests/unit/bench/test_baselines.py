@@ -1,4 +1,4 @@
-"""The naive baselines (etl.baselines) against etl's own pipelines on small synthetic Criteo data."""
+"""The naive baselines (etl.bench.baselines) against etl's own pipelines on small synthetic Criteo data."""
 
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from etl import baselines
+from etl.bench import baselines
 from etl.backends import hashing
 from etl.pipeline import Pipeline
 from etl.preprocess import preprocess
-from etl.readers import list_shards
+from etl.io.parquet import list_shards
 from etl.schema import load_schema
 from etl.synth import generate
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 BUCKETS = 40_000_000
 
 

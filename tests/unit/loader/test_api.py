@@ -13,7 +13,7 @@ from etl.loader import Loader, LoaderBatch
 from etl.schema import load_schema
 from etl.synth import generate
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_to_kjt_builds_key_major_values_and_lengths(monkeypatch) -> None:

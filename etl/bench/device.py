@@ -1,5 +1,5 @@
 """The device-placement stages of ``etl bench`` (``--transform-on device``): where the time goes when the
-pipeline's device part runs after the host→device copy (``etl.device_stage``).
+pipeline's device part runs after the host→device copy (``etl.loader.device_stage``).
 
 One thread, row groups already in memory, batches of ``batch_size`` rows, best of two passes. Every stage is
 named ``dp:<stage>`` (device placement):
@@ -21,11 +21,11 @@ import time
 import pyarrow as pa
 import torch
 
-from etl.chunk import Chunk, Layout
-from etl.device_stage import DeviceStage
+from etl.loader.chunk import Chunk, Layout
+from etl.loader.device_stage import DeviceStage
 from etl.pipeline import Pipeline
-from etl.readers import batch_from_arrow
-from etl.ring import Ring
+from etl.io.parquet import batch_from_arrow
+from etl.loader.ring import Ring
 
 
 def measure_device_stages(pipeline: Pipeline, tables: list[pa.Table], batch_size: int, device: torch.device) -> list[tuple[str, float]]:

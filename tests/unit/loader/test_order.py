@@ -1,4 +1,4 @@
-"""etl.source: row groups from footers, each rank's pieces per (seed, epoch), batches per rank.
+"""etl.loader.order: row groups from footers, each rank's pieces per (seed, epoch), batches per rank.
 
 References are brute force: every (row group, row) pair is enumerated and the ranks' pieces are checked against
 the contiguous-slice rule of the module docstring."""
@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from etl.errors import InputError
-from etl.source import Piece, RowGroup, batches_per_rank, epoch_rng, rank_pieces, row_groups
+from etl.loader.order import Piece, RowGroup, batches_per_rank, epoch_rng, rank_pieces, row_groups
 
 # ---------------------------------------------------------------- row_groups
 

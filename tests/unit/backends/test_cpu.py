@@ -14,7 +14,7 @@ import pytest
 
 from etl.backends import cpu, hashing
 from etl.batch import Strings
-from etl.readers import column_from_arrow
+from etl.io.parquet import column_from_arrow
 from etl.schema import ColumnSpec
 
 M64 = 2**64

@@ -1,4 +1,4 @@
-"""etl.convert: delimited text → raw-layout Parquet shards."""
+"""etl.io.text: delimited text → raw-layout Parquet shards."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from etl.convert import ROW_GROUP_ROWS, convert, raw_arrow_schema
+from etl.io.text import ROW_GROUP_ROWS, convert, raw_arrow_schema
 from etl.errors import InputError
 from etl.schema import Schema, load_schema, parse_schema
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DATA = Path(os.environ.get("ETL_SHARED_DATA", ROOT.parent / "shared" / "data"))
 CRITEO = DATA / "criteo-kaggle-8k"
 CRITEO_FILES = [CRITEO / f for f in ("train.csv", "dev.csv", "test.csv")]

@@ -21,9 +21,9 @@ from etl.backends import hashing
 from etl.errors import ArtifactError, RowError, SpecError
 from etl.ops import Categorify, Clamp, Decode, FillMissing, FirstX, Hash, Log1p, Normalize
 from etl.pipeline import Pipeline
-from etl.readers import batch_from_arrow, open_shard
+from etl.io.parquet import batch_from_arrow, open_shard
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PIPELINES = ROOT / "pipelines"
 CRITEO_SCHEMA = ROOT / "schemas" / "criteo.yaml"
 DENSE = [f"I{i}" for i in range(1, 14)]

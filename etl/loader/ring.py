@@ -9,7 +9,7 @@ the next copy into the slot waits for, so a slot is never overwritten while the 
 Slots are allocated once and reused batch after batch.
 
 A ring may also hold ``outputs``: device tensors per slot that no copy fills, written by a function ``ship`` runs
-on the side stream right after the copy (the device part of a pipeline, see ``etl.device_stage``); the event the
+on the side stream right after the copy (the device part of a pipeline, see ``etl.loader.device_stage``); the event the
 consumer waits for is recorded after it.
 """
 

@@ -8,18 +8,18 @@
             ...
     state = loader.state_dict()  # exact position, a few numbers
 
-How it works: ``etl.source`` fixes which row-group pieces this rank reads, in which order. ``num_workers`` threads
+How it works: ``etl.loader.order`` fixes which row-group pieces this rank reads, in which order. ``num_workers`` threads
 read and transform the pieces (Parquet decoding and the numba kernels release the GIL), at most
 ``num_workers + prefetch`` ahead of the assembler. One assembler thread gathers their rows in order into shuffle
 buffers of ``shuffle_buffer`` rows, permutes each buffer with a generator drawn from (seed, epoch, rank, buffer
 number), cuts ``batch_size``-row batches (the remainder carries over across pieces and shards), copies each into a
-free slot of ``etl.ring.Ring`` and starts its host→device copy. The consumer waits only when no batch is ready.
+free slot of ``etl.loader.ring.Ring`` and starts its host→device copy. The consumer waits only when no batch is ready.
 Once a pass has handed its last piece to the workers, the next epoch's pass starts reading (its batches enter the
 ring after this pass's last one), so an epoch does not begin with a wait for its first shuffle buffer.
 
 With ``transform_on="device"`` the workers run only the host part of the pipeline (label check, decoding text into
 keys) and the rest runs on the device right after each slot's copy, on the copy's side stream
-(``etl.device_stage``); the CPU then only reads and decodes. The batches are the same, bit for bit.
+(``etl.loader.device_stage``); the CPU then only reads and decodes. The batches are the same, bit for bit.
 
 A batch's tensors live in a reused slot: they are valid until the next batch is requested (``.clone()`` to keep).
 Every batch is a pure function of (files, seed, epoch, rank, world size, batch number), so ``state_dict`` is that
@@ -42,18 +42,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from etl.chunk import Chunk, Layout
-from etl.device_stage import DeviceStage
-from etl.errors import EtlError
+from etl.loader.chunk import Chunk, Layout
+from etl.loader.device_stage import DeviceStage
+from etl.errors import EtlError, LoaderError
 from etl.pipeline import Pipeline
 from etl.preprocess import MANIFEST
-from etl.readers import batch_from_arrow, list_shards, read_rows
-from etl.ring import Field, Ring
-from etl.source import Piece, batches_per_rank, epoch_rng, rank_pieces, row_groups
-
-
-class LoaderError(EtlError):
-    """A failure in a loader worker, re-raised in the training process with the piece it was working on."""
+from etl.io.parquet import batch_from_arrow, list_shards, read_rows
+from etl.loader.ring import Field, Ring
+from etl.loader.order import Piece, batches_per_rank, epoch_rng, rank_pieces, row_groups
 
 
 @dataclass

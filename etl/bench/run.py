@@ -12,10 +12,10 @@
   training run see: its first batches were prepared while the first epoch drained), or the DLRM of
   scripts/train_dlrm.py: the share of time it waited;
 - with device placement (``device_placement``; on by default with CUDA): the stages of the pipeline's device
-  part (``etl.device_bench``: host part, ring, ``h2d``, each op on the device) and a loader epoch with
+  part (``etl.bench.device``: host part, ring, ``h2d``, each op on the device) and a loader epoch with
   ``transform_on="device"`` and its stall;
 - peak memory (resident set size of this process);
-- baselines: the naive polars and pyarrow+numpy scripts of ``etl.baselines`` doing the same work (best of two
+- baselines: the naive polars and pyarrow+numpy scripts of ``etl.bench.baselines`` doing the same work (best of two
   runs, as ours), with their outputs compared to ours.
 """
 
@@ -35,15 +35,15 @@ from typing import Callable
 import numpy as np
 import torch
 
-from etl import baselines
-from etl.chunk import Chunk, Layout
-from etl.device_bench import measure_device_stages
+from etl.bench import baselines
+from etl.loader.chunk import Chunk, Layout
+from etl.bench.device import measure_device_stages
 from etl.loader import Loader
 from etl.pipeline import Pipeline
 from etl.preprocess import preprocess
-from etl.readers import batch_from_arrow, list_shards, read_rows
-from etl.ring import Field, Ring
-from etl.source import row_groups
+from etl.io.parquet import batch_from_arrow, list_shards, read_rows
+from etl.loader.ring import Field, Ring
+from etl.loader.order import row_groups
 from etl.synth import generate
 from etl.workers import run_workers
 

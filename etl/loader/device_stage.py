@@ -27,11 +27,11 @@ import numpy as np
 import torch
 
 from etl.batch import Batch, Column
-from etl.chunk import Chunk, Layout
+from etl.loader.chunk import Chunk, Layout
 from etl.errors import RowError
 from etl.pipeline import Pipeline
-from etl.ring import Field
-from etl.source import RowGroup
+from etl.loader.ring import Field
+from etl.loader.order import RowGroup
 
 ROW_BITS = 32
 

@@ -58,7 +58,7 @@ class Layout:
 @dataclass(frozen=True)
 class Chunk:
     """``n`` rows: fixed-shape fields (``label``, ``dense``, ``sparse``; other names for the inputs of a device
-    transform, see ``etl.device_stage``) and list columns (values, per-value ``valid`` or None, offsets)."""
+    transform, see ``etl.loader.device_stage``) and list columns (values, per-value ``valid`` or None, offsets)."""
 
     n: int
     fixed: dict[str, np.ndarray]

@@ -1,0 +1,10 @@
+"""Pipelines: a schema plus an ordered list of ops.
+
+Rooms: ``core`` (the spec, column-kind flow, host/device split, transforming one batch), ``fit`` (fitting over
+shards: the plan and the threaded executor), ``artifacts`` (saving and loading the fitted state, and checking
+that artifacts match a pipeline).
+"""
+
+from etl.pipeline.core import ON_ERROR, Pipeline, Rejected, Transformed
+
+__all__ = ["ON_ERROR", "Pipeline", "Rejected", "Transformed"]

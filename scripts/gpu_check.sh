@@ -57,7 +57,7 @@ log "2/5 data: $ROWS rows"
 
 log "3/5 parity tests"
 "$PY" -m pytest -q -p no:cacheprovider -rs --junitxml="$OUT/parity.xml" \
-    tests/contract/test_backends.py tests/unit/test_backend_tensor.py tests/unit/test_ring.py \
+    tests/contract/test_backends.py tests/unit/backends/test_tensor.py tests/unit/loader/test_ring.py \
     tests/integration/test_loader_device.py tests/integration/test_loader.py::test_cuda_batches_equal_the_cpu_batches \
     >"$OUT/parity.log" 2>&1
 PARITY_RC=$?

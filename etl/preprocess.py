@@ -15,7 +15,6 @@ bytes as an uninterrupted run. Rows are accounted exactly: rows_in = rows_out + 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import threading
@@ -30,6 +29,7 @@ import pyarrow.parquet as pq
 
 from etl.errors import ArtifactError
 from etl.pipeline import ON_ERROR, Pipeline, Transformed
+from etl.io.files import HashingFile, atomic_write_bytes, remove_temporaries, shard_name, sha256_file, temporary_path
 from etl.io.parquet import batch_from_arrow, open_shard
 from etl.workers import run_workers
 
@@ -58,53 +58,8 @@ class Summary:
         return self.rows_processed / self.transform_seconds if self.transform_seconds > 0 else 0.0
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-class _HashingFile:
-    """A write-only file that computes the sha256 of what is written to it as it goes (Parquet writers write
-    sequentially, so this is the checksum of the finished file, without reading it back)."""
-
-    def __init__(self, path: Path):
-        self._f = open(path, "wb")
-        self._h = hashlib.sha256()
-        self.closed = False
-
-    def write(self, data) -> int:
-        self._h.update(data)  # releases the GIL for large buffers
-        return self._f.write(data)
-
-    def flush(self) -> None:
-        self._f.flush()
-
-    def close(self) -> None:
-        if not self.closed:
-            self._f.close()
-            self.closed = True
-
-    def hexdigest(self) -> str:
-        return self._h.hexdigest()
-
-    def __enter__(self) -> _HashingFile:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def _tmp(path: Path) -> Path:
-    return path.with_name(path.name + ".tmp")
-
-
-def write_json_atomic(path: Path, doc: Any) -> None:
-    tmp = _tmp(path)
-    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+def _write_manifest_json(path: Path, doc: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
 
 
 def _load_manifest(path: Path) -> dict[str, Any]:
@@ -143,7 +98,8 @@ def process_shard(pipeline: Pipeline, source: Path, out: Path, quarantine: Path,
     schema = pipeline.output_schema()
     rows_in = rows_out = rows_q = 0
     q_writer = None
-    sink = _HashingFile(_tmp(out))
+    out_tmp, q_tmp = temporary_path(out), temporary_path(quarantine)
+    sink = HashingFile(out_tmp)
     with sink, pq.ParquetWriter(sink, schema, use_dictionary=False, compression=compression, write_statistics=False) as writer:
         for i in range(shard.num_row_groups):
             if stop.is_set():
@@ -158,15 +114,15 @@ def process_shard(pipeline: Pipeline, source: Path, out: Path, quarantine: Path,
                 q = _quarantine_table(raw, shard.file.schema_arrow, first, t)
                 if q_writer is None:
                     quarantine.parent.mkdir(exist_ok=True)
-                    q_writer = pq.ParquetWriter(_tmp(quarantine), q.schema)
+                    q_writer = pq.ParquetWriter(q_tmp, q.schema)
                 q_writer.write_table(q)
                 rows_q += q.num_rows
             if progress is not None:
                 progress(raw.num_rows)
     if q_writer is not None:
         q_writer.close()
-        os.replace(_tmp(quarantine), quarantine)
-    os.replace(_tmp(out), out)
+        os.replace(q_tmp, quarantine)
+    os.replace(out_tmp, out)
     if rows_in != rows_out + rows_q:
         raise RuntimeError(f"{source}: row accounting broke: {rows_in} in, {rows_out} out, {rows_q} quarantined")
     return {
@@ -210,11 +166,11 @@ def preprocess(
     fit_seconds = time.perf_counter() - t0
     artifacts_sha = sha256_file(out_dir / "artifacts" / "pipeline.json")
 
-    for stale in [*out_dir.glob("*.tmp"), *out_dir.glob("quarantine/*.tmp")]:
-        stale.unlink()  # left by an interrupted run
+    remove_temporaries(out_dir)  # left by an interrupted run
+    remove_temporaries(out_dir / "quarantine")
     manifest_path = out_dir / MANIFEST
     previous = _load_manifest(manifest_path)
-    outputs = [out_dir / f"part-{i:05d}.parquet" for i in range(len(shards))]
+    outputs = [out_dir / shard_name(i) for i in range(len(shards))]
     entries: dict[str, dict[str, Any]] = {}
     todo: list[int] = []
     for i, (src, out) in enumerate(zip(shards, outputs)):
@@ -234,7 +190,7 @@ def preprocess(
 
     def write_manifest() -> None:
         files = [entries[k] for k in sorted(entries)]
-        write_json_atomic(
+        _write_manifest_json(
             manifest_path,
             {
                 "format": MANIFEST_FORMAT,

@@ -19,9 +19,8 @@ from numba.extending import intrinsic
 
 from etl.backends.hashing import C1, C2, FNV_OFFSET, FNV_PRIME, check_buckets, seed_word
 from etl.batch import Strings, gather_ranges, take_values
+from etl.ids import FIRST, MISSING
 
-NULL_ID = 1
-FIRST_ID = 2
 _jit = nb.njit(nogil=True, cache=True)
 
 _C1 = np.uint64(C1)
@@ -152,9 +151,9 @@ def moments(values: np.ndarray, valid: np.ndarray | None) -> tuple[int, float, f
 
 def bucketize(values: np.ndarray, valid: np.ndarray | None, boundaries: np.ndarray, out_dtype) -> np.ndarray:
     """id = 2 + number of boundaries <= value (right-closed buckets); missing → 1."""
-    ids = (np.searchsorted(boundaries, values, side="right") + FIRST_ID).astype(out_dtype)
+    ids = (np.searchsorted(boundaries, values, side="right") + FIRST).astype(out_dtype)
     if valid is not None:
-        ids[~valid] = NULL_ID
+        ids[~valid] = MISSING
     return ids
 
 

@@ -42,9 +42,8 @@ import torch
 from etl.backends import cpu
 from etl.backends.hashing import C1, C2, FNV_OFFSET, FNV_PRIME, check_buckets, seed_word
 from etl.batch import Batch, Column, Strings
+from etl.ids import FIRST, MISSING
 
-NULL_ID = 1
-FIRST_ID = 2
 _I64_MIN = -(1 << 63)
 _MAX_HEX_DIGITS = 16
 _MAX_DEC_DIGITS = 19
@@ -116,7 +115,7 @@ def _torch_dtype(out_dtype: object) -> torch.dtype:
 def _ids(ids: torch.Tensor, valid: torch.Tensor | None, out_dtype: object) -> torch.Tensor:
     """``ids`` (int64, modified in place) with missing rows set to 1, as ``out_dtype``."""
     if valid is not None:
-        ids.masked_fill_(~valid, NULL_ID)
+        ids.masked_fill_(~valid, MISSING)
     return ids.to(_torch_dtype(out_dtype))
 
 
@@ -183,7 +182,7 @@ def bucketize(values: torch.Tensor, valid: torch.Tensor | None, boundaries: np.n
     ``np.searchsorted(side="right")``; NaN is above every boundary); missing → 1."""
     b = _float_tensor(np.ascontiguousarray(boundaries, np.float64).tobytes(), values.device)
     ids = torch.searchsorted(b, values.to(torch.float64).contiguous(), right=True)
-    ids += FIRST_ID
+    ids += FIRST
     return _ids(ids, valid, out_dtype)
 
 
@@ -450,7 +449,7 @@ def hash_ids(keys: torch.Tensor, valid: torch.Tensor | None, seed: int, n: int, 
     """id = 2 + reduce(hash64(key, seed), n); missing → 1."""
     check_buckets(n)
     ids = _reduce(_hash64(keys, seed), n)
-    ids += FIRST_ID
+    ids += FIRST
     return _ids(ids, valid, out_dtype)
 
 
@@ -475,7 +474,7 @@ def hash_columns(keys: list[torch.Tensor], valids: list[torch.Tensor | None], se
         return [hash_ids(k, v, seed, n, out_dtype) for k, v in zip(keys, valids)]
     stacked = torch.stack(keys)
     ids = _reduce(_hash64(stacked, seed), n)
-    ids += FIRST_ID
+    ids += FIRST
     return list(_ids(ids, _stacked_valid(valids, stacked), out_dtype).unbind(0))
 
 
@@ -483,7 +482,7 @@ def bucket_ids(hashes: torch.Tensor, valid: torch.Tensor | None, n: int, out_dty
     """id = 2 + reduce(hash, n) for values that are already hashes; missing → 1."""
     check_buckets(n)
     ids = _reduce(hashes, n)
-    ids += FIRST_ID
+    ids += FIRST
     return _ids(ids, valid, out_dtype)
 
 
@@ -594,7 +593,7 @@ class LookupTables:
                 ids = torch.where(found, torch.gather(tids, 1, pos), ids)
             valid = _stacked_valid([valids[i] for i in group], stacked)
             if valid is not None:
-                ids.masked_fill_(~valid, NULL_ID)
+                ids.masked_fill_(~valid, MISSING)
             dtypes = {_torch_dtype(out_dtypes[i]) for i in group}
             rows = ids.to(dtypes.pop()).unbind(0) if len(dtypes) == 1 else [ids[r].to(_torch_dtype(out_dtypes[i])) for r, i in enumerate(group)]
             for i, r in zip(group, rows):

@@ -38,6 +38,8 @@ import pyarrow.parquet as pq
 from etl.backends.hashing import C1 as _C1
 from etl.backends.hashing import C2 as _C2
 from etl.backends.hashing import check_buckets, seed_word
+from etl.ids import FIRST, MISSING
+from etl.io.files import is_shard_name, shard_name
 
 try:
     import polars as pl
@@ -49,16 +51,14 @@ LABEL = "label"
 DENSE = [f"I{i}" for i in range(1, 14)]
 CATS = [f"C{i}" for i in range(1, 27)]
 OUTPUT_COLUMNS = [LABEL, *DENSE, *CATS]
-NULL_ID = 1
-OOV_ID = 2  # the single out-of-vocabulary bucket (Categorify with oov_buckets=1)
-FIRST_VOCAB_ID = 3
-HASH_BASE = 2
+OOV_ID = FIRST  # the single out-of-vocabulary bucket (Categorify with oov_buckets=1)
+FIRST_VOCAB_ID = FIRST + 1
 
 PathLike = str | Path
 
 
 def _part(out_dir: Path, i: int) -> Path:
-    return out_dir / f"part-{i:05d}.parquet"
+    return out_dir / shard_name(i)
 
 
 # ==================================================================== polars
@@ -94,7 +94,7 @@ def polars_categorify(files: Sequence[PathLike], out_dir: PathLike, freq_thresho
     for i, f in enumerate(files):
         df = pl.read_parquet(f)
         cats = [
-            pl.when(pl.col(c).is_null()).then(pl.lit(NULL_ID, pl.Int32)).otherwise(
+            pl.when(pl.col(c).is_null()).then(pl.lit(MISSING, pl.Int32)).otherwise(
                 pl.col(c).replace_strict(vocabs[c][0], vocabs[c][1], default=pl.lit(OOV_ID, pl.Int32), return_dtype=pl.Int32)
             ).alias(c)
             for c in CATS
@@ -116,8 +116,8 @@ def polars_hash(files: Sequence[PathLike], out_dir: PathLike, num_buckets: int =
     for i, f in enumerate(files):
         df = pl.read_parquet(f)
         cats = [
-            pl.when(pl.col(c).is_null()).then(pl.lit(NULL_ID, pl.Int32)).otherwise(
-                (pl.col(c).str.to_integer(base=16).hash(0) % num_buckets + HASH_BASE).cast(pl.Int32)
+            pl.when(pl.col(c).is_null()).then(pl.lit(MISSING, pl.Int32)).otherwise(
+                (pl.col(c).str.to_integer(base=16).hash(0) % num_buckets + FIRST).cast(pl.Int32)
             ).alias(c)
             for c in CATS
         ]
@@ -221,7 +221,7 @@ def numpy_categorify(files: Sequence[PathLike], out_dir: PathLike, freq_threshol
             ids = np.where(vkeys[pos] == keys, vids[pos], np.int32(OOV_ID))
         else:
             ids = np.full(len(keys), OOV_ID, np.int32)
-        ids[~valid] = NULL_ID
+        ids[~valid] = MISSING
         return ids
 
     _numpy_transform(files, out, vocabulary_ids)
@@ -258,9 +258,9 @@ def numpy_hash_ids(keys: np.ndarray, valid: np.ndarray | None, num_buckets: int,
     h = numpy_fmix64(keys.astype(np.uint64, copy=False) ^ np.uint64(seed_word(seed)))
     s = np.uint64(32)
     bucket = ((h >> s) * np.uint64(num_buckets)) >> s  # < 2**63: exact in uint64
-    ids = (bucket + np.uint64(HASH_BASE)).astype(np.int32)
+    ids = (bucket + np.uint64(FIRST)).astype(np.int32)
     if valid is not None:
-        ids[~valid] = NULL_ID
+        ids[~valid] = MISSING
     return ids
 
 
@@ -275,7 +275,7 @@ def numpy_hash(files: Sequence[PathLike], out_dir: PathLike, num_buckets: int = 
 
 
 def _parts(d: Path) -> list[str]:
-    return sorted(p.name for p in d.glob("part-*.parquet"))
+    return sorted(p.name for p in d.iterdir() if is_shard_name(p.name))
 
 
 def first_difference(dir_a: PathLike, dir_b: PathLike) -> str | None:

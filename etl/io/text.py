@@ -35,15 +35,15 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from etl.errors import InputError
+from etl.io.files import is_shard_name, shard_name, temporary_path
 from etl.schema import ColumnSpec, Schema
 
-__all__ = ["ROW_GROUP_ROWS", "raw_arrow_schema", "convert", "shard_name", "ShardSetWriter"]
+__all__ = ["ROW_GROUP_ROWS", "raw_arrow_schema", "convert", "ShardSetWriter"]
 
 #: Largest row group written by ``convert`` and ``etl.synth.generate``.
 ROW_GROUP_ROWS = 131_072
 
 _BLOCK_SIZE = 16 << 20  # bytes of text per CSV block: bounds memory while streaming
-_SHARD_RE = re.compile(r"part-\d{5,}\.parquet")
 _ARROW_SCALAR = {"int64": pa.int64(), "float64": pa.float64(), "string": pa.string()}
 
 
@@ -60,15 +60,10 @@ def raw_arrow_schema(schema: Schema) -> pa.Schema:
     return pa.schema(fields)
 
 
-def shard_name(index: int) -> str:
-    """File name of the ``index``-th shard: ``part-00000.parquet``, ``part-00001.parquet``, ..."""
-    return f"part-{index:05d}.parquet"
-
-
 class ShardSetWriter:
     """Writes a set of raw-layout shards so that a data set is replaced all at once.
 
-    Each shard is written under a hidden temporary name (``.part-00000.parquet.tmp``). ``commit()`` renames them all
+    Each shard is written under a hidden temporary name (``etl.io.files.temporary_path``). ``commit()`` renames them all
     to their final names and then removes any other ``part-NNNNN.parquet`` in ``out_dir`` (left by an earlier, larger
     run), so ``out_dir`` never mixes two data sets. ``abort()`` removes the temporaries and leaves ``out_dir`` as it
     was. Use it as a context manager: an exception aborts, a normal exit does not commit by itself.
@@ -90,7 +85,7 @@ class ShardSetWriter:
 
         Safe to call from several threads for distinct indices.
         """
-        tmp = self.out_dir / f".{shard_name(index)}.tmp"
+        tmp = temporary_path(self.out_dir / shard_name(index))
         self._tmp[index] = tmp
         return pq.ParquetWriter(tmp, self.arrow_schema, compression="snappy", use_dictionary=True)
 
@@ -102,7 +97,7 @@ class ShardSetWriter:
             os.replace(self._tmp[index], final[-1])
         keep = {p.name for p in final}
         for p in self.out_dir.iterdir():
-            if _SHARD_RE.fullmatch(p.name) and p.name not in keep:
+            if is_shard_name(p.name) and p.name not in keep:
                 p.unlink()
         self._tmp = {}
         return final

@@ -102,7 +102,3 @@ class Op:
     def load_state(self, doc: dict[str, Any], tables: dict[str, pa.Table]) -> None:
         return None
 
-
-def id_dtype(cardinality: int) -> np.dtype:
-    """int32 when every id (0 .. cardinality - 1) fits, else int64."""
-    return np.dtype(np.int32) if cardinality - 1 <= np.iinfo(np.int32).max else np.dtype(np.int64)

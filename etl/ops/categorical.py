@@ -19,11 +19,9 @@ import pyarrow as pa
 
 from etl.backends.hashing import check_buckets, check_seed
 from etl.batch import Batch, Column, Strings
-from etl.ops.base import InvalidRows, Op, Stats, id_dtype, rows_with_bad_elements
+from etl.ids import RESERVED, id_dtype
+from etl.ops.base import InvalidRows, Op, Stats, rows_with_bad_elements
 from etl.schema import ColumnSpec
-
-RESERVED_IDS = 2  # 0 padding, 1 missing
-
 
 class Decode(Op):
     """Raw categorical value → uint64 key, by the column's schema encoding:
@@ -98,13 +96,13 @@ class Hash(Op):
         self.num_buckets, self.seed = num_buckets, seed
 
     def cardinalities(self) -> dict[str, int]:
-        return {c: self.num_buckets + RESERVED_IDS for c in self.columns}
+        return {c: self.num_buckets + RESERVED for c in self.columns}
 
     def transform(self, batch: Batch, xp: Any) -> dict[str, Column]:
         cols = [batch[c] for c in self.columns]
         for c, col in zip(self.columns, cols):
             _require_keys(self.name, c, col, xp)
-        dt = id_dtype(self.num_buckets + RESERVED_IDS)
+        dt = id_dtype(self.num_buckets + RESERVED)
         ids = xp.hash_columns([col.values for col in cols], [col.valid for col in cols], self.seed, self.num_buckets, dt)
         return {c: Column(i, None, col.offsets) for c, col, i in zip(self.columns, cols, ids)}
 
@@ -131,7 +129,7 @@ class HashedCross(Op):
         return [self.output]
 
     def cardinalities(self) -> dict[str, int]:
-        return {self.output: self.num_buckets + RESERVED_IDS}
+        return {self.output: self.num_buckets + RESERVED}
 
     def transform(self, batch: Batch, xp: Any) -> dict[str, Column]:
         cols = [batch[c] for c in self.columns]
@@ -140,7 +138,7 @@ class HashedCross(Op):
             if col.is_list:
                 raise ValueError(f"HashedCross: column '{c}' is a list column")
         keys, valid = xp.cross_keys([col.values for col in cols], [col.valid for col in cols], self.seed)
-        dt = id_dtype(self.num_buckets + RESERVED_IDS)
+        dt = id_dtype(self.num_buckets + RESERVED)
         return {self.output: Column(xp.bucket_ids(keys, valid, self.num_buckets, dt))}
 
 
@@ -179,7 +177,7 @@ class Categorify(Op):
         return bool(self.vocab)
 
     def cardinalities(self) -> dict[str, int]:
-        return {c: RESERVED_IDS + self.oov_buckets + self.vocab[c].num_rows for c in self.columns}
+        return {c: RESERVED + self.oov_buckets + self.vocab[c].num_rows for c in self.columns}
 
     # ---- fit
     def new_stats(self, xp: Any) -> Stats:
@@ -203,7 +201,7 @@ class Categorify(Op):
             keys, counts = keys[order], counts[order]
             raw_map = stats[c]["raw"]
             raw = pa.array([raw_map[int(k)] for k in keys], pa.string()) if self.specs[c].encoding == "string" else render_keys(keys, self.specs[c], xp)
-            ids = np.arange(len(keys), dtype=np.int64) + RESERVED_IDS + self.oov_buckets
+            ids = np.arange(len(keys), dtype=np.int64) + RESERVED + self.oov_buckets
             self.vocab[c] = pa.table(
                 {"key": pa.array(keys, pa.uint64()), "raw": raw, "count": pa.array(counts, pa.int64()), "id": pa.array(ids, pa.int64())}
             )
@@ -225,7 +223,7 @@ class Categorify(Op):
             _require_keys(self.name, c, col, xp)
         cards = self.cardinalities()
         dtypes = [id_dtype(cards[c]) for c in self.columns]
-        ids = self._lookup_tables(xp).lookup([col.values for col in cols], [col.valid for col in cols], RESERVED_IDS, self.oov_buckets, self.seed, dtypes)
+        ids = self._lookup_tables(xp).lookup([col.values for col in cols], [col.valid for col in cols], RESERVED, self.oov_buckets, self.seed, dtypes)
         return {c: Column(i, None, col.offsets) for c, col, i in zip(self.columns, cols, ids)}
 
     # ---- artifacts

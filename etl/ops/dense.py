@@ -10,7 +10,8 @@ import numpy as np
 import pyarrow as pa
 
 from etl.batch import Batch, Column
-from etl.ops.base import InvalidRows, Op, Stats, id_dtype
+from etl.ids import FIRST, id_dtype
+from etl.ops.base import InvalidRows, Op, Stats
 
 
 class FillMissing(Op):
@@ -129,8 +130,8 @@ class Bucketize(Op):
         self.boundaries = b
 
     def cardinalities(self) -> dict[str, int]:
-        return {c: len(self.boundaries) + 3 for c in self.columns}
+        return {c: FIRST + len(self.boundaries) + 1 for c in self.columns}
 
     def transform(self, batch: Batch, xp: Any) -> dict[str, Column]:
-        dt = id_dtype(len(self.boundaries) + 3)
+        dt = id_dtype(FIRST + len(self.boundaries) + 1)
         return {c: Column(xp.bucketize(batch[c].values, batch[c].valid, self.boundaries, dt)) for c in self.columns}

@@ -39,7 +39,9 @@ from etl.backends import cpu
 from etl.batch import Batch, Column, Strings
 from etl.errors import ArtifactError, RowError, SpecError
 from etl.ops import REGISTRY, InvalidRows, Op
-from etl.ops.base import id_dtype
+from etl.ids import DESCRIPTION as ID_ENCODING
+from etl.ids import id_dtype
+from etl.io.files import atomic_write_bytes, atomic_write_parquet
 from etl.io.parquet import batch_from_arrow, open_shard
 from etl.schema import Schema, load_schema, parse_schema, read_yaml, schema_to_dict
 from etl.workers import run_staged
@@ -389,7 +391,7 @@ class Pipeline:
             for name, table in tables.items():
                 rel = f"{i:02d}-{op.name}/{name}.parquet"
                 (d / rel).parent.mkdir(parents=True, exist_ok=True)
-                _atomic_parquet(table, d / rel)
+                atomic_write_parquet(table, d / rel)
                 names[name] = rel
             ops_doc.append({"op": op.name, "state": doc, "tables": names})
         manifest = {
@@ -399,10 +401,10 @@ class Pipeline:
             "schema": schema_to_dict(self.schema),
             "output_columns": self.output_columns,
             "cardinalities": self.cardinalities(),
-            "id_encoding": "0 = padding, 1 = missing, 2.. = op ids (Hash: buckets; Categorify: OOV buckets then vocabulary by count desc, key asc)",
+            "id_encoding": ID_ENCODING,
             "ops": ops_doc,
         }
-        _atomic_write(d / "pipeline.json", json.dumps(manifest, indent=1, sort_keys=True).encode())
+        atomic_write_bytes(d / "pipeline.json", json.dumps(manifest, indent=1, sort_keys=True).encode())
 
     @classmethod
     def load(cls, directory: str | Path, xp: Any = cpu) -> Pipeline:
@@ -446,18 +448,6 @@ def _follow(kind: dict[str, str], op: Op) -> None:
 def _columns_of(stats: dict[str, Any], column: str) -> dict[str, Any]:
     """The accumulator of an op restricted to one column (the same per-column entry, so updates are shared)."""
     return {column: stats[column]}
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
-def _atomic_parquet(table: pa.Table, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
 
 
 def _row_error(batch: Batch, column: str, reason: str, mask: np.ndarray, xp: Any) -> RowError:

@@ -1,0 +1,111 @@
+"""Files we write: shard names, temporary names, atomic writes, checksums.
+
+Every file is written under a hidden temporary name in its final directory and renamed onto its final name once
+complete (``os.replace``: atomic on one file system), so a reader never sees a partial file under a final name.
+Temporary names are ``.<final name>.<pid>-<random>.tmp``: unique per writer, recognisable by ``is_temporary``
+(an interrupted run leaves them behind; the next run of the same command removes them).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import secrets
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+_SHARD_RE = re.compile(r"part-\d{5,}\.parquet")
+_TMP_SUFFIX = ".tmp"
+
+
+def shard_name(index: int) -> str:
+    """File name of the ``index``-th shard: ``part-00000.parquet``, ``part-00001.parquet``, ..."""
+    return f"part-{index:05d}.parquet"
+
+
+def is_shard_name(name: str) -> bool:
+    """Whether ``name`` is a shard name made by ``shard_name``."""
+    return _SHARD_RE.fullmatch(name) is not None
+
+
+def temporary_path(path: Path) -> Path:
+    """A fresh temporary name for writing ``path``, in the same directory (so the final rename is atomic)."""
+    return path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}{_TMP_SUFFIX}")
+
+
+def is_temporary(name: str) -> bool:
+    """Whether ``name`` is a temporary name made by ``temporary_path``."""
+    return name.startswith(".") and name.endswith(_TMP_SUFFIX)
+
+
+def remove_temporaries(directory: Path) -> None:
+    """Remove the temporary files an interrupted writer left in ``directory`` (not recursive)."""
+    if directory.is_dir():
+        for p in directory.iterdir():
+            if is_temporary(p.name):
+                p.unlink(missing_ok=True)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename."""
+    tmp = temporary_path(path)
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write_parquet(table: pa.Table, path: Path, **options: Any) -> None:
+    """Write ``table`` as Parquet (``options`` go to ``pyarrow.parquet.write_table``) through a temporary file
+    and a rename."""
+    tmp = temporary_path(path)
+    try:
+        pq.write_table(table, tmp, **options)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of the file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class HashingFile:
+    """A write-only file that computes the sha256 of what is written to it as it goes (Parquet writers write
+    sequentially, so this is the checksum of the finished file, without reading it back)."""
+
+    def __init__(self, path: Path):
+        self._f = open(path, "wb")
+        self._h = hashlib.sha256()
+        self.closed = False
+
+    def write(self, data: bytes) -> int:
+        self._h.update(data)  # releases the GIL for large buffers
+        return self._f.write(data)
+
+    def flush(self) -> None:
+        self._f.flush()
+
+    def close(self) -> None:
+        if not self.closed:
+            self._f.close()
+            self.closed = True
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+    def __enter__(self) -> HashingFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -210,7 +210,7 @@ def measure_stall(loader: Loader, step_seconds: float, model: Callable | None = 
 
 def dlrm_step(loader: Loader) -> Callable:
     """A training step of the DLRM in scripts/train_dlrm.py (imported from the repository)."""
-    path = Path(__file__).resolve().parents[1] / "scripts" / "train_dlrm.py"
+    path = Path(__file__).resolve().parents[2] / "scripts" / "train_dlrm.py"
     spec = importlib.util.spec_from_file_location("train_dlrm", path)
     if spec is None or not path.is_file():
         raise FileNotFoundError(f"{path}: the DLRM example is not there")

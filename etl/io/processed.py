@@ -1,0 +1,198 @@
+"""The processed-output format: the directory ``etl preprocess`` writes and the loader and ``etl inspect`` read.
+
+Layout::
+
+    part-00000.parquet ...          one processed file per input shard, named by ``etl.io.files.shard_name``
+    quarantine/part-00000.parquet   the rejected raw rows of that shard (only when there are some)
+    artifacts/                      the fitted pipeline that produced the files (see ``etl.pipeline``)
+    manifest.json                   the ``Manifest``: one ``ManifestEntry`` per output file written so far
+
+manifest.json is JSON with the keys ``format`` (``FORMAT``), ``version`` (``VERSION``), ``pipeline`` (its name),
+``artifacts`` (``ARTIFACTS``), ``complete`` (every input shard has its output), ``totals`` (row counts summed over
+``files``) and ``files`` (the entries, as objects with the fields of ``ManifestEntry``). It is written
+atomically (``write_manifest``), so a reader sees either the previous or the new manifest, never a partial one.
+
+Reading has two levels: ``read_manifest`` parses the file and checks its format and version; ``open_processed``
+also decides whether the listed files may be read as a data set (``_readable_parts``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from etl.errors import InputError
+from etl.io.files import atomic_write_bytes, shard_name
+
+MANIFEST = "manifest.json"
+FORMAT = "etl-manifest"
+VERSION = 1
+ARTIFACTS = "artifacts"
+QUARANTINE = "quarantine"
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    """One output file: ``output`` and ``quarantine`` are paths relative to the directory (``quarantine`` is None
+    when no row was rejected); ``source`` is the absolute path of the input shard and ``source_bytes`` its size;
+    ``rows_in = rows_out + rows_quarantined``; ``sha256`` is the checksum of the output file and
+    ``artifacts_sha256`` that of the artifacts' pipeline.json it was transformed with."""
+
+    output: str
+    source: str
+    source_bytes: int
+    rows_in: int
+    rows_out: int
+    rows_quarantined: int
+    quarantine: str | None
+    sha256: str
+    artifacts_sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class Totals:
+    """Row counts summed over a manifest's entries."""
+
+    rows_in: int
+    rows_out: int
+    rows_quarantined: int
+
+    @classmethod
+    def of(cls, entries: list[ManifestEntry]) -> Totals:
+        return cls(
+            rows_in=sum(e.rows_in for e in entries),
+            rows_out=sum(e.rows_out for e in entries),
+            rows_quarantined=sum(e.rows_quarantined for e in entries),
+        )
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The content of manifest.json: the name of the ``pipeline``, whether the output is ``complete``, the
+    ``totals`` and the ``files`` in output name order."""
+
+    pipeline: str
+    complete: bool
+    totals: Totals
+    files: list[ManifestEntry]
+
+    @classmethod
+    def of(cls, pipeline: str, files: list[ManifestEntry], complete: bool) -> Manifest:
+        """A manifest of ``files`` with their totals."""
+        return cls(pipeline=pipeline, complete=complete, totals=Totals.of(files), files=files)
+
+
+@dataclass(frozen=True)
+class ProcessedOutput:
+    """A processed output opened for reading: its ``artifacts`` directory, its output files (``parts``, in
+    manifest order) and its ``manifest``."""
+
+    artifacts: Path
+    parts: list[Path]
+    manifest: Manifest
+
+
+def part_path(directory: Path, index: int) -> Path:
+    """Where the output of the ``index``-th input shard goes."""
+    return directory / shard_name(index)
+
+
+def quarantine_name(output: str) -> str:
+    """The quarantine file of the output file named ``output``, relative to the directory (as the manifest
+    records it)."""
+    return f"{QUARANTINE}/{output}"
+
+
+def is_processed(directory: Path) -> bool:
+    """Whether ``directory`` holds a processed output (it has a manifest.json)."""
+    return (directory / MANIFEST).is_file()
+
+
+def write_manifest(directory: Path, manifest: Manifest) -> None:
+    """Write ``manifest`` as ``directory``/manifest.json, atomically."""
+    doc = {
+        "format": FORMAT,
+        "version": VERSION,
+        "pipeline": manifest.pipeline,
+        "artifacts": ARTIFACTS,
+        "complete": manifest.complete,
+        "totals": asdict(manifest.totals),
+        "files": [asdict(e) for e in manifest.files],
+    }
+    atomic_write_bytes(directory / MANIFEST, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
+
+
+def read_manifest(directory: Path) -> Manifest:
+    """The manifest of ``directory``. Raises ``InputError`` naming manifest.json when it is missing or
+    unreadable, not JSON, of another format or version, or lacks a field (or has one of the wrong type)."""
+    path = directory / MANIFEST
+    try:
+        doc = json.loads(path.read_bytes())
+    except OSError as e:
+        raise InputError(str(path), f"cannot read the manifest: {e.strerror}") from None
+    except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
+        raise InputError(str(path), f"not a JSON manifest: {e}") from None
+    if not isinstance(doc, dict):
+        raise InputError(str(path), f"not a JSON manifest: expected an object, got {type(doc).__name__}")
+    if doc.get("format") != FORMAT or doc.get("version") != VERSION:
+        found = f"format {doc.get('format')!r} version {doc.get('version')!r}"
+        raise InputError(str(path), f"manifest {found}, expected format {FORMAT!r} version {VERSION}")
+    totals = _field(doc, "totals", dict, path)
+    files = _field(doc, "files", list, path)
+    return Manifest(
+        pipeline=_field(doc, "pipeline", str, path),
+        complete=_field(doc, "complete", bool, path),
+        totals=Totals(**{k: _field(totals, k, int, path, "totals") for k in ("rows_in", "rows_out", "rows_quarantined")}),
+        files=[_entry(e, path, f"files[{i}]") for i, e in enumerate(files)],
+    )
+
+
+def open_processed(directory: Path) -> ProcessedOutput:
+    """Open the processed output in ``directory`` for reading. Raises ``InputError`` as ``read_manifest`` does."""
+    manifest = read_manifest(directory)
+    return ProcessedOutput(artifacts=directory / ARTIFACTS, parts=_readable_parts(directory, manifest), manifest=manifest)
+
+
+def _readable_parts(directory: Path, manifest: Manifest) -> list[Path]:
+    """The output files of ``manifest``, in its order: the one place where a processed output is checked before
+    its files are read as a data set."""
+    return [directory / e.output for e in manifest.files]
+
+
+_ENTRY_TYPES: dict[str, type | tuple[type, ...]] = {
+    "output": str,
+    "source": str,
+    "source_bytes": int,
+    "rows_in": int,
+    "rows_out": int,
+    "rows_quarantined": int,
+    "quarantine": (str, type(None)),
+    "sha256": str,
+    "artifacts_sha256": (str, type(None)),
+}
+_ENTRY_OPTIONAL = ("artifacts_sha256",)
+
+
+def _entry(doc: Any, path: Path, where: str) -> ManifestEntry:
+    if not isinstance(doc, dict):
+        raise InputError(str(path), f"manifest field '{where}' is {json.dumps(doc)}, expected an object")
+    present = [k for k in _ENTRY_TYPES if k in doc or k not in _ENTRY_OPTIONAL]
+    return ManifestEntry(**{k: _field(doc, k, _ENTRY_TYPES[k], path, where) for k in present})
+
+
+_JSON_NAMES = {dict: "an object", list: "an array", str: "a string", int: "an integer", bool: "true or false", type(None): "null"}
+
+
+def _field(doc: dict[str, Any], key: str, kind: type | tuple[type, ...], path: Path, where: str = "") -> Any:
+    """``doc[key]``, checked to be of ``kind`` (a bool is not an int here)."""
+    name = f"{where}.{key}" if where else key
+    if key not in doc:
+        raise InputError(str(path), f"manifest field '{name}' is missing")
+    value = doc[key]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        expected = " or ".join(_JSON_NAMES[k] for k in kinds)
+        raise InputError(str(path), f"manifest field '{name}' is {json.dumps(value)}, expected {expected}")
+    return value

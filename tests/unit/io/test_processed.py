@@ -1,0 +1,189 @@
+"""etl.io.processed: the manifest's exact bytes, its round trip, the typed errors for a manifest that cannot be used,
+and the paths ``open_processed`` gives the loader."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from etl.errors import InputError
+from etl.io.processed import (
+    ARTIFACTS,
+    MANIFEST,
+    Manifest,
+    ManifestEntry,
+    Totals,
+    is_processed,
+    open_processed,
+    part_path,
+    quarantine_name,
+    read_manifest,
+    write_manifest,
+)
+
+
+def entry(i: int, rows_in: int, quarantined: int = 0) -> ManifestEntry:
+    name = f"part-{i:05d}.parquet"
+    return ManifestEntry(
+        output=name,
+        source=f"/data/raw/{i}.parquet",
+        source_bytes=1000 + i,
+        rows_in=rows_in,
+        rows_out=rows_in - quarantined,
+        rows_quarantined=quarantined,
+        quarantine=f"quarantine/{name}" if quarantined else None,
+        sha256=f"{i:064x}",
+        artifacts_sha256="ab" * 32,
+    )
+
+
+MANIFEST_DOC = {
+    "artifacts": "artifacts",
+    "complete": False,
+    "files": [
+        {
+            "artifacts_sha256": "ab" * 32,
+            "output": "part-00000.parquet",
+            "quarantine": None,
+            "rows_in": 10,
+            "rows_out": 10,
+            "rows_quarantined": 0,
+            "sha256": f"{0:064x}",
+            "source": "/data/raw/0.parquet",
+            "source_bytes": 1000,
+        },
+        {
+            "artifacts_sha256": "ab" * 32,
+            "output": "part-00001.parquet",
+            "quarantine": "quarantine/part-00001.parquet",
+            "rows_in": 7,
+            "rows_out": 5,
+            "rows_quarantined": 2,
+            "sha256": f"{1:064x}",
+            "source": "/data/raw/1.parquet",
+            "source_bytes": 1001,
+        },
+    ],
+    "format": "etl-manifest",
+    "pipeline": "criteo",
+    "totals": {"rows_in": 17, "rows_out": 15, "rows_quarantined": 2},
+    "version": 1,
+}
+
+
+@pytest.fixture
+def manifest() -> Manifest:
+    return Manifest.of("criteo", [entry(0, 10), entry(1, 7, quarantined=2)], complete=False)
+
+
+def write_doc(directory: Path, doc: object) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / MANIFEST).write_text(json.dumps(doc))
+    return directory / MANIFEST
+
+
+def test_totals_sum_the_entries(manifest: Manifest) -> None:
+    assert manifest.totals == Totals(rows_in=17, rows_out=15, rows_quarantined=2)
+    assert Totals.of([]) == Totals(0, 0, 0)
+
+
+def test_written_bytes(tmp_path: Path, manifest: Manifest) -> None:
+    write_manifest(tmp_path, manifest)
+    assert (tmp_path / MANIFEST).read_bytes() == (json.dumps(MANIFEST_DOC, indent=1, sort_keys=True) + "\n").encode()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [MANIFEST]  # no temporary left
+
+
+def test_round_trip(tmp_path: Path, manifest: Manifest) -> None:
+    assert not is_processed(tmp_path)
+    write_manifest(tmp_path, manifest)
+    assert is_processed(tmp_path)
+    assert read_manifest(tmp_path) == manifest
+    complete = Manifest.of("criteo", manifest.files + [entry(2, 0)], complete=True)
+    write_manifest(tmp_path, complete)  # replaces the previous one
+    assert read_manifest(tmp_path) == complete
+
+
+def test_entry_without_artifacts_checksum_reads_as_none(tmp_path: Path) -> None:
+    doc = json.loads(json.dumps(MANIFEST_DOC))
+    del doc["files"][0]["artifacts_sha256"]
+    write_doc(tmp_path, doc)
+    assert read_manifest(tmp_path).files[0] == replace(entry(0, 10), artifacts_sha256=None)
+
+
+def test_open_processed_paths(tmp_path: Path, manifest: Manifest) -> None:
+    swapped = Manifest.of("criteo", manifest.files[::-1], complete=False)
+    write_manifest(tmp_path, swapped)
+    out = open_processed(tmp_path)
+    assert out.artifacts == tmp_path / ARTIFACTS == tmp_path / "artifacts"
+    assert out.parts == [tmp_path / "part-00001.parquet", tmp_path / "part-00000.parquet"]  # manifest order
+    assert out.manifest == swapped
+
+
+def test_part_and_quarantine_names(tmp_path: Path) -> None:
+    assert part_path(tmp_path, 3) == tmp_path / "part-00003.parquet"
+    assert quarantine_name("part-00003.parquet") == "quarantine/part-00003.parquet"
+
+
+@pytest.mark.parametrize(
+    "change, fragment",
+    [
+        ({"format": "other"}, "manifest format 'other' version 1, expected format 'etl-manifest' version 1"),
+        ({"version": 2}, "manifest format 'etl-manifest' version 2"),
+        ({"format": None, "version": None}, "manifest format None version None"),
+    ],
+)
+def test_foreign_format_or_version(tmp_path: Path, change: dict, fragment: str) -> None:
+    path = write_doc(tmp_path, MANIFEST_DOC | change)
+    with pytest.raises(InputError) as e:
+        open_processed(tmp_path)
+    assert e.value.path == str(path)
+    assert fragment in str(e.value)
+
+
+def test_missing_or_malformed_json(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="cannot read the manifest"):
+        read_manifest(tmp_path)
+    path = tmp_path / MANIFEST
+    for text in (b"{not json", b"", b"\xff\xfe\x00garbage"):
+        path.write_bytes(text)
+        with pytest.raises(InputError, match="not a JSON manifest") as e:
+            read_manifest(tmp_path)
+        assert e.value.path == str(path)
+    path.write_text("[1, 2]")
+    with pytest.raises(InputError, match="expected an object, got list"):
+        read_manifest(tmp_path)
+
+
+def _without(doc: dict, *keys: str) -> dict:
+    return {k: v for k, v in doc.items() if k not in keys}
+
+
+def _first_file(**change: object) -> dict:
+    return MANIFEST_DOC | {"files": [MANIFEST_DOC["files"][0] | change]}
+
+
+@pytest.mark.parametrize(
+    "doc, fragment",
+    [
+        (_without(MANIFEST_DOC, "files"), "field 'files' is missing"),
+        (MANIFEST_DOC | {"files": {}}, "field 'files' is {}, expected an array"),
+        (MANIFEST_DOC | {"files": ["part-00000.parquet"]}, "field 'files[0]' is \"part-00000.parquet\", expected an object"),
+        (MANIFEST_DOC | {"files": [_without(MANIFEST_DOC["files"][0], "output")]}, "field 'files[0].output' is missing"),
+        (_first_file(rows_in="10"), "'files[0].rows_in' is \"10\", expected an integer"),
+        (_first_file(rows_in=True), "'files[0].rows_in' is true, expected an integer"),
+        (_first_file(quarantine=3), "'files[0].quarantine' is 3, expected a string or null"),
+        (_without(MANIFEST_DOC, "totals"), "field 'totals' is missing"),
+        (MANIFEST_DOC | {"totals": {"rows_in": 1, "rows_out": 1}}, "field 'totals.rows_quarantined' is missing"),
+        (MANIFEST_DOC | {"complete": "yes"}, "field 'complete' is \"yes\", expected true or false"),
+        (_without(MANIFEST_DOC, "pipeline"), "field 'pipeline' is missing"),
+    ],
+)
+def test_malformed_manifest_names_the_file_and_field(tmp_path: Path, doc: dict, fragment: str) -> None:
+    path = write_doc(tmp_path, doc)
+    with pytest.raises(InputError) as e:
+        open_processed(tmp_path)
+    assert e.value.path == str(path)
+    assert fragment in str(e.value)

@@ -10,13 +10,14 @@ import pyarrow.parquet as pq
 
 from etl.errors import ArtifactError, InputError
 from etl.io.parquet import list_shards
+from etl.io.processed import is_processed, open_processed
 
 
 def describe(path: Path) -> str:
     """Describe ``path``: an artifacts directory (pipeline.json), a processed output (manifest.json) or Parquet."""
     if (path / "pipeline.json").is_file():
         return describe_artifacts(path)
-    if (path / "manifest.json").is_file():
+    if is_processed(path):
         return describe_processed(path)
     return describe_parquet(list_shards(path))
 
@@ -44,17 +45,16 @@ def describe_artifacts(path: Path) -> str:
 
 
 def describe_processed(path: Path) -> str:
-    doc = json.loads((path / "manifest.json").read_text())
-    t = doc.get("totals", {})
+    out = open_processed(path)
+    m, t = out.manifest, out.manifest.totals
     lines = [
-        f"processed output: {path}   pipeline: {doc.get('pipeline')}   complete: {doc.get('complete')}",
-        f"files: {len(doc.get('files', []))}   rows in: {t.get('rows_in', 0):,}   out: {t.get('rows_out', 0):,}   quarantined: {t.get('rows_quarantined', 0):,}",
+        f"processed output: {path}   pipeline: {m.pipeline}   complete: {m.complete}",
+        f"files: {len(m.files)}   rows in: {t.rows_in:,}   out: {t.rows_out:,}   quarantined: {t.rows_quarantined:,}",
     ]
-    outputs = [path / f["output"] for f in doc.get("files", [])]
-    if outputs:
-        lines.append(describe_parquet(outputs))
-    if (path / "artifacts" / "pipeline.json").is_file():
-        lines.append(describe_artifacts(path / "artifacts"))
+    if out.parts:
+        lines.append(describe_parquet(out.parts))
+    if (out.artifacts / "pipeline.json").is_file():
+        lines.append(describe_artifacts(out.artifacts))
     return "\n".join(lines)
 
 

@@ -1,11 +1,8 @@
 """Offline preprocessing: raw Parquet shards → processed Parquet shards, resumable.
 
-Output directory::
-
-    part-00000.parquet ...     one processed file per input shard (input order), one row group per input row group
-    quarantine/part-00000.parquet   rejected raw rows with _row (row number in the source), _column, _reason
-    artifacts/                 the fitted pipeline used (see ``etl.pipeline``)
-    manifest.json              per output file: source, rows in/out/quarantined, sha256 of the output bytes
+The output directory is a processed output (layout and manifest: ``etl.io.processed``): one processed file per
+input shard (input order) with one row group per input row group; the quarantine files hold the rejected raw rows
+with _row (row number in the source), _column and _reason.
 
 Every file is written under a temporary name and renamed when complete; the manifest is rewritten (atomically)
 after each shard. A rerun skips the shards whose manifest entry still matches (same source size, same fitted
@@ -15,27 +12,26 @@ bytes as an uninterrupted run. Rows are accounted exactly: rows_in = rows_out + 
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from etl.errors import ArtifactError
+from etl.errors import ArtifactError, InputError
 from etl.pipeline import ON_ERROR, Pipeline, Transformed
-from etl.io.files import HashingFile, atomic_write_bytes, remove_temporaries, shard_name, sha256_file, temporary_path
+from etl.io.files import HashingFile, remove_temporaries, sha256_file, temporary_path
 from etl.io.parquet import batch_from_arrow, open_shard
+from etl.io.processed import MANIFEST  # noqa: F401 - etl.loader.api imports it from here
+from etl.io.processed import ARTIFACTS, QUARANTINE, Manifest, ManifestEntry, Totals, part_path, quarantine_name
+from etl.io.processed import read_manifest, write_manifest
 from etl.workers import run_workers
 
-MANIFEST = "manifest.json"
-MANIFEST_FORMAT = "etl-manifest"
-MANIFEST_VERSION = 1
 COMPRESSIONS = ("none", "snappy", "lz4", "zstd")
 
 
@@ -58,18 +54,13 @@ class Summary:
         return self.rows_processed / self.transform_seconds if self.transform_seconds > 0 else 0.0
 
 
-def _write_manifest_json(path: Path, doc: Any) -> None:
-    atomic_write_bytes(path, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
-
-
-def _load_manifest(path: Path) -> dict[str, Any]:
+def _previous_entries(out_dir: Path) -> dict[str, ManifestEntry]:
+    """The entries of the manifest an earlier run left in ``out_dir`` by output name; none when there is no
+    usable manifest (missing, unreadable, of another format or version, malformed)."""
     try:
-        doc = json.loads(path.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+        return {e.output: e for e in read_manifest(out_dir).files}
+    except InputError:
         return {}
-    if doc.get("format") != MANIFEST_FORMAT or doc.get("version") != MANIFEST_VERSION:
-        return {}
-    return {e["output"]: e for e in doc.get("files", [])}
 
 
 def _quarantine_table(raw: pa.Table, source_schema: pa.Schema, first_row: int, t: Transformed) -> pa.Table:
@@ -86,9 +77,17 @@ def _quarantine_table(raw: pa.Table, source_schema: pa.Schema, first_row: int, t
     return q.append_column("_reason", pa.array(reasons[order].tolist(), pa.string()))
 
 
-def process_shard(pipeline: Pipeline, source: Path, out: Path, quarantine: Path, on_error: str, stop: threading.Event, compression: str = "none", progress: Callable[[int], None] | None = None) -> dict[str, Any] | None:
-    """Transform one shard into ``out`` (and rejected rows into ``quarantine``); returns its manifest entry,
-    or None when ``stop`` was set before the end.
+def process_shard(
+    pipeline: Pipeline,
+    source: Path,
+    out: Path,
+    on_error: str,
+    stop: threading.Event,
+    compression: str = "none",
+    progress: Callable[[int], None] | None = None,
+) -> ManifestEntry | None:
+    """Transform one shard into ``out`` (and rejected rows into its quarantine file); returns its manifest
+    entry (without ``artifacts_sha256``), or None when ``stop`` was set before the end.
 
     Output columns are written with plain encoding (no dictionary: ids and floats decode at memcpy speed in the
     loader), without column statistics (nothing reads them; computing them cost ~5 % of the write), and
@@ -98,6 +97,7 @@ def process_shard(pipeline: Pipeline, source: Path, out: Path, quarantine: Path,
     schema = pipeline.output_schema()
     rows_in = rows_out = rows_q = 0
     q_writer = None
+    quarantine = out.parent / quarantine_name(out.name)
     out_tmp, q_tmp = temporary_path(out), temporary_path(quarantine)
     sink = HashingFile(out_tmp)
     with sink, pq.ParquetWriter(sink, schema, use_dictionary=False, compression=compression, write_statistics=False) as writer:
@@ -125,16 +125,16 @@ def process_shard(pipeline: Pipeline, source: Path, out: Path, quarantine: Path,
     os.replace(out_tmp, out)
     if rows_in != rows_out + rows_q:
         raise RuntimeError(f"{source}: row accounting broke: {rows_in} in, {rows_out} out, {rows_q} quarantined")
-    return {
-        "output": out.name,
-        "source": str(source.resolve()),
-        "source_bytes": source.stat().st_size,
-        "rows_in": rows_in,
-        "rows_out": rows_out,
-        "rows_quarantined": rows_q,
-        "quarantine": f"quarantine/{quarantine.name}" if rows_q else None,
-        "sha256": sink.hexdigest(),
-    }
+    return ManifestEntry(
+        output=out.name,
+        source=str(source.resolve()),
+        source_bytes=source.stat().st_size,
+        rows_in=rows_in,
+        rows_out=rows_out,
+        rows_quarantined=rows_q,
+        quarantine=quarantine_name(out.name) if rows_q else None,
+        sha256=sink.hexdigest(),
+    )
 
 
 def preprocess(
@@ -162,69 +162,56 @@ def preprocess(
         pipeline = fitted
     elif not pipeline.is_fitted:
         pipeline.fit(shards, workers=workers, on_error=on_error, progress=progress)
-    pipeline.save(out_dir / "artifacts")
+    pipeline.save(out_dir / ARTIFACTS)
     fit_seconds = time.perf_counter() - t0
-    artifacts_sha = sha256_file(out_dir / "artifacts" / "pipeline.json")
+    artifacts_sha = sha256_file(out_dir / ARTIFACTS / "pipeline.json")
 
     remove_temporaries(out_dir)  # left by an interrupted run
-    remove_temporaries(out_dir / "quarantine")
-    manifest_path = out_dir / MANIFEST
-    previous = _load_manifest(manifest_path)
-    outputs = [out_dir / shard_name(i) for i in range(len(shards))]
-    entries: dict[str, dict[str, Any]] = {}
+    remove_temporaries(out_dir / QUARANTINE)
+    previous = _previous_entries(out_dir)
+    outputs = [part_path(out_dir, i) for i in range(len(shards))]
+    entries: dict[str, ManifestEntry] = {}
     todo: list[int] = []
     for i, (src, out) in enumerate(zip(shards, outputs)):
         e = previous.get(out.name)
         if (
             e is not None
-            and e["source"] == str(src.resolve())
-            and e["source_bytes"] == src.stat().st_size
-            and e.get("artifacts_sha256") == artifacts_sha
+            and e.source == str(src.resolve())
+            and e.source_bytes == src.stat().st_size
+            and e.artifacts_sha256 == artifacts_sha
             and out.exists()
-            and sha256_file(out) == e["sha256"]
+            and sha256_file(out) == e.sha256
         ):
             entries[out.name] = e
         else:
             todo.append(i)
     lock = threading.Lock()
 
-    def write_manifest() -> None:
+    def save_manifest() -> None:
         files = [entries[k] for k in sorted(entries)]
-        _write_manifest_json(
-            manifest_path,
-            {
-                "format": MANIFEST_FORMAT,
-                "version": MANIFEST_VERSION,
-                "pipeline": pipeline.name,
-                "artifacts": "artifacts",
-                "complete": len(files) == len(shards),
-                "totals": {k: sum(f[k] for f in files) for k in ("rows_in", "rows_out", "rows_quarantined")},
-                "files": files,
-            },
-        )
+        write_manifest(out_dir, Manifest.of(pipeline.name, files, complete=len(files) == len(shards)))
 
     def work(w: int, i: int, stop: threading.Event) -> None:
         out = outputs[i]
-        entry = process_shard(pipeline, shards[i], out, out_dir / "quarantine" / out.name, on_error, stop, compression, progress)
+        entry = process_shard(pipeline, shards[i], out, on_error, stop, compression, progress)
         if entry is None:
             return
-        entry["artifacts_sha256"] = artifacts_sha
         with lock:
-            entries[out.name] = entry
-            write_manifest()
+            entries[out.name] = replace(entry, artifacts_sha256=artifacts_sha)
+            save_manifest()
 
     t1 = time.perf_counter()
-    write_manifest()
+    save_manifest()
     run_workers(todo, workers, work)
     seconds = time.perf_counter() - t1
-    done = list(entries.values())
+    totals = Totals.of(list(entries.values()))
     return Summary(
         files=len(shards),
         files_skipped=len(shards) - len(todo),
-        rows_in=sum(e["rows_in"] for e in done),
-        rows_out=sum(e["rows_out"] for e in done),
-        rows_quarantined=sum(e["rows_quarantined"] for e in done),
+        rows_in=totals.rows_in,
+        rows_out=totals.rows_out,
+        rows_quarantined=totals.rows_quarantined,
         fit_seconds=fit_seconds,
         transform_seconds=seconds,
-        rows_processed=sum(entries[outputs[i].name]["rows_in"] for i in todo),
+        rows_processed=sum(entries[outputs[i].name].rows_in for i in todo),
     )

@@ -1,0 +1,159 @@
+"""etl.preprocess.preprocess called as a function on small synthetic shards: the Summary, the manifest entries, the
+resume rules and the quarantine accounting."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from etl.errors import InputError, RowError
+from etl.io.files import sha256_file
+from etl.io.processed import MANIFEST, read_manifest
+from etl.pipeline import Pipeline
+from etl.preprocess import Summary, preprocess
+from tests.conftest import REPO, criteo_table
+
+CRITEO = REPO / "pipelines/criteo.yaml"
+SIZES = [250, 0, 130]
+
+
+def write(table: pa.Table, path: Path, row_group_size: int = 100) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path, row_group_size=row_group_size)
+    return path
+
+
+@pytest.fixture
+def shards(tmp_path: Path) -> list[Path]:
+    return [write(criteo_table(n, seed=i), tmp_path / "raw" / f"{i}.parquet") for i, n in enumerate(SIZES)]
+
+
+def run(shards: list[Path], out: Path, **options) -> Summary:
+    return preprocess(Pipeline.from_file(CRITEO), shards, out, **options)
+
+
+def test_summary_and_manifest(shards: list[Path], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    s = run(shards, out, workers=2)
+    total = sum(SIZES)
+    assert (s.files, s.files_skipped) == (3, 0)
+    assert (s.rows_in, s.rows_out, s.rows_quarantined, s.rows_processed) == (total, total, 0, total)
+    assert s.fit_seconds > 0 and s.transform_seconds > 0
+
+    m = read_manifest(out)
+    assert m.pipeline == "criteo" and m.complete
+    assert (m.totals.rows_in, m.totals.rows_out, m.totals.rows_quarantined) == (total, total, 0)
+    artifacts_sha = sha256_file(out / "artifacts" / "pipeline.json")
+    assert [e.output for e in m.files] == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
+    for e, src, n in zip(m.files, shards, SIZES):
+        assert e.source == str(src.resolve()) and e.source_bytes == src.stat().st_size
+        assert (e.rows_in, e.rows_out, e.rows_quarantined, e.quarantine) == (n, n, 0, None)
+        assert e.sha256 == sha256_file(out / e.output)
+        assert e.artifacts_sha256 == artifacts_sha
+        f = pq.ParquetFile(out / e.output)
+        assert f.metadata.num_rows == n
+        assert f.num_row_groups == pq.ParquetFile(src).num_row_groups  # one row group per input row group
+    assert sorted(p.name for p in out.iterdir()) == ["artifacts", MANIFEST] + [e.output for e in m.files]
+
+
+def test_rerun_skips_complete_shards_and_redoes_a_missing_output(shards: list[Path], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    run(shards, out)
+    first = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+
+    again = run(shards, out)
+    assert (again.files, again.files_skipped, again.rows_processed) == (3, 3, 0)
+    assert (again.rows_in, again.rows_out) == (sum(SIZES), sum(SIZES))  # totals include the skipped shards
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == first
+
+    (out / "part-00002.parquet").unlink()
+    third = run(shards, out, workers=2)
+    assert (third.files_skipped, third.rows_processed, third.rows_in) == (2, SIZES[2], sum(SIZES))
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == first
+
+
+def test_a_changed_source_or_an_unusable_manifest_is_redone(shards: list[Path], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    run(shards, out)
+    artifacts = shutil.copytree(out / "artifacts", tmp_path / "artifacts")
+    write(criteo_table(SIZES[0] + 1, seed=0), shards[0])
+    changed = run(shards, out, artifacts=artifacts)
+    assert (changed.files_skipped, changed.rows_processed) == (2, SIZES[0] + 1)
+    manifest = (out / MANIFEST).read_bytes()
+
+    for text in ('{"format": "etl-manifest", "version": 99}', "{not json", '{"format": "etl-manifest", "version": 1}'):
+        (out / MANIFEST).write_text(text)
+        again = run(shards, out, artifacts=artifacts)
+        assert (again.files_skipped, again.rows_processed) == (0, sum(SIZES) + 1), text
+        assert (out / MANIFEST).read_bytes() == manifest
+
+
+def test_other_artifacts_redo_every_shard(shards: list[Path], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    run(shards, out)
+    refit = run(shards[:1], tmp_path / "refit")  # fitted on other rows: other vocabularies
+    assert refit.files == 1
+    again = run(shards, out, artifacts=tmp_path / "refit" / "artifacts")
+    assert again.files_skipped == 0
+    assert read_manifest(out).files[0].artifacts_sha256 == sha256_file(tmp_path / "refit" / "artifacts" / "pipeline.json")
+
+
+def test_quarantine_accounting(tmp_path: Path) -> None:
+    good = criteo_table(200, seed=1)
+    t = criteo_table(300, seed=2)
+    c3 = t.column("C3").to_pylist()
+    bad_rows = [4, 150, 299]
+    for r in bad_rows:
+        c3[r] = "not-hex!"
+    t = t.set_column(t.column_names.index("C3"), "C3", pa.array(c3, pa.string()))
+    shards = [write(good, tmp_path / "raw" / "a.parquet"), write(t, tmp_path / "raw" / "b.parquet")]
+    out = tmp_path / "out"
+    s = run(shards, out, on_error="quarantine")
+    assert (s.rows_in, s.rows_out, s.rows_quarantined) == (500, 497, 3)
+    assert s.rows_in == s.rows_out + s.rows_quarantined
+
+    clean, dirty = read_manifest(out).files
+    assert (clean.rows_in, clean.rows_out, clean.rows_quarantined, clean.quarantine) == (200, 200, 0, None)
+    assert (dirty.rows_in, dirty.rows_out, dirty.rows_quarantined) == (300, 297, 3)
+    assert dirty.quarantine == "quarantine/part-00001.parquet"
+    assert sorted(p.name for p in (out / "quarantine").iterdir()) == ["part-00001.parquet"]
+    q = pq.read_table(out / dirty.quarantine)
+    assert q.column("_row").to_pylist() == bad_rows
+    assert q.column("_column").to_pylist() == ["C3"] * 3
+    assert q.column("C3").to_pylist() == ["not-hex!"] * 3
+    assert pq.read_table(out / dirty.output).num_rows == 297
+
+
+def test_invalid_value_raises_by_default(tmp_path: Path) -> None:
+    t = criteo_table(50)
+    c3 = t.column("C3").to_pylist()
+    c3[7] = "not-hex!"
+    t = t.set_column(t.column_names.index("C3"), "C3", pa.array(c3, pa.string()))
+    with pytest.raises(RowError, match="row 7, column 'C3'"):
+        run([write(t, tmp_path / "raw" / "a.parquet")], tmp_path / "out")
+
+
+@pytest.mark.parametrize("option", [{"on_error": "skip"}, {"compression": "gzip"}])
+def test_bad_option_is_an_error_before_anything_is_written(shards: list[Path], tmp_path: Path, option: dict) -> None:
+    with pytest.raises(ValueError, match=next(iter(option))):
+        run(shards, tmp_path / "out", **option)
+    assert not (tmp_path / "out").exists()
+
+
+def test_compression_keeps_the_values(shards: list[Path], tmp_path: Path) -> None:
+    codecs = {"none": "UNCOMPRESSED", "zstd": "ZSTD", "snappy": "SNAPPY"}
+    for compression in codecs:
+        run(shards, tmp_path / compression, compression=compression)
+    for compression, codec in codecs.items():
+        part = tmp_path / compression / "part-00000.parquet"
+        assert pq.ParquetFile(part).metadata.row_group(0).column(0).compression == codec
+        assert pq.read_table(part).equals(pq.read_table(tmp_path / "none" / "part-00000.parquet"))
+
+
+def test_missing_input_is_an_input_error(tmp_path: Path) -> None:
+    with pytest.raises(InputError):
+        run([tmp_path / "missing.parquet"], tmp_path / "out")

@@ -27,8 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from etl.errors import ArtifactError
-from etl.pipeline import ON_ERROR, Pipeline, Transformed
+from etl.pipeline import ON_ERROR, Pipeline, Transformed, check_match
 from etl.io.files import HashingFile, atomic_write_bytes, remove_temporaries, shard_name, sha256_file, temporary_path
 from etl.io.parquet import batch_from_arrow, open_shard
 from etl.workers import run_workers
@@ -157,8 +156,7 @@ def preprocess(
     t0 = time.perf_counter()
     if artifacts is not None:
         fitted = Pipeline.load(artifacts)
-        if fitted.doc != pipeline.doc or fitted.schema.columns != pipeline.schema.columns:
-            raise ArtifactError(f"{artifacts}: these artifacts were fitted with another pipeline or schema than {pipeline.path}")
+        check_match(fitted, pipeline, artifacts)
         pipeline = fitted
     elif not pipeline.is_fitted:
         pipeline.fit(shards, workers=workers, on_error=on_error, progress=progress)

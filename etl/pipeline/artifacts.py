@@ -1,4 +1,4 @@
-"""Artifacts: the fitted state of a pipeline on disk.
+"""Artifacts: the fitted state of a pipeline on disk, and the check that artifacts belong to a pipeline.
 
 An artifacts directory holds ``pipeline.json`` — format name and version, the pipeline and schema documents, each
 op's fitted JSON state, the output columns and their cardinalities — plus ``<op index>-<op>/<table>.parquet``
@@ -85,3 +85,9 @@ def load(directory: str | Path, xp: Backend, build: type[Pipeline]) -> Pipeline:
             raise ArtifactError(f"{d}: state of {op.name}: {e}") from None
     return pipe
 
+
+def check_match(fitted: Pipeline, spec: Pipeline, artifacts: str | Path) -> None:
+    """Raise ``ArtifactError`` unless ``fitted`` (loaded from ``artifacts``) was fitted with the pipeline document
+    and the schema columns of ``spec``."""
+    if fitted.doc != spec.doc or fitted.schema.columns != spec.schema.columns:
+        raise ArtifactError(f"{artifacts}: these artifacts were fitted with another pipeline or schema than {spec.path}")

@@ -1,17 +1,22 @@
-"""Artifacts: round trip, files and format, version and error checks."""
+"""Artifacts: round trip, files and format, version and error checks, and the check that artifacts match the
+pipeline they are used with (by preprocess and by the loader)."""
 
 from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
+from typing import Any, Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from etl import Loader
 from etl.errors import ArtifactError
 from etl.io.parquet import batch_from_arrow
-from etl.pipeline import Pipeline
+from etl.pipeline import Pipeline, check_match
+from etl.preprocess import preprocess
 from tests.unit.pipeline.conftest import CATS, PIPELINES, transform_file
 
 
@@ -81,3 +86,63 @@ def test_artifact_errors(fitted, tmp_path):
     with pytest.raises(ArtifactError, match="not fitted"):
         unfitted.transform(batch_from_arrow(pq.read_table(next(art.parent.parent.glob("criteo*/part-0.parquet"))), unfitted.schema))
 
+
+# ---------------------------------------------------------------- artifacts match the pipeline they are used with
+
+
+def another_encoding(manifest: dict[str, Any]) -> None:
+    """The embedded schema reads C1 as plain strings instead of 8 hex digits (the pipeline document is unchanged)."""
+    c1 = next(c for c in manifest["schema"]["columns"] if c["name"] == "C1")
+    assert c1["encoding"] == "hex"
+    c1["encoding"] = "string"
+    del c1["width"]
+
+
+def another_pipeline(manifest: dict[str, Any]) -> None:
+    """The embedded pipeline document has another name (the schema is unchanged)."""
+    manifest["pipeline"]["name"] = "another"
+
+
+MISMATCHES: dict[str, Callable[[dict[str, Any]], None]] = {"schema": another_encoding, "pipeline": another_pipeline}
+
+
+def edited_artifacts(art: Path, d: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
+    shutil.copytree(art, d)
+    manifest = json.loads((d / "pipeline.json").read_text())
+    edit(manifest)
+    (d / "pipeline.json").write_text(json.dumps(manifest))
+    assert Pipeline.load(d).is_fitted  # valid artifacts: only the match check can refuse them
+    return d
+
+
+def test_check_match(fitted, tmp_path):
+    _, art = fitted
+    spec = Pipeline.from_file(PIPELINES / "criteo.yaml")
+    check_match(Pipeline.load(art), spec, art)
+    for what, edit in sorted(MISMATCHES.items()):
+        d = edited_artifacts(art, tmp_path / what, edit)
+        with pytest.raises(ArtifactError, match="another pipeline or schema") as ei:
+            check_match(Pipeline.load(d), spec, d)
+        assert str(d) in str(ei.value) and str(spec.path) in str(ei.value)
+
+
+@pytest.mark.parametrize("what", sorted(MISMATCHES))
+def test_preprocess_refuses_artifacts_of_another_pipeline_or_schema(fitted, criteo, tmp_path, what):
+    _, art = fitted
+    paths = criteo[0][:1]
+    spec = Pipeline.from_file(PIPELINES / "criteo.yaml")
+    preprocess(spec, paths, tmp_path / "ok", artifacts=art)  # the artifacts of this pipeline are used
+    d = edited_artifacts(art, tmp_path / "art", MISMATCHES[what])
+    with pytest.raises(ArtifactError, match="another pipeline or schema"):
+        preprocess(spec, paths, tmp_path / "out", artifacts=d)
+    assert not (tmp_path / "out" / "artifacts").exists()
+
+
+@pytest.mark.parametrize("what", sorted(MISMATCHES))
+def test_loader_refuses_artifacts_of_another_pipeline_or_schema(fitted, criteo, tmp_path, what):
+    _, art = fitted
+    paths = criteo[0][:1]
+    Loader(paths, pipeline=PIPELINES / "criteo.yaml", artifacts=art, batch_size=50)  # the artifacts of this pipeline
+    d = edited_artifacts(art, tmp_path / "art", MISMATCHES[what])
+    with pytest.raises(ArtifactError, match="another pipeline or schema"):
+        Loader(paths, pipeline=PIPELINES / "criteo.yaml", artifacts=d, batch_size=50)

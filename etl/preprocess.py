@@ -23,8 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from etl.errors import ArtifactError, InputError
-from etl.pipeline import ON_ERROR, Pipeline, Transformed
+from etl.errors import InputError
+from etl.pipeline import ON_ERROR, Pipeline, Transformed, check_match
 from etl.io.files import HashingFile, remove_temporaries, sha256_file, temporary_path
 from etl.io.parquet import batch_from_arrow, open_shard
 from etl.io.processed import MANIFEST  # noqa: F401 - etl.loader.api imports it from here
@@ -157,8 +157,7 @@ def preprocess(
     t0 = time.perf_counter()
     if artifacts is not None:
         fitted = Pipeline.load(artifacts)
-        if fitted.doc != pipeline.doc or fitted.schema.columns != pipeline.schema.columns:
-            raise ArtifactError(f"{artifacts}: these artifacts were fitted with another pipeline or schema than {pipeline.path}")
+        check_match(fitted, pipeline, artifacts)
         pipeline = fitted
     elif not pipeline.is_fitted:
         pipeline.fit(shards, workers=workers, on_error=on_error, progress=progress)

@@ -48,7 +48,7 @@ def profile_transform(pipeline: Pipeline, groups: list) -> dict[str, float]:
         for op in pipeline.ops:
             batch = batch.with_columns(op.transform(batch, pipeline.xp))
             t0 = tick(f"op {op.name}", t0)
-        pipeline._check_output(batch)
+        pipeline.check_output(batch)
         t0 = tick("output checks", t0)
         Chunk.from_batch(batch, layout)
         t0 = tick("chunk (loader layout)", t0)

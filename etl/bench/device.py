@@ -79,7 +79,7 @@ def _device_pass(pipeline: Pipeline, stage: DeviceStage, tables: list[pa.Table],
             _sync(device)
             spent[f"{i}:{op.name}"] += time.perf_counter() - t0
         t0 = time.perf_counter()
-        pipeline._check_output(batch, stage.xp)
+        pipeline.check_output(batch, stage.xp)
         stage.write(batch, out)
         _sync(device)
         spent["output"] += time.perf_counter() - t0

@@ -142,7 +142,7 @@ def _stage_seconds(pipeline: Pipeline, tables: list, batch_size: int, device: to
             batch = batch.with_columns(op.transform(batch, pipeline.xp))
             spent[f"{i}:{op.name}"] += time.perf_counter() - t0
         t0 = time.perf_counter()
-        pipeline._check_output(batch)
+        pipeline.check_output(batch)
         outputs.append(pipeline.to_arrow(batch))
         spent["output"] += time.perf_counter() - t0
     layout = Layout.of(pipeline)

@@ -45,7 +45,7 @@ import torch
 from etl.loader.chunk import Chunk, Layout
 from etl.loader.device_stage import DeviceStage
 from etl.errors import EtlError, LoaderError
-from etl.pipeline import Pipeline
+from etl.pipeline import Pipeline, check_match
 from etl.preprocess import MANIFEST
 from etl.io.parquet import batch_from_arrow, list_shards, read_rows
 from etl.loader.ring import Field, Ring
@@ -273,8 +273,8 @@ def _open_source(source, pipeline, artifacts) -> tuple[Pipeline, bool, list[Path
     if pipeline is None:
         raise ValueError("raw shards need a pipeline (or give the output directory of etl preprocess)")
     p = Pipeline.load(artifacts) if artifacts is not None else Pipeline.from_file(pipeline)
-    if artifacts is not None and p.doc != Pipeline.from_file(pipeline).doc:
-        raise ValueError(f"{artifacts}: these artifacts were fitted with another pipeline than {pipeline}")
+    if artifacts is not None:
+        check_match(p, Pipeline.from_file(pipeline), artifacts)
     if not p.is_fitted:
         raise ValueError(f"{pipeline} has ops to fit: run `etl fit` and pass artifacts=")
     return p, False, list_shards([Path(i) for i in items])

@@ -5,6 +5,7 @@ shards: the plan and the threaded executor), ``artifacts`` (saving and loading t
 that artifacts match a pipeline).
 """
 
-from etl.pipeline.core import ON_ERROR, Pipeline, Rejected, Transformed
+from etl.pipeline.artifacts import check_match
+from etl.pipeline.core import ON_ERROR, OnError, Part, Pipeline, Rejected, Transformed
 
-__all__ = ["ON_ERROR", "Pipeline", "Rejected", "Transformed"]
+__all__ = ["ON_ERROR", "OnError", "Part", "Pipeline", "Rejected", "Transformed", "check_match"]

@@ -1,0 +1,144 @@
+"""Fitting a pipeline over shards: stages of ops, the plan of a stage, and the threaded executor.
+
+Ops are fitted in stages: a stage is every unfitted op whose inputs do not depend on another unfitted op (an op
+that reads what an unfitted op writes waits for a later stage). For each stage, the plan says which fitted ops
+feed it and which columns to read; the executor then streams the shards once, row group by row group.
+
+Statistics are sums (counts, exact float sums) and ``finalize`` orders everything canonically, so the fitted
+state (and the artifact bytes) do not depend on shard order, batch order or worker count.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from etl.io.parquet import open_shard
+from etl.ops import Op
+from etl.workers import run_staged
+
+if TYPE_CHECKING:
+    from etl.pipeline.core import Backend, OnError, Pipeline, Transformed
+
+#: An (op, accumulator of one of its columns) pair: the unit of work of the fitting threads.
+Unit = tuple[Op, dict[str, Any]]
+
+
+def fit_shards(
+    pipeline: Pipeline,
+    shards: list[Path],
+    workers: int = 1,
+    on_error: OnError = "raise",
+    progress: Callable[[int], None] | None = None,
+) -> None:
+    """Fit every fittable op of ``pipeline``, streaming over ``shards`` row group by row group in bounded memory,
+    one pass per stage. Invalid rows raise ``RowError`` or, with ``on_error="quarantine"``, are left out of the
+    statistics. ``progress`` is called with the number of rows of each row group read."""
+    lock = threading.Lock()
+    while not pipeline.is_fitted:
+        _fit_stage(pipeline, _next_stage(pipeline.ops), shards, workers, on_error, progress, lock)
+
+
+def _fit_stage(
+    pipeline: Pipeline,
+    stage: list[Op],
+    shards: list[Path],
+    workers: int,
+    on_error: OnError,
+    progress: Callable[[int], None] | None,
+    lock: threading.Lock,
+) -> None:
+    """Fit the ops of ``stage`` in one pass over ``shards`` (``lock`` serializes the calls to ``progress``).
+
+    Reading, the label check and the ops that feed the stage (Decode...) run in ``workers`` threads. Every
+    prepared batch then goes to ``workers`` fitting threads that share its (op, column) units: each thread claims
+    the next unclaimed unit of the batch and adds it to that column's accumulator, under the column's lock (one
+    accumulator per column: no duplicated count tables; a busy column is put off while the thread claims others,
+    so the work balances whatever the columns cost)."""
+    xp = pipeline.xp
+    prep, columns = _fit_plan(pipeline, stage)
+    fitters = max(1, workers)
+    stats = [op.new_stats(xp) for op in stage]
+    units: list[Unit] = [(op, _columns_of(st, c)) for op, st in zip(stage, stats) for c in st]
+    unit_locks = [threading.Lock() for _ in units]
+
+    def prepare(path: Path, emit: Callable[[Any], None], stop: threading.Event) -> None:
+        shard = open_shard(path, pipeline.schema)
+        for i in range(shard.num_row_groups):
+            if stop.is_set():
+                return
+            t = pipeline.run_ops(shard.read(i, columns), prep, on_error, labels=True, output=False)
+            emit((t, itertools.count()))  # the batch and its unit claims, shared by the fitting threads
+            if progress is not None:
+                with lock:
+                    progress(t.batch.num_rows + t.num_rejected)
+
+    def gather(f: int, item: tuple[Transformed, Iterator[int]]) -> None:
+        t, claims = item
+        later = []
+        for u in claims:  # next() on itertools.count is atomic: each unit is claimed once per batch
+            if u >= len(units):
+                break
+            if unit_locks[u].acquire(blocking=False):
+                _fit_unit(units[u], unit_locks[u], t, xp)
+            else:
+                later.append(u)
+        for u in later:
+            unit_locks[u].acquire()
+            _fit_unit(units[u], unit_locks[u], t, xp)
+
+    run_staged(shards, workers, fitters, prepare, gather)
+    for op, st in zip(stage, stats):
+        op.finalize(st, xp)
+
+
+def _fit_unit(unit: Unit, held: threading.Lock, t: Transformed, xp: Backend) -> None:
+    """Add batch ``t`` to one column's accumulator (``unit``: the op and its one-column stats), then release
+    the column's lock ``held``."""
+    try:
+        op, acc = unit
+        op.partial_fit(acc, t.batch, xp)
+    finally:
+        held.release()
+
+
+def _next_stage(ops: list[Op]) -> list[Op]:
+    """Unfitted ops (of ``ops``, in pipeline order) whose inputs do not depend on another unfitted op."""
+    stale: set[str] = set()
+    stage = []
+    for op in ops:
+        if stale & set(op.columns):
+            stale |= set(op.outputs)
+        elif not op.is_fitted:
+            stage.append(op)
+            stale |= set(op.outputs)
+    return stage
+
+
+def _fit_plan(pipeline: Pipeline, stage: list[Op]) -> tuple[list[Op], list[str]]:
+    """What fitting ``stage`` needs: the fitted ops that feed it, in pipeline order, and the columns to read
+    (theirs, the stage's and the labels: rows without a label are skipped by fit as by transform).
+
+    An op that does not depend on an unfitted op never writes a column a stage op reads (ops write in place
+    what they read, or new columns), so all of them can run before the stage ops gather statistics."""
+    needed = set(pipeline.schema.by_role("label"))
+    feeding = []
+    for op in reversed(pipeline.ops):
+        if op in stage or needed & set(op.outputs):
+            feeding.append(op)
+            needed |= set(op.columns)
+    stale: set[str] = set()
+    prep = []
+    for op in feeding[::-1]:
+        if op in stage or stale & set(op.columns):
+            stale |= set(op.outputs)
+        else:
+            prep.append(op)
+    return prep, [c for c in pipeline.schema.names if c in needed]
+
+
+def _columns_of(stats: dict[str, Any], column: str) -> dict[str, Any]:
+    """The accumulator of an op restricted to one column (the same per-column entry, so updates are shared)."""
+    return {column: stats[column]}

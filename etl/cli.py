@@ -153,7 +153,7 @@ def preprocess(
 
 @app.command()
 def demo(
-    pipeline: Optional[Path] = typer.Option(None, help="Pipeline YAML (its schema describes the data); default: the repository's pipelines/criteo.yaml."),
+    pipeline: Optional[Path] = typer.Option(None, help="Pipeline YAML; its schema shapes the data (default: etl's criteo.yaml)."),
     rows: int = typer.Option(1_000_000, help="Synthetic rows to generate."),
     files: int = typer.Option(4, help="Number of shards."),
     workdir: Path = typer.Option(Path("demo"), help="Where raw/ and processed/ are written."),
@@ -163,10 +163,11 @@ def demo(
     from etl.pipeline import Pipeline
     from etl.preprocess import preprocess as run
     from etl.io.parquet import list_shards
+    from etl.resources import resource_path
     from etl.synth import generate as gen
 
     with user_errors():
-        p = Pipeline.from_file(pipeline or Path(__file__).resolve().parents[1] / "pipelines/criteo.yaml")
+        p = Pipeline.from_file(pipeline or resource_path("pipelines", "criteo.yaml"))
         raw, processed = workdir / "raw", workdir / "processed"
         with progress_bar("generate", rows) as advance:
             gen(p.schema, rows, files, raw, seed=0, progress=advance)
@@ -190,21 +191,22 @@ def bench(
     batch_size: int = typer.Option(65536, help="Loader batch size."),
     device: str = typer.Option("auto", help="Loader device: cpu, cuda, or auto (cuda when present)."),
     step_factor: float = typer.Option(1.25, help="Simulated training step, in multiples of the loader's time per batch."),
-    model: bool = typer.Option(False, help="Also measure the data wait of the DLRM of scripts/train_dlrm.py."),
+    model: bool = typer.Option(False, help="Also measure the data wait of a DLRM training on the batches (etl.bench.dlrm)."),
     baselines: bool = typer.Option(True, help="Run the naive polars and pyarrow+numpy baselines."),
     device_placement: Optional[bool] = typer.Option(None, help="Also measure transform_on='device' (stages on the device, loader, stall); default: when the device is CUDA."),
     json_out: Optional[Path] = typer.Option(None, "--json", help="Write the results as JSON."),
     plot_out: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG chart of the stages and the stall timeline."),
 ) -> None:
     """Measure read floor, every stage, fit, preprocess, the loader, data wait and baselines in one run."""
-    from etl.bench.run import plot, run_bench
+    from etl.bench.report import plot
+    from etl.bench.run import run_bench
+    from etl.resources import resource_path
 
     import torch
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
-    repo = Path(__file__).resolve().parents[1]
-    pipelines = pipeline or [repo / "pipelines/criteo.yaml", repo / "pipelines/criteo_hash.yaml"]
     with user_errors(), err.status("benchmark") as status:
+        pipelines = pipeline or [resource_path("pipelines", "criteo.yaml"), resource_path("pipelines", "criteo_hash.yaml")]
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise EtlError(f"--device {device}: torch {torch.__version__} sees no CUDA device")
         report = run_bench(pipelines, input_dir=input, rows=rows, files=files, workers=workers, batch_size=batch_size,

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """A small DLRM-style model trained from ``etl.Loader``: the example of the loader inside a training loop.
 
-Model: one embedding table per sparse column (rows = the column's cardinality, capped by ``--max-emb-rows``; ids
-above the cap are folded with a modulo), a bottom MLP on the dense features, pairwise dot-product interaction of
-the bottom output and the embeddings, a top MLP, binary cross-entropy on the label.
+Model: ``etl.bench.dlrm.DLRM``: one embedding table per sparse column (rows = the column's cardinality, capped by
+``--max-emb-rows``; ids above the cap are folded with a modulo), a bottom MLP on the dense features, pairwise
+dot-product interaction of the bottom output and the embeddings, a top MLP, binary cross-entropy on the label.
 Every ``--log-every`` steps it prints samples/s and the share of time the loop waited for data.
 
     python scripts/train_dlrm.py --data /tmp/raw --pipeline pipelines/criteo_hash.yaml --steps 200
@@ -21,36 +21,7 @@ import torch
 from torch import nn
 
 import etl
-
-
-def mlp(sizes: list[int], last_activation: bool) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for i in range(len(sizes) - 1):
-        layers.append(nn.Linear(sizes[i], sizes[i + 1]))
-        if i < len(sizes) - 2 or last_activation:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
-
-
-class DLRM(nn.Module):
-    def __init__(self, dense: int, table_rows: list[int], dim: int):
-        super().__init__()
-        self.table_rows = torch.tensor(table_rows)
-        self.embeddings = nn.ModuleList(nn.Embedding(n, dim) for n in table_rows)
-        self.bottom = mlp([dense, 64, dim], last_activation=True)
-        features = len(table_rows) + 1
-        self.top = mlp([dim + features * (features - 1) // 2, 64, 1], last_activation=False)
-        rows, cols = torch.triu_indices(features, features, offset=1)
-        self.register_buffer("pairs_i", rows, persistent=False)
-        self.register_buffer("pairs_j", cols, persistent=False)
-
-    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
-        x = self.bottom(dense)
-        ids = sparse.long() % self.table_rows.to(sparse.device)
-        embs = [x] + [table(ids[:, k]) for k, table in enumerate(self.embeddings)]
-        z = torch.stack(embs, dim=1)  # [B, F, dim]
-        dots = torch.bmm(z, z.transpose(1, 2))[:, self.pairs_i, self.pairs_j]
-        return self.top(torch.cat([x, dots], dim=1)).squeeze(1)
+from etl.bench.dlrm import DLRM
 
 
 def main() -> None:

@@ -10,34 +10,34 @@
 - ``stall``: a consumer whose step costs ``step_factor`` × the loader's own time per batch (``time.sleep``; a
   GPU step leaves the cores to the loader), over two consecutive epochs (the second is what later epochs of a
   training run see: its first batches were prepared while the first epoch drained), or the DLRM of
-  scripts/train_dlrm.py: the share of time it waited;
+  ``etl.bench.dlrm`` (the model of scripts/train_dlrm.py): the share of time it waited;
 - with device placement (``device_placement``; on by default with CUDA): the stages of the pipeline's device
   part (``etl.bench.device``: host part, ring, ``h2d``, each op on the device) and a loader epoch with
   ``transform_on="device"`` and its stall;
 - peak memory (resident set size of this process);
 - baselines: the naive polars and pyarrow+numpy scripts of ``etl.bench.baselines`` doing the same work (best of two
   runs, as ours), with their outputs compared to ours.
+
+The results are the dataclasses of ``etl.bench.report``.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import resource
 import shutil
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import torch
 
 from etl.bench import baselines
-from etl.loader.chunk import Chunk, Layout
 from etl.bench.device import measure_device_stages
+from etl.bench.dlrm import DLRM
+from etl.bench.report import PipelineReport, Report, Stage
+from etl.loader.chunk import Chunk, Layout
 from etl.loader import Loader
 from etl.pipeline import Pipeline
 from etl.preprocess import preprocess
@@ -54,50 +54,6 @@ BASELINES = {  # the polars ones only where polars is installed
 if not baselines.HAS_POLARS:
     BASELINES = {kind: {k: f for k, f in fns.items() if k != "polars"} for kind, fns in BASELINES.items()}
 EXACT = {"Categorify": ("polars", "numpy"), "Hash": ("numpy",)}  # baselines whose output must equal ours
-
-
-@dataclass
-class Stage:
-    name: str
-    seconds: float
-    rows: int
-    mbytes: float = 0.0
-    note: str = ""
-
-    @property
-    def rows_per_second(self) -> float:
-        return self.rows / self.seconds if self.seconds > 0 else 0.0
-
-
-@dataclass
-class PipelineReport:
-    pipeline: str
-    stages: list[Stage] = field(default_factory=list)
-    data_wait: float = 0.0  # the second of two epochs with the simulated step (a training run's later epochs)
-    data_wait_first_epoch: float = 0.0  # the first one, after an epoch with no step (starts colder)
-    wait_timeline: list[float] = field(default_factory=list)  # seconds waited before each batch of the second
-    model_data_wait: float | None = None
-    device_data_wait: float | None = None  # data_wait with transform_on="device"
-    baselines: dict[str, dict] = field(default_factory=dict)
-
-
-@dataclass
-class Report:
-    rows: int
-    files: int
-    input_mbytes: float
-    workers: int
-    batch_size: int
-    device: str
-    pipelines: list[PipelineReport] = field(default_factory=list)
-    peak_rss_mb: float = 0.0
-
-    def to_json(self) -> str:
-        doc = asdict(self)
-        for p, rep in zip(doc["pipelines"], self.pipelines):
-            for s, stage in zip(p["stages"], rep.stages):
-                s["rows_per_second"] = stage.rows_per_second
-        return json.dumps(doc, indent=1)
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -209,15 +165,10 @@ def measure_stall(loader: Loader, step_seconds: float, model: Callable | None = 
 
 
 def dlrm_step(loader: Loader) -> Callable:
-    """A training step of the DLRM in scripts/train_dlrm.py (imported from the repository)."""
-    path = Path(__file__).resolve().parents[2] / "scripts" / "train_dlrm.py"
-    spec = importlib.util.spec_from_file_location("train_dlrm", path)
-    if spec is None or not path.is_file():
-        raise FileNotFoundError(f"{path}: the DLRM example is not there")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    """A training step (SGD, binary cross-entropy) of a ``DLRM`` sized for ``loader``'s batches: tables of at most
+    100,000 rows, embeddings of width 16, on the loader's device."""
     cards = loader.pipeline.cardinalities()
-    model = mod.DLRM(len(loader.layout.dense), [min(cards[c], 100_000) for c in loader.layout.sparse], 16).to(loader.device)
+    model = DLRM(len(loader.layout.dense), [min(cards[c], 100_000) for c in loader.layout.sparse], 16).to(loader.device)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     loss_fn = torch.nn.BCEWithLogitsLoss()
 
@@ -251,6 +202,9 @@ def run_bench(
     device_placement: bool | None = None,
     progress: Callable[[str], None] = lambda msg: None,
 ) -> Report:
+    """Measure each of ``pipelines`` as the module docstring says, on the shards of ``input_dir`` or, without it, on
+    ``rows`` synthetic rows in ``files`` shards generated from the first pipeline's schema. Temporary files
+    (synthetic shards, artifacts, outputs) live in a temporary directory removed at the end."""
     work = Path(tempfile.mkdtemp(prefix="etl-bench-"))
     try:
         first = Pipeline.from_file(pipelines[0])
@@ -315,27 +269,3 @@ def run_bench(
         return report
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-
-def plot(report: Report, path: Path) -> None:
-    """PNG: per-stage throughput of each pipeline (log scale) and the stall timeline (wait before each batch)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(len(report.pipelines), 2, figsize=(13, 4 * len(report.pipelines)), squeeze=False)
-    for (left, right), rep in zip(axes, report.pipelines):
-        names = [s.name for s in rep.stages]
-        left.barh(names, [s.rows_per_second / 1e6 for s in rep.stages], color="tab:blue")
-        left.set_xscale("log")
-        left.invert_yaxis()
-        left.set_xlabel("M rows/s")
-        left.set_title(f"{Path(rep.pipeline).name}: stages")
-        right.bar(np.arange(len(rep.wait_timeline)), [1000 * w for w in rep.wait_timeline], color="tab:red")
-        right.set_xlabel("batch")
-        right.set_ylabel("wait before batch (ms)")
-        right.set_title(f"stall timeline: data wait {100 * rep.data_wait:.2f} %")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)

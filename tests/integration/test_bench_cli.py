@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.conftest import run_etl
+from tests.conftest import REPO, run_etl
 
 STAGES_CATEGORIFY = ["floor", "fit", "columns", "0:FillMissing", "1:Clamp", "2:Log1p", "3:Decode", "4:Categorify", "output", "batch", "ring", "preprocess", "loader"]
 
@@ -30,7 +30,7 @@ def test_bench_small_run_writes_json_and_plot(tmp_path: Path) -> None:
 
 def test_bench_on_given_input_without_baselines(tmp_path: Path) -> None:
     raw = tmp_path / "raw"
-    run_etl("generate", "--schema", Path(__file__).resolve().parents[2] / "schemas/criteo.yaml", "--rows", 10_000, "--files", 2, "--out", raw)
+    run_etl("generate", "--schema", REPO / "schemas/criteo.yaml", "--rows", 10_000, "--files", 2, "--out", raw)
     js = tmp_path / "b.json"
     run_etl("bench", "--input", raw, "--no-baselines", "--batch-size", 2048, "--device", "cpu", "--json", js)
     doc = json.loads(js.read_text())

@@ -1,7 +1,9 @@
-"""scripts/train_dlrm.py trains a few steps on CPU from the loader, as a user would run it."""
+"""scripts/train_dlrm.py trains a few steps on CPU from the loader, as a user would run it, with this checkout's etl
+(PYTHONPATH: a script's own folder, not the working directory, leads sys.path)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +21,8 @@ def test_train_dlrm_runs_and_logs(tmp_path: Path, transform_on: str) -> None:
     run_etl("fit", "--pipeline", REPO / "pipelines/criteo.yaml", "--input", raw, "--artifacts", art)
     cmd = [sys.executable, str(REPO / "scripts/train_dlrm.py"), "--data", str(raw), "--pipeline", str(REPO / "pipelines/criteo.yaml"),
            "--artifacts", str(art), "--batch-size", "1024", "--steps", "12", "--log-every", "4", "--device", "cpu", "--transform-on", transform_on]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr
     logs = [line for line in proc.stdout.splitlines() if line.startswith("step")]
     assert len(logs) == 3 and all("samples/s" in line and "data wait" in line for line in logs)

@@ -1,0 +1,88 @@
+"""The results of ``etl bench`` (``etl.bench.run``): one ``Report`` per run, one ``PipelineReport`` per pipeline, one
+``Stage`` per measured step; as JSON (``Report.to_json``) and as a PNG chart (``plot``)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass
+class Stage:
+    """One measured step: ``seconds`` spent on ``rows`` rows (``mbytes``: the input Parquet it read, 0 when it read
+    none)."""
+
+    name: str
+    seconds: float
+    rows: int
+    mbytes: float = 0.0
+    note: str = ""
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.rows / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class PipelineReport:
+    """The measurements of one pipeline: its stages in the order they ran, data-wait shares (of the loop's time, 0 to
+    1), the baselines' results by name."""
+
+    pipeline: str
+    stages: list[Stage] = field(default_factory=list)
+    data_wait: float = 0.0  # the second of two epochs with the simulated step (a training run's later epochs)
+    data_wait_first_epoch: float = 0.0  # the first one, after an epoch with no step (starts colder)
+    wait_timeline: list[float] = field(default_factory=list)  # seconds waited before each batch of the second
+    model_data_wait: float | None = None
+    device_data_wait: float | None = None  # data_wait with transform_on="device"
+    baselines: dict[str, dict] = field(default_factory=dict)
+
+
+@dataclass
+class Report:
+    """One ``etl bench`` run: the input (rows, shards, MB of Parquet), the settings, one report per pipeline and the
+    peak resident set size of the process."""
+
+    rows: int
+    files: int
+    input_mbytes: float
+    workers: int
+    batch_size: int
+    device: str
+    pipelines: list[PipelineReport] = field(default_factory=list)
+    peak_rss_mb: float = 0.0
+
+    def to_json(self) -> str:
+        """The report as an indented JSON document; every stage also carries its ``rows_per_second``."""
+        doc = asdict(self)
+        for p, rep in zip(doc["pipelines"], self.pipelines):
+            for s, stage in zip(p["stages"], rep.stages):
+                s["rows_per_second"] = stage.rows_per_second
+        return json.dumps(doc, indent=1)
+
+
+def plot(report: Report, path: Path) -> None:
+    """PNG: per-stage throughput of each pipeline (log scale) and the stall timeline (wait before each batch)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(report.pipelines), 2, figsize=(13, 4 * len(report.pipelines)), squeeze=False)
+    for (left, right), rep in zip(axes, report.pipelines):
+        names = [s.name for s in rep.stages]
+        left.barh(names, [s.rows_per_second / 1e6 for s in rep.stages], color="tab:blue")
+        left.set_xscale("log")
+        left.invert_yaxis()
+        left.set_xlabel("M rows/s")
+        left.set_title(f"{Path(rep.pipeline).name}: stages")
+        right.bar(np.arange(len(rep.wait_timeline)), [1000 * w for w in rep.wait_timeline], color="tab:red")
+        right.set_xlabel("batch")
+        right.set_ylabel("wait before batch (ms)")
+        right.set_title(f"stall timeline: data wait {100 * rep.data_wait:.2f} %")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

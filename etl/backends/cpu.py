@@ -18,7 +18,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from etl.backends.hashing import C1, C2, FNV_OFFSET, FNV_PRIME, check_buckets, seed_word
-from etl.batch import Strings, gather_ranges, take_values
+from etl.batch import InlineStrings, Strings, gather_ranges, take_values
 from etl.ids import FIRST, MISSING
 
 _jit = nb.njit(nogil=True, cache=True)
@@ -383,9 +383,8 @@ def decode_hex(s: Strings, valid: np.ndarray | None, width: int | None) -> tuple
     """Hex text → uint64 keys. Returns (keys, bad) where bad marks malformed present values (None if none)."""
     keys = np.empty(len(s), np.uint64)
     bad = np.zeros(len(s), np.bool_)
-    views = getattr(s, "inline_views", None)  # etl.io.parquet.InlineStrings: no start/end arrays to read
-    if views is not None:
-        nbad = _decode_hex_views(views.reshape(-1).view(np.uint64), valid, width or 0, _HEX_DIGIT, keys, bad)
+    if isinstance(s, InlineStrings):  # no start/end arrays to read
+        nbad = _decode_hex_views(s.inline_views.reshape(-1).view(np.uint64), valid, width or 0, _HEX_DIGIT, keys, bad)
     else:
         nbad = _decode_hex(s.data, s.starts, s.ends, valid, width or 0, _HEX_DIGIT, keys, bad)
     return keys, (bad if nbad else None)

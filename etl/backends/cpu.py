@@ -7,10 +7,6 @@ convention of ``etl.ops.categorical`` (0 padding, 1 null, then the op's own ids)
 
 from __future__ import annotations
 
-import ctypes
-import os
-import sys
-
 import numba as nb
 import numpy as np
 from llvmlite import ir
@@ -30,32 +26,6 @@ _FNV_PRIME = np.uint64(FNV_PRIME)
 _S33 = np.uint64(33)
 _S32 = np.uint64(32)
 _INT64_MIN_MAGNITUDE = np.uint64(1 << 63)
-
-
-def _tune_allocator() -> None:
-    """Keep freed memory for reuse instead of handing it back to the OS after every row group (glibc only).
-
-    Each row group allocates tens of MB of short-lived arrays (keys, ids, float columns). With glibc's defaults,
-    blocks of 128 KB and up are mmap'ed and unmapped on free (or trimmed off the heap top), so every fresh
-    array page-faults again: measured here, that was a third of the time of turning Arrow columns into numpy
-    views and ~30 % of ``etl fit``. Raising the mmap and trim thresholds makes such blocks come from (and go
-    back to) the heap. Peak memory is unchanged; memory freed after a peak is kept by the process. Set
-    ``ETL_MALLOC_TUNING=0`` to leave the allocator alone."""
-    if os.environ.get("ETL_MALLOC_TUNING", "1") == "0" or not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc (musl, ...)
-        return
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
-    mallopt(m_mmap_threshold, 32 << 20)  # the largest value glibc accepts
-    mallopt(m_trim_threshold, 1 << 30)
-    mallopt(m_top_pad, 64 << 20)
-
-
-_tune_allocator()
 
 
 @intrinsic

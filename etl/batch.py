@@ -15,7 +15,7 @@ each row within the file), so that errors and quarantine can name the exact sour
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
@@ -137,7 +137,6 @@ class Batch:
     source: str = "<memory>"
     row_group: int = 0
     row_ids: np.ndarray | None = None
-    meta: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.row_ids is None:

@@ -577,14 +577,6 @@ class KeyCounter:
         self.table = np.zeros((1024, 2), np.uint64)
         self.size = 0
 
-    @property
-    def keys(self) -> np.ndarray:
-        return self.table[:, 0]
-
-    @property
-    def counts(self) -> np.ndarray:
-        return self.table[:, 1].view(np.int64)
-
     def add(self, keys: np.ndarray, valid: np.ndarray | None) -> None:
         """Count each present key once."""
         i = 0

@@ -307,7 +307,7 @@ def column_to(col: Column, device: torch.device | str) -> Column:
 
 
 def batch_to(batch: Batch, device: torch.device | str) -> Batch:
-    """The batch with every column on ``device``; source, row group, row ids (numpy) and meta are kept."""
+    """The batch with every column on ``device``; source, row group and row ids (numpy) are kept."""
     return replace(batch, columns={k: column_to(c, device) for k, c in batch.columns.items()})
 
 

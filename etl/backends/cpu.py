@@ -7,11 +7,14 @@ convention of ``etl.ops.categorical`` (0 padding, 1 null, then the op's own ids)
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numba as nb
 import numpy as np
 from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
+from numpy.typing import DTypeLike
 
 from etl.backends.hashing import C1, C2, FNV_OFFSET, FNV_PRIME, check_buckets, seed_word
 from etl.batch import InlineStrings, Strings, gather_ranges, take_values
@@ -119,7 +122,7 @@ def moments(values: np.ndarray, valid: np.ndarray | None) -> tuple[int, float, f
     return len(v), float(v.sum()), float(((v - v.mean()) ** 2).sum())
 
 
-def bucketize(values: np.ndarray, valid: np.ndarray | None, boundaries: np.ndarray, out_dtype) -> np.ndarray:
+def bucketize(values: np.ndarray, valid: np.ndarray | None, boundaries: np.ndarray, out_dtype: DTypeLike) -> np.ndarray:
     """id = 2 + number of boundaries <= value (right-closed buckets); missing → 1."""
     ids = (np.searchsorted(boundaries, values, side="right") + FIRST).astype(out_dtype)
     if valid is not None:
@@ -392,7 +395,7 @@ def _bucket_ids(keys, valid, rehash, sw, n, out):
         out[i] = b if valid is None or valid[i] else 1
 
 
-def hash_ids(keys: np.ndarray, valid: np.ndarray | None, seed: int, n: int, out_dtype) -> np.ndarray:
+def hash_ids(keys: np.ndarray, valid: np.ndarray | None, seed: int, n: int, out_dtype: DTypeLike) -> np.ndarray:
     """id = 2 + reduce(hash64(key, seed), n); missing → 1."""
     check_buckets(n)
     out = np.empty(len(keys), out_dtype)
@@ -400,12 +403,14 @@ def hash_ids(keys: np.ndarray, valid: np.ndarray | None, seed: int, n: int, out_
     return out
 
 
-def hash_columns(keys: list[np.ndarray], valids: list[np.ndarray | None], seed: int, n: int, out_dtype) -> list[np.ndarray]:
+def hash_columns(
+    keys: list[np.ndarray], valids: list[np.ndarray | None], seed: int, n: int, out_dtype: DTypeLike
+) -> list[np.ndarray]:
     """``hash_ids`` of several columns."""
     return [hash_ids(k, v, seed, n, out_dtype) for k, v in zip(keys, valids)]
 
 
-def bucket_ids(hashes: np.ndarray, valid: np.ndarray | None, n: int, out_dtype) -> np.ndarray:
+def bucket_ids(hashes: np.ndarray, valid: np.ndarray | None, n: int, out_dtype: DTypeLike) -> np.ndarray:
     """id = 2 + reduce(hash, n) for values that are already hashes; missing → 1."""
     check_buckets(n)
     out = np.empty(len(hashes), out_dtype)
@@ -495,7 +500,9 @@ class LookupTable:
         self.table = np.zeros((cap, 2), np.uint64)
         _table_insert(self.table, keys.astype(np.uint64, copy=False), ids.astype(np.int64, copy=False))
 
-    def lookup(self, keys: np.ndarray, valid: np.ndarray | None, oov_base: int, oov_n: int, seed: int, out_dtype) -> np.ndarray:
+    def lookup(
+        self, keys: np.ndarray, valid: np.ndarray | None, oov_base: int, oov_n: int, seed: int, out_dtype: DTypeLike
+    ) -> np.ndarray:
         """ids of ``keys``; an absent key gets ``oov_base + reduce(hash64(key, seed), oov_n)``, missing → 1."""
         out = np.empty(len(keys), out_dtype)
         _lookup(self.table, keys, valid, oov_base, oov_n, np.uint64(seed_word(seed)), out)
@@ -508,7 +515,15 @@ class LookupTables:
     def __init__(self, tables: list[tuple[np.ndarray, np.ndarray]]):
         self.tables = [LookupTable(k, v) for k, v in tables]
 
-    def lookup(self, keys: list[np.ndarray], valids: list[np.ndarray | None], oov_base: int, oov_n: int, seed: int, out_dtypes: list) -> list[np.ndarray]:
+    def lookup(
+        self,
+        keys: list[np.ndarray],
+        valids: list[np.ndarray | None],
+        oov_base: int,
+        oov_n: int,
+        seed: int,
+        out_dtypes: Sequence[DTypeLike],
+    ) -> list[np.ndarray]:
         """ids of each column's ``keys`` in its table, as ``LookupTable.lookup``."""
         return [t.lookup(k, v, oov_base, oov_n, seed, dt) for t, k, v, dt in zip(self.tables, keys, valids, out_dtypes)]
 

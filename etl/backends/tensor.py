@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -574,7 +575,9 @@ class LookupTables:
             self._on[device] = out
         return out
 
-    def lookup(self, keys: list[torch.Tensor], valids: list[torch.Tensor | None], oov_base: int, oov_n: int, seed: int, out_dtypes: list[object]) -> list[torch.Tensor]:
+    def lookup(
+        self, keys: list[torch.Tensor], valids: list[torch.Tensor | None], oov_base: int, oov_n: int, seed: int, out_dtypes: Sequence[object]
+    ) -> list[torch.Tensor]:
         """ids of each column's ``keys`` in its table (absent key: ``oov_base + reduce(hash64(key, seed), oov_n)``;
         missing: 1). Columns of unequal lengths (lists) are looked up one by one."""
         if not _aligned(keys):

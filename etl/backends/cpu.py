@@ -1,8 +1,9 @@
-"""The CPU backend: numpy plus numba kernels over flat buffers (Arrow buffers viewed as numpy, no copies).
+"""The CPU backend (an ``etl.backends.Backend``): numpy plus numba kernels over flat buffers (Arrow buffers viewed
+as numpy, no copies).
 
 Every kernel releases the GIL (``nogil=True``), so worker threads transform row groups in parallel. The formulas
 for hashing, range reduction and string keys are defined in ``etl.backends.hashing``; ids follow the reserved-id
-convention of ``etl.ops.categorical`` (0 padding, 1 null, then the op's own ids).
+convention of ``etl.ids`` (0 padding, 1 null, then the op's own ids).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The torch backend: the namespace of ``etl.backends.cpu`` (same functions, arguments and semantics, the same
-bits out) on torch tensors, on CPU or CUDA. Every tensor a function creates is on the device of its inputs.
+"""The torch backend: an ``etl.backends.Backend`` with the functions of ``etl.backends.cpu`` (same arguments and
+semantics, the same bits out) on torch tensors, on CPU or CUDA. Every tensor a function creates is on the device of its inputs.
 
 Data representation:
 

@@ -15,7 +15,8 @@ each row within the file), so that errors and quarantine can name the exact sour
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -25,7 +26,7 @@ class Strings:
     """Variable-length byte strings: string i is ``data[starts[i]:ends[i]]``.
 
     This covers both Arrow layouts without copying: offsets (``starts = offsets[:-1]``, ``ends = offsets[1:]``)
-    and inline string views (``data`` is the view buffer, each string inside its 16-byte view)."""
+    and inline string views (``InlineStrings``: ``data`` is the view buffer, each string inside its 16-byte view)."""
 
     data: np.ndarray  # uint8
     starts: np.ndarray  # int32 or int64
@@ -47,6 +48,34 @@ class Strings:
         starts = self.starts[idx]
         positions, offsets = gather_ranges(starts, self.ends[idx] - starts)
         return Strings.from_offsets(self.data[positions], offsets)
+
+
+class InlineStrings(Strings):
+    """``Strings`` that all live inline in Arrow string views (each at most 12 bytes, e.g. 8-digit hex).
+
+    ``inline_views`` is the (n, 4) uint32 view array itself (length, then the string's bytes); ``data`` is the
+    same memory as bytes, string i at ``16*i + 4``. ``starts`` and ``ends`` are built only when something asks
+    for them: kernels that know the layout (``etl.backends.cpu.decode_hex``) read the views directly."""
+
+    inline_views: np.ndarray  # (n, 4) uint32
+
+    def __init__(self, views: np.ndarray):
+        object.__setattr__(self, "inline_views", views)
+
+    @property
+    def data(self) -> np.ndarray:  # type: ignore[override]
+        return self.inline_views.reshape(-1).view(np.uint8)
+
+    @cached_property
+    def starts(self) -> np.ndarray:  # type: ignore[override]
+        return np.arange(4, 16 * len(self.inline_views) + 4, 16, dtype=np.int64)
+
+    @cached_property
+    def ends(self) -> np.ndarray:  # type: ignore[override]
+        return self.starts + self.inline_views[:, 0]
+
+    def __len__(self) -> int:
+        return len(self.inline_views)
 
 
 @dataclass(frozen=True)
@@ -108,7 +137,6 @@ class Batch:
     source: str = "<memory>"
     row_group: int = 0
     row_ids: np.ndarray | None = None
-    meta: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.row_ids is None:

@@ -12,11 +12,18 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from etl.allocator import tune_allocator
 from etl.errors import EtlError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Streaming ETL for recommender training data.")
 err = Console(stderr=True)
 console = Console(soft_wrap=True)
+
+
+@app.callback()
+def _before_every_command() -> None:
+    """Process-wide setup before any command runs: tune the allocator for batch processing (``etl.allocator``)."""
+    tune_allocator()
 
 
 @contextmanager

@@ -1,24 +1,24 @@
-"""The CPU backend: numpy plus numba kernels over flat buffers (Arrow buffers viewed as numpy, no copies).
+"""The CPU backend (an ``etl.backends.Backend``): numpy plus numba kernels over flat buffers (Arrow buffers viewed
+as numpy, no copies).
 
 Every kernel releases the GIL (``nogil=True``), so worker threads transform row groups in parallel. The formulas
 for hashing, range reduction and string keys are defined in ``etl.backends.hashing``; ids follow the reserved-id
-convention of ``etl.ops.categorical`` (0 padding, 1 null, then the op's own ids).
+convention of ``etl.ids`` (0 padding, 1 null, then the op's own ids).
 """
 
 from __future__ import annotations
 
-import ctypes
-import os
-import sys
+from collections.abc import Sequence
 
 import numba as nb
 import numpy as np
 from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
+from numpy.typing import DTypeLike
 
 from etl.backends.hashing import C1, C2, FNV_OFFSET, FNV_PRIME, check_buckets, seed_word
-from etl.batch import Strings, gather_ranges, take_values
+from etl.batch import InlineStrings, Strings, gather_ranges, take_values
 from etl.ids import FIRST, MISSING
 
 _jit = nb.njit(nogil=True, cache=True)
@@ -30,32 +30,6 @@ _FNV_PRIME = np.uint64(FNV_PRIME)
 _S33 = np.uint64(33)
 _S32 = np.uint64(32)
 _INT64_MIN_MAGNITUDE = np.uint64(1 << 63)
-
-
-def _tune_allocator() -> None:
-    """Keep freed memory for reuse instead of handing it back to the OS after every row group (glibc only).
-
-    Each row group allocates tens of MB of short-lived arrays (keys, ids, float columns). With glibc's defaults,
-    blocks of 128 KB and up are mmap'ed and unmapped on free (or trimmed off the heap top), so every fresh
-    array page-faults again: measured here, that was a third of the time of turning Arrow columns into numpy
-    views and ~30 % of ``etl fit``. Raising the mmap and trim thresholds makes such blocks come from (and go
-    back to) the heap. Peak memory is unchanged; memory freed after a peak is kept by the process. Set
-    ``ETL_MALLOC_TUNING=0`` to leave the allocator alone."""
-    if os.environ.get("ETL_MALLOC_TUNING", "1") == "0" or not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc (musl, ...)
-        return
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    m_trim_threshold, m_top_pad, m_mmap_threshold = -1, -2, -3
-    mallopt(m_mmap_threshold, 32 << 20)  # the largest value glibc accepts
-    mallopt(m_trim_threshold, 1 << 30)
-    mallopt(m_top_pad, 64 << 20)
-
-
-_tune_allocator()
 
 
 @intrinsic
@@ -149,7 +123,7 @@ def moments(values: np.ndarray, valid: np.ndarray | None) -> tuple[int, float, f
     return len(v), float(v.sum()), float(((v - v.mean()) ** 2).sum())
 
 
-def bucketize(values: np.ndarray, valid: np.ndarray | None, boundaries: np.ndarray, out_dtype) -> np.ndarray:
+def bucketize(values: np.ndarray, valid: np.ndarray | None, boundaries: np.ndarray, out_dtype: DTypeLike) -> np.ndarray:
     """id = 2 + number of boundaries <= value (right-closed buckets); missing → 1."""
     ids = (np.searchsorted(boundaries, values, side="right") + FIRST).astype(out_dtype)
     if valid is not None:
@@ -383,9 +357,8 @@ def decode_hex(s: Strings, valid: np.ndarray | None, width: int | None) -> tuple
     """Hex text → uint64 keys. Returns (keys, bad) where bad marks malformed present values (None if none)."""
     keys = np.empty(len(s), np.uint64)
     bad = np.zeros(len(s), np.bool_)
-    views = getattr(s, "inline_views", None)  # etl.io.parquet.InlineStrings: no start/end arrays to read
-    if views is not None:
-        nbad = _decode_hex_views(views.reshape(-1).view(np.uint64), valid, width or 0, _HEX_DIGIT, keys, bad)
+    if isinstance(s, InlineStrings):  # no start/end arrays to read
+        nbad = _decode_hex_views(s.inline_views.reshape(-1).view(np.uint64), valid, width or 0, _HEX_DIGIT, keys, bad)
     else:
         nbad = _decode_hex(s.data, s.starts, s.ends, valid, width or 0, _HEX_DIGIT, keys, bad)
     return keys, (bad if nbad else None)
@@ -423,7 +396,7 @@ def _bucket_ids(keys, valid, rehash, sw, n, out):
         out[i] = b if valid is None or valid[i] else 1
 
 
-def hash_ids(keys: np.ndarray, valid: np.ndarray | None, seed: int, n: int, out_dtype) -> np.ndarray:
+def hash_ids(keys: np.ndarray, valid: np.ndarray | None, seed: int, n: int, out_dtype: DTypeLike) -> np.ndarray:
     """id = 2 + reduce(hash64(key, seed), n); missing → 1."""
     check_buckets(n)
     out = np.empty(len(keys), out_dtype)
@@ -431,12 +404,14 @@ def hash_ids(keys: np.ndarray, valid: np.ndarray | None, seed: int, n: int, out_
     return out
 
 
-def hash_columns(keys: list[np.ndarray], valids: list[np.ndarray | None], seed: int, n: int, out_dtype) -> list[np.ndarray]:
+def hash_columns(
+    keys: list[np.ndarray], valids: list[np.ndarray | None], seed: int, n: int, out_dtype: DTypeLike
+) -> list[np.ndarray]:
     """``hash_ids`` of several columns."""
     return [hash_ids(k, v, seed, n, out_dtype) for k, v in zip(keys, valids)]
 
 
-def bucket_ids(hashes: np.ndarray, valid: np.ndarray | None, n: int, out_dtype) -> np.ndarray:
+def bucket_ids(hashes: np.ndarray, valid: np.ndarray | None, n: int, out_dtype: DTypeLike) -> np.ndarray:
     """id = 2 + reduce(hash, n) for values that are already hashes; missing → 1."""
     check_buckets(n)
     out = np.empty(len(hashes), out_dtype)
@@ -526,7 +501,9 @@ class LookupTable:
         self.table = np.zeros((cap, 2), np.uint64)
         _table_insert(self.table, keys.astype(np.uint64, copy=False), ids.astype(np.int64, copy=False))
 
-    def lookup(self, keys: np.ndarray, valid: np.ndarray | None, oov_base: int, oov_n: int, seed: int, out_dtype) -> np.ndarray:
+    def lookup(
+        self, keys: np.ndarray, valid: np.ndarray | None, oov_base: int, oov_n: int, seed: int, out_dtype: DTypeLike
+    ) -> np.ndarray:
         """ids of ``keys``; an absent key gets ``oov_base + reduce(hash64(key, seed), oov_n)``, missing → 1."""
         out = np.empty(len(keys), out_dtype)
         _lookup(self.table, keys, valid, oov_base, oov_n, np.uint64(seed_word(seed)), out)
@@ -539,7 +516,15 @@ class LookupTables:
     def __init__(self, tables: list[tuple[np.ndarray, np.ndarray]]):
         self.tables = [LookupTable(k, v) for k, v in tables]
 
-    def lookup(self, keys: list[np.ndarray], valids: list[np.ndarray | None], oov_base: int, oov_n: int, seed: int, out_dtypes: list) -> list[np.ndarray]:
+    def lookup(
+        self,
+        keys: list[np.ndarray],
+        valids: list[np.ndarray | None],
+        oov_base: int,
+        oov_n: int,
+        seed: int,
+        out_dtypes: Sequence[DTypeLike],
+    ) -> list[np.ndarray]:
         """ids of each column's ``keys`` in its table, as ``LookupTable.lookup``."""
         return [t.lookup(k, v, oov_base, oov_n, seed, dt) for t, k, v, dt in zip(self.tables, keys, valids, out_dtypes)]
 
@@ -607,14 +592,6 @@ class KeyCounter:
     def __init__(self) -> None:
         self.table = np.zeros((1024, 2), np.uint64)
         self.size = 0
-
-    @property
-    def keys(self) -> np.ndarray:
-        return self.table[:, 0]
-
-    @property
-    def counts(self) -> np.ndarray:
-        return self.table[:, 1].view(np.int64)
 
     def add(self, keys: np.ndarray, valid: np.ndarray | None) -> None:
         """Count each present key once."""

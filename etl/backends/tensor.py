@@ -1,5 +1,5 @@
-"""The torch backend: the namespace of ``etl.backends.cpu`` (same functions, arguments and semantics, the same
-bits out) on torch tensors, on CPU or CUDA. Every tensor a function creates is on the device of its inputs.
+"""The torch backend: an ``etl.backends.Backend`` with the functions of ``etl.backends.cpu`` (same arguments and
+semantics, the same bits out) on torch tensors, on CPU or CUDA. Every tensor a function creates is on the device of its inputs.
 
 Data representation:
 
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -307,7 +308,7 @@ def column_to(col: Column, device: torch.device | str) -> Column:
 
 
 def batch_to(batch: Batch, device: torch.device | str) -> Batch:
-    """The batch with every column on ``device``; source, row group, row ids (numpy) and meta are kept."""
+    """The batch with every column on ``device``; source, row group and row ids (numpy) are kept."""
     return replace(batch, columns={k: column_to(c, device) for k, c in batch.columns.items()})
 
 
@@ -574,7 +575,9 @@ class LookupTables:
             self._on[device] = out
         return out
 
-    def lookup(self, keys: list[torch.Tensor], valids: list[torch.Tensor | None], oov_base: int, oov_n: int, seed: int, out_dtypes: list[object]) -> list[torch.Tensor]:
+    def lookup(
+        self, keys: list[torch.Tensor], valids: list[torch.Tensor | None], oov_base: int, oov_n: int, seed: int, out_dtypes: Sequence[object]
+    ) -> list[torch.Tensor]:
         """ids of each column's ``keys`` in its table (absent key: ``oov_base + reduce(hash64(key, seed), oov_n)``;
         missing: 1). Columns of unequal lengths (lists) are looked up one by one."""
         if not _aligned(keys):

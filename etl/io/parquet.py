@@ -3,7 +3,7 @@
 The footer (row groups, Arrow schema) is read with pyarrow; row group data with polars, whose Parquet decoder
 measured here about 4× faster than pyarrow's on Criteo-like shards and scales with threads, and whose Arrow export
 is zero-copy (strings come out as string views; values of up to 12 bytes, such as 8-digit hex, live inside the
-views and are decoded in place, see ``InlineStrings``). Arrow buffers are then viewed as numpy arrays without
+views and are decoded in place, see ``etl.batch.InlineStrings``). Arrow buffers are then viewed as numpy arrays without
 copies: fixed-width values, string views or offsets and bytes, list offsets. Validity bitmaps become bool arrays; a
 column without nulls has ``valid=None``.
 
@@ -15,7 +15,6 @@ The batches hold the same values either way; only the speed differs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +26,7 @@ try:
 except ImportError:  # pragma: no cover - exercised by a test that hides polars
     pl = None
 
-from etl.batch import Batch, Column, Strings
+from etl.batch import Batch, Column, InlineStrings, Strings
 from etl.errors import InputError
 from etl.schema import ColumnSpec, Schema
 
@@ -78,32 +77,6 @@ def _valid(arr: pa.Array) -> np.ndarray | None:
         return None
     bits = np.unpackbits(np.frombuffer(arr.buffers()[0], np.uint8), bitorder="little")
     return bits[arr.offset : arr.offset + len(arr)].view(np.bool_)
-
-
-class InlineStrings(Strings):
-    """``Strings`` that all live inline in Arrow string views (each at most 12 bytes, e.g. 8-digit hex).
-
-    ``inline_views`` is the (n, 4) uint32 view array itself (length, then the string's bytes); ``data`` is the
-    same memory as bytes, string i at ``16*i + 4``. ``starts`` and ``ends`` are built only when something asks
-    for them: kernels that know the layout (``etl.backends.cpu.decode_hex``) read the views directly."""
-
-    def __init__(self, views: np.ndarray):
-        object.__setattr__(self, "inline_views", views)
-
-    @property
-    def data(self) -> np.ndarray:  # type: ignore[override]
-        return self.inline_views.reshape(-1).view(np.uint8)
-
-    @cached_property
-    def starts(self) -> np.ndarray:  # type: ignore[override]
-        return np.arange(4, 16 * len(self.inline_views) + 4, 16, dtype=np.int64)
-
-    @cached_property
-    def ends(self) -> np.ndarray:  # type: ignore[override]
-        return self.starts + self.inline_views[:, 0]
-
-    def __len__(self) -> int:
-        return len(self.inline_views)
 
 
 def _strings(arr: pa.Array) -> Strings:

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from etl.allocator import tune_allocator
 from etl.loader.chunk import Chunk, Layout
 from etl.loader.device_stage import DeviceStage
 from etl.errors import EtlError, LoaderError
@@ -129,6 +130,7 @@ class Loader:
         world_size: int | None = None,
         transform_on: str = "host",
     ):
+        tune_allocator()
         if batch_size < 1 or num_workers < 1 or prefetch < 1:
             raise ValueError("batch_size, num_workers and prefetch must be >= 1")
         if transform_on not in ("host", "device"):

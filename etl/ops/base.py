@@ -1,8 +1,9 @@
 """What every op is: the columns it reads and writes, and ``transform(batch, xp)`` over a backend namespace ``xp``.
 
-Ops never import a compute library beyond numpy for bookkeeping; the per-value work goes through ``xp``: the CPU
-backend ``etl.backends.cpu`` (numpy arrays) or the torch backend ``etl.backends.tensor`` (tensors on CPU or CUDA,
-uint64 keys held as int64 bits). Both implement the same functions with the same bits out. Fittable ops add:
+Ops never import a compute library beyond numpy for bookkeeping; the per-value work goes through ``xp``, an
+``etl.backends.Backend``: the CPU backend ``etl.backends.cpu`` (numpy arrays) or the torch backend
+``etl.backends.tensor`` (tensors on CPU or CUDA, uint64 keys held as int64 bits). Both implement the same functions
+with the same bits out. Fittable ops add:
 
 - ``new_stats(xp) -> stats``: an empty accumulator: a dict with one independent entry per column;
 - ``partial_fit(stats, batch, xp)``: add one batch to an accumulator, for the columns the accumulator holds (the
@@ -25,6 +26,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
+from etl.backends import Array, Backend
 from etl.batch import Batch, Column
 from etl.schema import ColumnSpec
 
@@ -35,12 +37,12 @@ class InvalidRows(Exception):
     """Rows of a batch hold values an op cannot transform. ``mask`` is per row of the batch (a bool array or
     tensor of the backend that found them)."""
 
-    def __init__(self, column: str, mask: np.ndarray, reason: str):
+    def __init__(self, column: str, mask: Array, reason: str):
         self.column, self.mask, self.reason = column, mask, reason
         super().__init__(f"column '{column}': {reason} ({int(mask.sum())} rows)")
 
 
-def rows_with_bad_elements(col: Column, elem_mask: Any, xp: Any) -> np.ndarray:
+def rows_with_bad_elements(col: Column, elem_mask: Array, xp: Backend) -> np.ndarray:
     """Per-row mask (numpy) from a per-value mask of backend ``xp`` (a list row is bad when any of its elements is)."""
     elem_mask = xp.to_numpy(elem_mask)
     if col.offsets is None:
@@ -75,7 +77,7 @@ class Op:
         """Columns this op writes (by default, in place: the columns it reads)."""
         return self.columns
 
-    def transform(self, batch: Batch, xp: Any) -> dict[str, Column]:
+    def transform(self, batch: Batch, xp: Backend) -> dict[str, Column]:
         raise NotImplementedError
 
     @property
@@ -87,13 +89,13 @@ class Op:
         return {}
 
     # fittable ops override these
-    def new_stats(self, xp: Any) -> Stats:
+    def new_stats(self, xp: Backend) -> Stats:
         raise NotImplementedError
 
-    def partial_fit(self, stats: Stats, batch: Batch, xp: Any) -> None:
+    def partial_fit(self, stats: Stats, batch: Batch, xp: Backend) -> None:
         raise NotImplementedError
 
-    def finalize(self, stats: Stats, xp: Any) -> None:
+    def finalize(self, stats: Stats, xp: Backend) -> None:
         raise NotImplementedError
 
     def state(self) -> tuple[dict[str, Any], dict[str, pa.Table]]:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from etl.backends import Array, Backend, LookupTablesProtocol
 from etl.backends.hashing import check_buckets, check_seed
 from etl.batch import Batch, Column, Strings
 from etl.ids import RESERVED, id_dtype
@@ -37,7 +38,7 @@ class Decode(Op):
     name = "Decode"
     reads, writes = "raw", "keys"
 
-    def transform(self, batch: Batch, xp: Any) -> dict[str, Column]:
+    def transform(self, batch: Batch, xp: Backend) -> dict[str, Column]:
         out = {}
         for c in self.columns:
             col = batch[c]
@@ -50,7 +51,7 @@ class Decode(Op):
         return out
 
 
-def _decode(col: Column, spec: ColumnSpec, xp: Any) -> tuple[np.ndarray, Strings | None, np.ndarray | None]:
+def _decode(col: Column, spec: ColumnSpec, xp: Backend) -> tuple[Array, Strings | None, Array | None]:
     v = col.values
     if not isinstance(v, Strings):
         if spec.encoding != "int":
@@ -65,7 +66,7 @@ def _decode(col: Column, spec: ColumnSpec, xp: Any) -> tuple[np.ndarray, Strings
     return xp.decode_string(v, col.valid), v, None
 
 
-def render_keys(keys: np.ndarray, spec: ColumnSpec, xp: Any) -> pa.Array:
+def render_keys(keys: np.ndarray, spec: ColumnSpec, xp: Backend) -> pa.Array:
     """Canonical raw text of keys decoded with an invertible encoding (hex: lowercase digits, ``width`` of them
     or 16 when the schema gives no width; int: signed decimal)."""
     if spec.encoding == "hex":
@@ -76,7 +77,7 @@ def render_keys(keys: np.ndarray, spec: ColumnSpec, xp: Any) -> pa.Array:
     raise ValueError(f"column '{spec.name}': string keys are not invertible")
 
 
-def _require_keys(op: str, c: str, col: Column, xp: Any) -> None:
+def _require_keys(op: str, c: str, col: Column, xp: Backend) -> None:
     if not xp.is_keys(col.values):
         raise ValueError(f"{op}: column '{c}' holds raw values; put a Decode op before it")
 
@@ -98,7 +99,7 @@ class Hash(Op):
     def cardinalities(self) -> dict[str, int]:
         return {c: self.num_buckets + RESERVED for c in self.columns}
 
-    def transform(self, batch: Batch, xp: Any) -> dict[str, Column]:
+    def transform(self, batch: Batch, xp: Backend) -> dict[str, Column]:
         cols = [batch[c] for c in self.columns]
         for c, col in zip(self.columns, cols):
             _require_keys(self.name, c, col, xp)
@@ -131,7 +132,7 @@ class HashedCross(Op):
     def cardinalities(self) -> dict[str, int]:
         return {self.output: self.num_buckets + RESERVED}
 
-    def transform(self, batch: Batch, xp: Any) -> dict[str, Column]:
+    def transform(self, batch: Batch, xp: Backend) -> dict[str, Column]:
         cols = [batch[c] for c in self.columns]
         for c, col in zip(self.columns, cols):
             _require_keys(self.name, c, col, xp)
@@ -170,7 +171,7 @@ class Categorify(Op):
         check_seed(seed)
         self.freq_threshold, self.max_size, self.oov_buckets, self.seed = freq_threshold, max_size, oov_buckets, seed
         self.vocab: dict[str, pa.Table] = {}
-        self._tables: dict[str, Any] = {}
+        self._tables: dict[str, LookupTablesProtocol] = {}
 
     @property
     def is_fitted(self) -> bool:
@@ -180,10 +181,10 @@ class Categorify(Op):
         return {c: RESERVED + self.oov_buckets + self.vocab[c].num_rows for c in self.columns}
 
     # ---- fit
-    def new_stats(self, xp: Any) -> Stats:
+    def new_stats(self, xp: Backend) -> Stats:
         return {c: {"counter": xp.KeyCounter(), "nulls": 0, "raw": {}} for c in self.columns}
 
-    def partial_fit(self, stats: Stats, batch: Batch, xp: Any) -> None:
+    def partial_fit(self, stats: Stats, batch: Batch, xp: Backend) -> None:
         for c, s in stats.items():
             col = batch[c]
             _require_keys(self.name, c, col, xp)
@@ -192,7 +193,7 @@ class Categorify(Op):
             if col.raw is not None:
                 _remember_raw(s["raw"], col, xp)
 
-    def finalize(self, stats: Stats, xp: Any) -> None:
+    def finalize(self, stats: Stats, xp: Backend) -> None:
         for c in self.columns:
             keys, counts = stats[c]["counter"].at_least(self.freq_threshold)
             order = np.lexsort((keys, -counts))
@@ -209,7 +210,7 @@ class Categorify(Op):
         self._tables = {}
 
     # ---- transform
-    def _lookup_tables(self, xp: Any) -> Any:
+    def _lookup_tables(self, xp: Backend) -> LookupTablesProtocol:
         """The lookup tables of every column for backend ``xp``, built once."""
         t = self._tables.get(xp.__name__)
         if t is None:
@@ -217,7 +218,7 @@ class Categorify(Op):
             t = self._tables[xp.__name__] = xp.LookupTables([(v.column("key").to_numpy(), v.column("id").to_numpy()) for v in vocabs])
         return t
 
-    def transform(self, batch: Batch, xp: Any) -> dict[str, Column]:
+    def transform(self, batch: Batch, xp: Backend) -> dict[str, Column]:
         cols = [batch[c] for c in self.columns]
         for c, col in zip(self.columns, cols):
             _require_keys(self.name, c, col, xp)
@@ -242,7 +243,7 @@ class Categorify(Op):
         self._tables = {}
 
 
-def _remember_raw(raw: dict[int, str], col: Column, xp: Any) -> None:
+def _remember_raw(raw: dict[int, str], col: Column, xp: Backend) -> None:
     """Record the text of keys not seen before (string-encoded columns only)."""
     keys = xp.to_numpy(col.values).view(np.uint64)
     valid = None if col.valid is None else xp.to_numpy(col.valid)

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from etl.backends import Backend
 from etl.batch import Batch, Column
 from etl.ids import FIRST, id_dtype
 from etl.ops.base import InvalidRows, Op, Stats
@@ -27,7 +28,7 @@ class FillMissing(Op):
             raise ValueError(f"FillMissing.value must be a finite number, got {value!r}")
         self.value = float(value)
 
-    def transform(self, batch: Batch, xp: Any) -> dict[str, Column]:
+    def transform(self, batch: Batch, xp: Backend) -> dict[str, Column]:
         cols = [batch[c] for c in self.columns]
         found = xp.first_nonfinite([(col.values, col.valid) for col in cols])
         if found is not None:
@@ -48,7 +49,7 @@ class Clamp(Op):
             raise ValueError(f"Clamp.min {min} is above Clamp.max {max}")
         self.lo, self.hi = min, max
 
-    def transform(self, batch: Batch, xp: Any) -> dict[str, Column]:
+    def transform(self, batch: Batch, xp: Backend) -> dict[str, Column]:
         return {c: Column(xp.clamp(batch[c].values, self.lo, self.hi), batch[c].valid) for c in self.columns}
 
 
@@ -57,7 +58,7 @@ class Log1p(Op):
 
     name = "Log1p"
 
-    def transform(self, batch: Batch, xp: Any) -> dict[str, Column]:
+    def transform(self, batch: Batch, xp: Backend) -> dict[str, Column]:
         return {c: Column(xp.log1p(batch[c].values), batch[c].valid) for c in self.columns}
 
 
@@ -81,16 +82,16 @@ class Normalize(Op):
     def is_fitted(self) -> bool:
         return bool(self.mean)
 
-    def new_stats(self, xp: Any) -> Stats:
+    def new_stats(self, xp: Backend) -> Stats:
         return {c: [] for c in self.columns}
 
-    def partial_fit(self, stats: Stats, batch: Batch, xp: Any) -> None:
+    def partial_fit(self, stats: Stats, batch: Batch, xp: Backend) -> None:
         for c in stats:
             m = xp.moments(batch[c].values, batch[c].valid)
             if m is not None:
                 stats[c].append(m)
 
-    def finalize(self, stats: Stats, xp: Any) -> None:
+    def finalize(self, stats: Stats, xp: Backend) -> None:
         for c in self.columns:
             parts = stats[c]
             n = sum(p[0] for p in parts)
@@ -101,7 +102,7 @@ class Normalize(Op):
             var = (math.fsum(p[2] for p in parts) + spread) / n
             self.mean[c], self.std[c] = mean, (math.sqrt(var) or 1.0)
 
-    def transform(self, batch: Batch, xp: Any) -> dict[str, Column]:
+    def transform(self, batch: Batch, xp: Backend) -> dict[str, Column]:
         return {
             c: Column(xp.normalize(batch[c].values, self.mean[c], self.std[c]), batch[c].valid)
             for c in self.columns
@@ -132,6 +133,6 @@ class Bucketize(Op):
     def cardinalities(self) -> dict[str, int]:
         return {c: FIRST + len(self.boundaries) + 1 for c in self.columns}
 
-    def transform(self, batch: Batch, xp: Any) -> dict[str, Column]:
+    def transform(self, batch: Batch, xp: Backend) -> dict[str, Column]:
         dt = id_dtype(FIRST + len(self.boundaries) + 1)
         return {c: Column(xp.bucketize(batch[c].values, batch[c].valid, self.boundaries, dt)) for c in self.columns}

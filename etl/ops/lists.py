@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from etl.backends import Backend
 from etl.batch import Batch, Column
 from etl.ops.base import Op
 
@@ -22,7 +21,7 @@ class FirstX(Op):
             raise ValueError(f"FirstX.x must be an integer >= 1, got {x!r}")
         self.x = x
 
-    def transform(self, batch: Batch, xp: Any) -> dict[str, Column]:
+    def transform(self, batch: Batch, xp: Backend) -> dict[str, Column]:
         out = {}
         for c in self.columns:
             col = batch[c]

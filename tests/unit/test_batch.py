@@ -127,10 +127,9 @@ def test_batch_take_keeps_source_and_row_ids():
         "f.parquet",
         3,
         np.arange(100, 100 + n, dtype=np.int64),
-        {"k": 1},
     )
     t = b.take(np.array([4, 1]))
-    assert t.num_rows == 2 and t.source == "f.parquet" and t.row_group == 3 and t.meta == {"k": 1}
+    assert t.num_rows == 2 and t.source == "f.parquet" and t.row_group == 3
     assert t.row_ids.tolist() == [104, 101]
     assert t["x"].values.tolist() == [6.0, 1.5]
     assert t["s"].values.to_list() == ["4", "1"]

@@ -483,9 +483,9 @@ def test_strings_move_take_and_is_keys(dev):
 def test_column_and_batch_to(dev):
     valid, s = layouts(["a", None, "b"])[0]
     col = Column(s, valid, np.array([0, 1, 3], np.int64), s)
-    b = Batch({"x": col, "y": Column(np.arange(2, dtype=np.uint64))}, 2, "f.parquet", 3, np.array([10, 11]), {"m": 1})
+    b = Batch({"x": col, "y": Column(np.arange(2, dtype=np.uint64))}, 2, "f.parquet", 3, np.array([10, 11]))
     moved = tb.batch_to(b, dev)
-    assert (moved.source, moved.row_group, moved.meta, moved.num_rows) == ("f.parquet", 3, {"m": 1}, 2)
+    assert (moved.source, moved.row_group, moved.num_rows) == ("f.parquet", 3, 2)
     assert moved.row_ids is b.row_ids
     x = moved["x"]
     assert isinstance(x.values, Strings) and x.values.data.device.type == dev and x.raw.starts.device.type == dev

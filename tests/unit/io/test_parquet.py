@@ -14,10 +14,10 @@ import pytest
 
 from etl.io import parquet
 from etl.backends import cpu
-from etl.batch import Strings
+from etl.batch import InlineStrings, Strings
 from etl.errors import InputError
 from etl.pipeline import Pipeline
-from etl.io.parquet import InlineStrings, batch_from_arrow, open_shard, read_rows
+from etl.io.parquet import batch_from_arrow, open_shard, read_rows
 from etl.schema import load_schema
 from etl.synth import generate
 

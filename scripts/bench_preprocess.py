@@ -31,6 +31,7 @@ import numpy as np
 import polars as pl
 
 from etl.bench.baselines import first_difference, numpy_categorify, numpy_hash, polars_categorify, polars_hash
+from etl.allocator import tune_allocator
 from etl.pipeline import Pipeline
 from etl.preprocess import preprocess
 from etl.io.parquet import list_shards
@@ -52,6 +53,7 @@ def median_of(repeat: int, fn) -> float:
 
 
 def main() -> None:
+    tune_allocator()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=2_000_000)
     ap.add_argument("--files", type=int, default=8)

@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from etl.backends import cpu
 from etl.loader.chunk import Chunk, Layout
+from etl.allocator import tune_allocator
 from etl.pipeline import Pipeline
 from etl.io.parquet import batch_from_arrow, list_shards, read_rows
 from etl.loader.order import row_groups
@@ -94,6 +95,7 @@ def profile_fit(pipeline: Pipeline, groups: list) -> dict[str, float]:
 
 
 def main() -> None:
+    tune_allocator()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, required=True, help="raw Criteo-layout shards")
     ap.add_argument("--repeat", type=int, default=3)

@@ -3,9 +3,9 @@ column; no traceback."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional
 
 import pyarrow.parquet as pq
 import typer
@@ -83,7 +83,7 @@ def generate(
     files: int = typer.Option(1, help="Number of shards."),
     out: Path = typer.Option(..., help="Output directory."),
     seed: int = typer.Option(0, help="Random seed (same seed → same bytes)."),
-    max_cardinality: Optional[int] = typer.Option(None, help="Largest categorical cardinality, whatever --rows (default: 30 × min(rows, 1 M))."),
+    max_cardinality: int | None = typer.Option(None, help="Largest categorical cardinality, whatever --rows (default: 30 × min(rows, 1 M))."),
 ) -> None:
     """Generate synthetic shards shaped like the schema's data (Zipf categoricals, nulls, heavy tails)."""
     from etl.schema import load_schema
@@ -107,8 +107,8 @@ def fit(
     """Fit the pipeline's statistics and vocabularies over all shards, in bounded memory."""
     import time
 
-    from etl.pipeline import Pipeline
     from etl.io.parquet import list_shards
+    from etl.pipeline import Pipeline
 
     with user_errors():
         _check_choice("--on-error", on_error, ("raise", "quarantine"))
@@ -129,16 +129,16 @@ def preprocess(
     pipeline: Path = typer.Option(..., help="Pipeline YAML."),
     input: list[Path] = typer.Option(..., help="Raw Parquet shards or directories of them."),
     out: Path = typer.Option(..., help="Output directory."),
-    artifacts: Optional[Path] = typer.Option(None, help="Fitted artifacts to use (fits first when omitted)."),
+    artifacts: Path | None = typer.Option(None, help="Fitted artifacts to use (fits first when omitted)."),
     workers: int = typer.Option(2, help="Worker threads."),
     on_error: str = typer.Option("raise", help="raise: stop at the first invalid value; quarantine: set invalid rows aside."),
     compression: str = typer.Option("none", help="Output Parquet compression: none | snappy | lz4 | zstd."),
 ) -> None:
     """Fit (when no artifacts are given) and transform every shard; resumable after an interruption."""
+    from etl.io.parquet import list_shards
     from etl.pipeline import Pipeline
     from etl.preprocess import COMPRESSIONS
     from etl.preprocess import preprocess as run
-    from etl.io.parquet import list_shards
 
     with user_errors():
         _check_choice("--on-error", on_error, ("raise", "quarantine"))
@@ -160,16 +160,16 @@ def preprocess(
 
 @app.command()
 def demo(
-    pipeline: Optional[Path] = typer.Option(None, help="Pipeline YAML; its schema shapes the data (default: etl's criteo.yaml)."),
+    pipeline: Path | None = typer.Option(None, help="Pipeline YAML; its schema shapes the data (default: etl's criteo.yaml)."),
     rows: int = typer.Option(1_000_000, help="Synthetic rows to generate."),
     files: int = typer.Option(4, help="Number of shards."),
     workdir: Path = typer.Option(Path("demo"), help="Where raw/ and processed/ are written."),
     workers: int = typer.Option(2, help="Worker threads."),
 ) -> None:
     """The main job on an embedded default: generate synthetic shards, fit, preprocess, summarise."""
+    from etl.io.parquet import list_shards
     from etl.pipeline import Pipeline
     from etl.preprocess import preprocess as run
-    from etl.io.parquet import list_shards
     from etl.resources import resource_path
     from etl.synth import generate as gen
 
@@ -190,8 +190,8 @@ def demo(
 
 @app.command()
 def bench(
-    pipeline: Optional[list[Path]] = typer.Option(None, help="Pipeline YAML (repeatable; default: the Criteo categorify and hash pipelines)."),
-    input: Optional[Path] = typer.Option(None, help="Raw shards to measure on (default: generate synthetic ones)."),
+    pipeline: list[Path] | None = typer.Option(None, help="Pipeline YAML (repeatable; default: the Criteo categorify and hash pipelines)."),
+    input: Path | None = typer.Option(None, help="Raw shards to measure on (default: generate synthetic ones)."),
     rows: int = typer.Option(2_000_000, help="Synthetic rows to generate when no --input is given."),
     files: int = typer.Option(8, help="Synthetic shards to generate."),
     workers: int = typer.Option(2, help="Worker threads."),
@@ -200,16 +200,18 @@ def bench(
     step_factor: float = typer.Option(1.25, help="Simulated training step, in multiples of the loader's time per batch."),
     model: bool = typer.Option(False, help="Also measure the data wait of a DLRM training on the batches (etl.bench.dlrm)."),
     baselines: bool = typer.Option(True, help="Run the naive polars and pyarrow+numpy baselines."),
-    device_placement: Optional[bool] = typer.Option(None, help="Also measure transform_on='device' (stages on the device, loader, stall); default: when the device is CUDA."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the results as JSON."),
-    plot_out: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG chart of the stages and the stall timeline."),
+    device_placement: bool | None = typer.Option(
+        None, help="Also measure transform_on='device' (stages on the device, loader, stall); default: when the device is CUDA."
+    ),
+    json_out: Path | None = typer.Option(None, "--json", help="Write the results as JSON."),
+    plot_out: Path | None = typer.Option(None, "--plot", help="Write a PNG chart of the stages and the stall timeline."),
 ) -> None:
     """Measure read floor, every stage, fit, preprocess, the loader, data wait and baselines in one run."""
+    import torch
+
     from etl.bench.report import plot
     from etl.bench.run import run_bench
     from etl.resources import resource_path
-
-    import torch
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
     with user_errors(), err.status("benchmark") as status:
@@ -244,7 +246,8 @@ def _print_report(report) -> None:
                       + (f"; device placement: {100 * rep.device_data_wait:.2f} %" if rep.device_data_wait is not None else ""))  # fmt: skip
         for name, b in rep.baselines.items():
             eq = {True: "output equal", False: "OUTPUT DIFFERS", None: "other hash, same work"}[b["output_equal"]]
-            console.print(f"baseline {name}: {b['rows_per_second']:,.0f} rows/s; ours (fit + preprocess) is {b['speedup_of_ours']:.2f}x faster ({eq})")
+            speedup = b["speedup_of_ours"]
+            console.print(f"baseline {name}: {b['rows_per_second']:,.0f} rows/s; ours (fit + preprocess) is {speedup:.2f}x faster ({eq})")
     console.print(f"peak memory: {report.peak_rss_mb:,.0f} MB")
 
 

@@ -15,21 +15,30 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from etl.errors import InputError
-from etl.pipeline import ON_ERROR, Pipeline, Transformed, check_match
 from etl.io.files import HashingFile, remove_temporaries, sha256_file, temporary_path
 from etl.io.parquet import batch_from_arrow, open_shard
-from etl.io.processed import MANIFEST  # noqa: F401 - etl.loader.api imports it from here
-from etl.io.processed import ARTIFACTS, QUARANTINE, Manifest, ManifestEntry, Totals, part_path, quarantine_name
-from etl.io.processed import read_manifest, write_manifest
+from etl.io.processed import (
+    ARTIFACTS,
+    MANIFEST,  # noqa: F401 - etl.loader.api imports it from here
+    QUARANTINE,
+    Manifest,
+    ManifestEntry,
+    Totals,
+    part_path,
+    quarantine_name,
+    read_manifest,
+    write_manifest,
+)
+from etl.pipeline import ON_ERROR, Pipeline, Transformed, check_match
 from etl.workers import run_workers
 
 COMPRESSIONS = ("none", "snappy", "lz4", "zstd")

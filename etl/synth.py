@@ -42,8 +42,8 @@ import numpy as np
 import pyarrow as pa
 
 from etl.backends.cpu import encode_hex
-from etl.io.text import ROW_GROUP_ROWS, ShardSetWriter, raw_arrow_schema
 from etl.errors import SpecError
+from etl.io.text import ROW_GROUP_ROWS, ShardSetWriter, raw_arrow_schema
 from etl.schema import ColumnSpec, Schema
 from etl.workers import run_workers
 

@@ -21,10 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from etl.io.parquet import list_shards
 from etl.loader import Loader
 from etl.pipeline import Pipeline
 from etl.preprocess import preprocess
-from etl.io.parquet import list_shards
 from etl.schema import load_schema
 from etl.synth import generate
 

@@ -30,11 +30,11 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from etl.bench.baselines import first_difference, numpy_categorify, numpy_hash, polars_categorify, polars_hash
 from etl.allocator import tune_allocator
+from etl.bench.baselines import first_difference, numpy_categorify, numpy_hash, polars_categorify, polars_hash
+from etl.io.parquet import list_shards
 from etl.pipeline import Pipeline
 from etl.preprocess import preprocess
-from etl.io.parquet import list_shards
 from etl.schema import load_schema
 from etl.synth import generate
 

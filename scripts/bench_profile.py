@@ -21,12 +21,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from etl.backends import cpu
-from etl.loader.chunk import Chunk, Layout
 from etl.allocator import tune_allocator
-from etl.pipeline import Pipeline
+from etl.backends import cpu
 from etl.io.parquet import batch_from_arrow, list_shards, read_rows
+from etl.loader.chunk import Chunk, Layout
 from etl.loader.order import row_groups
+from etl.pipeline import Pipeline
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -27,12 +27,12 @@ from pathlib import Path
 
 import torch
 
-from etl.bench.run import dlrm_step, measure_stall, next_epoch
 from etl.bench.device import measure_device_stages
-from etl.loader import Loader
-from etl.pipeline import Pipeline
+from etl.bench.run import dlrm_step, measure_stall, next_epoch
 from etl.io.parquet import list_shards, read_rows
+from etl.loader import Loader
 from etl.loader.order import row_groups
+from etl.pipeline import Pipeline
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -99,7 +99,8 @@ def print_table(report: dict) -> None:
     print(f"{'pipeline':11s} {'batch':>7s} {'placement':9s} {'M rows/s':>9s} {'CPU s/Mrow':>10s} {'wait@4M/s':>9s} {'wait DLRM':>9s}")
     for r in report["runs"]:
         dl = f"{100 * r['wait_dlrm']:8.2f}%" if "wait_dlrm" in r else "        -"
-        print(f"{r['pipeline']:11s} {r['batch_size']:7d} {r['placement']:9s} {r['rows_per_second'] / 1e6:9.2f} {r['cpu_seconds_per_mrow']:10.2f} {100 * r['wait_4m']:8.2f}% {dl}")
+        rate, cpu, wait = r["rows_per_second"] / 1e6, r["cpu_seconds_per_mrow"], 100 * r["wait_4m"]
+        print(f"{r['pipeline']:11s} {r['batch_size']:7d} {r['placement']:9s} {rate:9.2f} {cpu:10.2f} {wait:8.2f}% {dl}")
     for key, st in report["device_stages"].items():
         ops = "  ".join(f"{s.removeprefix('dp:')}={v / 1e6:.1f}M" for s, v in st.items())
         print(f"device stages {key}: {ops}")

@@ -63,7 +63,8 @@ def main() -> None:
                 torch.cuda.synchronize()
             now = time.perf_counter()
             wait = loader.stats.wait_seconds - wait_log
-            print(f"step {step:6d}  loss {loss.item():.4f}  {rows_log / (now - t_log):12,.0f} samples/s  data wait {100 * wait / (now - t_log):5.1f} %", flush=True)
+            rate, waited = rows_log / (now - t_log), 100 * wait / (now - t_log)
+            print(f"step {step:6d}  loss {loss.item():.4f}  {rate:12,.0f} samples/s  data wait {waited:5.1f} %", flush=True)
             t_log, rows_log, wait_log = now, 0, loader.stats.wait_seconds
         if args.steps and step >= args.steps:
             break

@@ -27,8 +27,8 @@ These are deliberately simple: whole files in memory, no threads, no validation 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 import pyarrow as pa

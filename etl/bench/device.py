@@ -21,11 +21,11 @@ import time
 import pyarrow as pa
 import torch
 
+from etl.io.parquet import batch_from_arrow
 from etl.loader.chunk import Chunk, Layout
 from etl.loader.device_stage import DeviceStage
-from etl.pipeline import Pipeline
-from etl.io.parquet import batch_from_arrow
 from etl.loader.ring import Ring
+from etl.pipeline import Pipeline
 
 
 def measure_device_stages(pipeline: Pipeline, tables: list[pa.Table], batch_size: int, device: torch.device) -> list[tuple[str, float]]:

@@ -131,7 +131,9 @@ def column_from_arrow(arr: pa.Array | pa.ChunkedArray, spec: ColumnSpec) -> Colu
     return Column(values, valid, offsets - offsets[0])
 
 
-def batch_from_arrow(table: pa.Table, schema: Schema, source: str = "<memory>", row_group: int = 0, first_row: int = 0, columns: list[str] | None = None) -> Batch:
+def batch_from_arrow(
+    table: pa.Table, schema: Schema, source: str = "<memory>", row_group: int = 0, first_row: int = 0, columns: list[str] | None = None
+) -> Batch:
     """An Arrow table holding the schema's columns (or those named in ``columns``) → ``Batch``. This is also
     what serving uses to transform one in-memory batch."""
     out = {}

@@ -24,6 +24,7 @@ from etl.ids import RESERVED, id_dtype
 from etl.ops.base import InvalidRows, Op, Stats, rows_with_bad_elements
 from etl.schema import ColumnSpec
 
+
 class Decode(Op):
     """Raw categorical value → uint64 key, by the column's schema encoding:
 
@@ -201,7 +202,10 @@ class Categorify(Op):
                 order = order[: self.max_size]
             keys, counts = keys[order], counts[order]
             raw_map = stats[c]["raw"]
-            raw = pa.array([raw_map[int(k)] for k in keys], pa.string()) if self.specs[c].encoding == "string" else render_keys(keys, self.specs[c], xp)
+            if self.specs[c].encoding == "string":
+                raw = pa.array([raw_map[int(k)] for k in keys], pa.string())
+            else:
+                raw = render_keys(keys, self.specs[c], xp)
             ids = np.arange(len(keys), dtype=np.int64) + RESERVED + self.oov_buckets
             self.vocab[c] = pa.table(
                 {"key": pa.array(keys, pa.uint64()), "raw": raw, "count": pa.array(counts, pa.int64()), "id": pa.array(ids, pa.int64())}

@@ -22,10 +22,11 @@ Fitting over shards is in ``etl.pipeline.fit``, saving and loading the fitted st
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Literal, TypeAlias, get_args
+from typing import Any, Literal, TypeAlias, get_args
 
 import numpy as np
 import pyarrow as pa

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from etl.io.parquet import open_shard
 from etl.ops import Op

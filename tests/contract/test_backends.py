@@ -21,12 +21,12 @@ import torch
 
 from etl.backends import cpu, tensor
 from etl.batch import Batch, Column, Strings
+from etl.io.parquet import batch_from_arrow, column_from_arrow
 from etl.ops import REGISTRY, InvalidRows, Op
 from etl.ops.categorical import Categorify, Decode, Hash, HashedCross
 from etl.ops.dense import Bucketize, Clamp, FillMissing, Log1p, Normalize
 from etl.ops.lists import FirstX
 from etl.pipeline import Pipeline
-from etl.io.parquet import batch_from_arrow, column_from_arrow
 from etl.schema import ColumnSpec
 from tests.conftest import REPO, run_etl
 
@@ -144,7 +144,8 @@ def assert_same(op: Op, batch: Batch, device: str, float32_ulps: int = 0) -> Non
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("n", ROWS)
 def test_dense_ops(device: str, n: int) -> None:
-    batch = Batch({"x": dense_column(n, 1), "y": arrow_col([None if v is None else int(max(min(v, 2.0**62), -(2.0**62))) for v in dense_values(n, 2)], spec("y", "dense", "int64", None), pa.int64())}, n)
+    ints = [None if v is None else int(max(min(v, 2.0**62), -(2.0**62))) for v in dense_values(n, 2)]
+    batch = Batch({"x": dense_column(n, 1), "y": arrow_col(ints, spec("y", "dense", "int64", None), pa.int64())}, n)
     assert_same(FillMissing(["x", "y"], value=0.5), batch, device)
     assert_same(Clamp(["x", "y"], min=-1.0, max=1e6), batch, device)
     assert_same(Clamp(["x"], max=0.0), batch, device)
@@ -227,7 +228,8 @@ def test_decode_int_and_text_and_strings(device: str, n: int) -> None:
     specs = {"i": spec("i", dtype="int64", encoding="int"), "t": spec("t", encoding="int"), "s": spec("s", encoding="string")}
     op = Decode(list(specs))
     op.bind(specs)
-    batch = Batch({"i": arrow_col(ints, specs["i"], pa.int64()), "t": arrow_col(int_texts, specs["t"], pa.string()), "s": arrow_col(words, specs["s"], pa.string())}, n)
+    columns = {"i": arrow_col(ints, specs["i"], pa.int64()), "t": arrow_col(int_texts, specs["t"], pa.string())}
+    batch = Batch(columns | {"s": arrow_col(words, specs["s"], pa.string())}, n)
     assert_same(op, batch, device)
     bad = ["9223372036854775808", "-9223372036854775809", "--1", "1e3", "", "12345678901234567890", "+", "-0"]
     one = Decode(["t"])

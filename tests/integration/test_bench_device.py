@@ -20,7 +20,8 @@ def test_bench_reports_device_placement_stages(tmp_path: Path) -> None:
     rep = json.loads(out.read_text())["pipelines"][0]
     names = [s["name"] for s in rep["stages"]]
     _, device_ops = Pipeline.from_file(REPO / "pipelines/criteo.yaml").split()
-    want = ["dp:host part", "dp:inputs", "dp:ring", "dp:columns"] + [f"dp:{i}:{op.name}" for i, op in enumerate(device_ops)] + ["dp:output", "dp:loader"]
+    want = ["dp:host part", "dp:inputs", "dp:ring", "dp:columns"]
+    want += [f"dp:{i}:{op.name}" for i, op in enumerate(device_ops)] + ["dp:output", "dp:loader"]
     assert [n for n in names if n.startswith("dp:")] == want
     assert "dp:h2d" not in names  # no CUDA here
     assert all(s["seconds"] > 0 and s["rows"] == 20_000 for s in rep["stages"] if s["name"].startswith("dp:"))

@@ -11,8 +11,9 @@ import gc
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -21,8 +22,7 @@ import pytest
 import torch
 
 import etl.loader.chunk
-from etl.errors import RowError
-from etl.errors import LoaderError
+from etl.errors import LoaderError, RowError
 from etl.loader import Loader
 from etl.pipeline import Pipeline
 from etl.schema import load_schema
@@ -237,7 +237,8 @@ def test_real_criteo_loader_matches_preprocess(criteo_processed) -> None:
         np.testing.assert_array_equal(got_out[name], want[name], err_msg=f"processed dir: {name}")
 
     # preprocess keeps one row group per input row group, so a shuffled pass is the same from either source
-    a = collect(Loader(raw, pipeline=REPO / "pipelines/criteo.yaml", artifacts=out / "artifacts", batch_size=500, shuffle=True, seed=9, shuffle_buffer=1_200))
+    pipeline, artifacts = REPO / "pipelines/criteo.yaml", out / "artifacts"
+    a = collect(Loader(raw, pipeline=pipeline, artifacts=artifacts, batch_size=500, shuffle=True, seed=9, shuffle_buffer=1_200))
     b = collect(Loader(out, batch_size=500, shuffle=True, seed=9, shuffle_buffer=1_200))
     assert len(a) == len(b) == 16
     for x, y in zip(a, b):

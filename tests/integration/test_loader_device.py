@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from etl.loader.device_stage import Inputs
 from etl.errors import RowError
 from etl.loader import Loader
+from etl.loader.device_stage import Inputs
 from etl.pipeline import Pipeline
 from tests.conftest import REPO
 from tests.integration.test_loader import CATS, DENSE, HASH, build_raw, collect
@@ -68,7 +68,8 @@ def test_device_placement_with_lists(tmp_path: Path) -> None:
     pipe.save(tmp_path / "art")
     kw = dict(pipeline=REPO / "pipelines/movielens.yaml", artifacts=tmp_path / "art", batch_size=256, shuffle=True, shuffle_buffer=900)
     a = [(b.dense.clone(), b.sparse.clone(), b.lists["genres"][0].clone(), b.lists["genres"][1].clone()) for b in Loader(raw, **kw)]
-    b = [(x.dense.clone(), x.sparse.clone(), x.lists["genres"][0].clone(), x.lists["genres"][1].clone()) for x in Loader(raw, transform_on="device", **kw)]
+    device = Loader(raw, transform_on="device", **kw)
+    b = [(x.dense.clone(), x.sparse.clone(), x.lists["genres"][0].clone(), x.lists["genres"][1].clone()) for x in device]
     assert_equal_passes(b, a)
 
 

@@ -14,7 +14,6 @@ import torch
 
 from etl.backends.hashing import string_key
 from etl.loader import Loader
-
 from tests.conftest import REPO, run_etl
 
 
@@ -65,7 +64,8 @@ def test_movielens_genres_multi_hot(movielens: Path, tmp_path: Path) -> None:
     # same batches, lists included, and the same rows as preprocess wrote
     kw = dict(pipeline=REPO / "pipelines/movielens.yaml", artifacts=out / "artifacts", batch_size=8_192)
     host = [(b.label.clone(), b.dense.clone(), b.sparse.clone(), *(t.clone() for t in b.lists["genres"])) for b in Loader(raw, **kw)]
-    dev = [(b.label.clone(), b.dense.clone(), b.sparse.clone(), *(t.clone() for t in b.lists["genres"])) for b in Loader(raw, transform_on="device", **kw)]
+    device = Loader(raw, transform_on="device", **kw)
+    dev = [(b.label.clone(), b.dense.clone(), b.sparse.clone(), *(t.clone() for t in b.lists["genres"])) for b in device]
     assert len(host) == len(dev) == -(-len(rows) // 8_192)
     for x, y in zip(host, dev):
         assert all(u.dtype == v.dtype and torch.equal(u, v) for u, v in zip(x, y))

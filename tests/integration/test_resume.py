@@ -50,7 +50,8 @@ def test_kill_9_then_rerun_is_byte_identical(raw: Path, artifacts: Path, tmp_pat
     run_etl("preprocess", "--pipeline", CRITEO, "--input", raw, "--out", ref, "--artifacts", artifacts, "--workers", 1)
 
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "etl", "preprocess", "--pipeline", str(CRITEO), "--input", str(raw), "--out", str(out), "--artifacts", str(artifacts), "--workers", "1"]
+    cmd = [sys.executable, "-m", "etl", "preprocess", "--pipeline", str(CRITEO), "--input", str(raw), "--out", str(out)]
+    cmd += ["--artifacts", str(artifacts), "--workers", "1"]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     manifest = out / "manifest.json"
     deadline = time.time() + 120

@@ -20,7 +20,8 @@ def test_train_dlrm_runs_and_logs(tmp_path: Path, transform_on: str) -> None:
     art = tmp_path / "art"
     run_etl("fit", "--pipeline", REPO / "pipelines/criteo.yaml", "--input", raw, "--artifacts", art)
     cmd = [sys.executable, str(REPO / "scripts/train_dlrm.py"), "--data", str(raw), "--pipeline", str(REPO / "pipelines/criteo.yaml"),
-           "--artifacts", str(art), "--batch-size", "1024", "--steps", "12", "--log-every", "4", "--device", "cpu", "--transform-on", transform_on]  # fmt: skip
+           "--artifacts", str(art), "--batch-size", "1024", "--steps", "12", "--log-every", "4",
+           "--device", "cpu", "--transform-on", transform_on]  # fmt: skip
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr

@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import etl.synth as synth
-from etl.io.text import ROW_GROUP_ROWS, raw_arrow_schema
 from etl.errors import SpecError
+from etl.io.text import ROW_GROUP_ROWS, raw_arrow_schema
 from etl.schema import Schema, load_schema, parse_schema
 from etl.synth import default_cardinalities, generate
 

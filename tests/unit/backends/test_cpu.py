@@ -31,7 +31,7 @@ ARROW_STRING_TYPES = {False: pa.string(), True: pa.large_string(), "view": pa.st
 def strings_arrow(items: list[str | None], large: bool | str = False, slice_from: int = 0):
     """Strings + valid built through pyarrow buffers (as the readers do), optionally from a sliced array.
     ``large``: False → string, True → large_string, "view" → string_view."""
-    pad = ["pad%d" % i for i in range(slice_from)]
+    pad = [f"pad{i}" for i in range(slice_from)]
     arr = pa.array(pad + items, ARROW_STRING_TYPES[large]).slice(slice_from)
     col = column_from_arrow(arr, ColumnSpec("c", "categorical", "string", "string"))
     assert isinstance(col.values, Strings)

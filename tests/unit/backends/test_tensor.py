@@ -17,10 +17,10 @@ import torch
 from etl.backends import cpu, hashing
 from etl.backends import tensor as tb
 from etl.batch import Batch, Column, Strings
+from etl.io.parquet import column_from_arrow
 from etl.ops.categorical import Categorify, Decode, Hash, HashedCross
 from etl.ops.dense import Bucketize, Clamp, FillMissing, Log1p, Normalize
 from etl.ops.lists import FirstX
-from etl.io.parquet import column_from_arrow
 from etl.schema import ColumnSpec
 
 M64 = 2**64
@@ -381,7 +381,9 @@ def test_fill_null_and_normalize(dev):
         assert_same_bits(tb.normalize(tv, 12.5, 3.75), cpu.normalize(v, 12.5, 3.75))
 
 
-@pytest.mark.parametrize("lo, hi", [(0.0, None), (-0.0, None), (None, 0.0), (None, -0.0), (0, 10), (-1.5, 2.5), (0.0, 0.0), (-0.0, 0.0), (-1e300, None), (None, 1)])
+@pytest.mark.parametrize(
+    "lo, hi", [(0.0, None), (-0.0, None), (None, 0.0), (None, -0.0), (0, 10), (-1.5, 2.5), (0.0, 0.0), (-0.0, 0.0), (-1e300, None), (None, 1)]
+)
 def test_clamp_matches_numpy_including_signed_zeros(dev, lo, hi):
     for v, _ in dense_inputs(np.random.default_rng(1)):
         assert_same_bits(tb.clamp(T(v, dev), lo, hi), cpu.clamp(v, lo, hi))

@@ -10,11 +10,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from etl.bench import baselines
 from etl.backends import hashing
+from etl.bench import baselines
+from etl.io.parquet import list_shards
 from etl.pipeline import Pipeline
 from etl.preprocess import preprocess
-from etl.io.parquet import list_shards
 from etl.schema import load_schema
 from etl.synth import generate
 

@@ -12,12 +12,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from etl.io import parquet
 from etl.backends import cpu
 from etl.batch import InlineStrings, Strings
 from etl.errors import InputError
-from etl.pipeline import Pipeline
+from etl.io import parquet
 from etl.io.parquet import batch_from_arrow, open_shard, read_rows
+from etl.pipeline import Pipeline
 from etl.schema import load_schema
 from etl.synth import generate
 

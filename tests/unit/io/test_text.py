@@ -12,8 +12,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from etl.io.text import ROW_GROUP_ROWS, convert, raw_arrow_schema
 from etl.errors import InputError
+from etl.io.text import ROW_GROUP_ROWS, convert, raw_arrow_schema
 from etl.schema import Schema, load_schema, parse_schema
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from etl.io.parquet import batch_from_arrow
 from etl.loader.chunk import Chunk, Layout
 from etl.pipeline import Pipeline
-from etl.io.parquet import batch_from_arrow
 from etl.schema import load_schema, parse_schema, schema_to_dict
 from etl.synth import generate
 
@@ -134,7 +134,9 @@ def _rows(n: int, seed: int) -> list[tuple]:
     for _ in range(n):
         lst = rng.integers(0, 100, rng.integers(0, 4)).tolist()
         lst2 = rng.integers(0, 100, rng.integers(0, 2)).tolist()
-        rows.append((float(rng.integers(0, 2)), (float(rng.random()), float(rng.random())), (int(rng.integers(0, 1000)), int(rng.integers(0, 9))), tuple(lst), tuple(lst2)))
+        dense = (float(rng.random()), float(rng.random()))
+        sparse = (int(rng.integers(0, 1000)), int(rng.integers(0, 9)))
+        rows.append((float(rng.integers(0, 2)), dense, sparse, tuple(lst), tuple(lst2)))
     return rows
 
 

@@ -10,12 +10,12 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from etl.errors import RowError
+from etl.io.parquet import batch_from_arrow
 from etl.loader.chunk import Chunk, Layout
 from etl.loader.device_stage import ROW_BITS, DeviceStage, Inputs
-from etl.errors import RowError
-from etl.pipeline import Pipeline
-from etl.io.parquet import batch_from_arrow
 from etl.loader.order import RowGroup
+from etl.pipeline import Pipeline
 from tests.conftest import REPO, criteo_table
 
 

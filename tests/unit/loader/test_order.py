@@ -117,7 +117,8 @@ def test_pieces_are_deterministic_per_seed_and_epoch(world_size: int) -> None:
     groups = _groups(SIZES)
 
     def stream(seed: int, epoch: int, shuffle: bool = True) -> list:
-        return [x for r in range(world_size) for x in _rows(rank_pieces(groups, seed=seed, epoch=epoch, shuffle=shuffle, rank=r, world_size=world_size))]
+        pieces = [rank_pieces(groups, seed=seed, epoch=epoch, shuffle=shuffle, rank=r, world_size=world_size) for r in range(world_size)]
+        return [x for p in pieces for x in _rows(p)]
 
     for seed in (0, 7):
         assert stream(seed, 0) == stream(seed, 0)

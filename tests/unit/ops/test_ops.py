@@ -14,11 +14,11 @@ import pytest
 
 from etl.backends import cpu, hashing
 from etl.batch import Batch, Column
+from etl.io.parquet import column_from_arrow
 from etl.ops import REGISTRY, InvalidRows
 from etl.ops.categorical import Categorify, Decode, Hash, HashedCross
 from etl.ops.dense import Bucketize, Clamp, FillMissing, Log1p, Normalize
 from etl.ops.lists import FirstX
-from etl.io.parquet import column_from_arrow
 from etl.schema import ColumnSpec
 
 M64 = 2**64

@@ -17,8 +17,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import cached_property
+from typing import Any, TypeAlias
 
 import numpy as np
+
+Array: TypeAlias = Any
+"""An array of the backend holding the batch: ``numpy.ndarray`` (CPU backend) or ``torch.Tensor`` (torch backend).
+No single static type covers both, so type checkers treat it as ``Any``."""
 
 
 @dataclass(frozen=True)
@@ -28,9 +33,9 @@ class Strings:
     This covers both Arrow layouts without copying: offsets (``starts = offsets[:-1]``, ``ends = offsets[1:]``)
     and inline string views (``InlineStrings``: ``data`` is the view buffer, each string inside its 16-byte view)."""
 
-    data: np.ndarray  # uint8
-    starts: np.ndarray  # int32 or int64
-    ends: np.ndarray  # int32 or int64
+    data: Array  # uint8
+    starts: Array  # int32 or int64
+    ends: Array  # int32 or int64
 
     @classmethod
     def from_offsets(cls, data: np.ndarray, offsets: np.ndarray) -> Strings:
@@ -63,15 +68,15 @@ class InlineStrings(Strings):
         object.__setattr__(self, "inline_views", views)
 
     @property
-    def data(self) -> np.ndarray:  # type: ignore[override]
+    def data(self) -> np.ndarray:
         return self.inline_views.reshape(-1).view(np.uint8)
 
     @cached_property
-    def starts(self) -> np.ndarray:  # type: ignore[override]
+    def starts(self) -> np.ndarray:
         return np.arange(4, 16 * len(self.inline_views) + 4, 16, dtype=np.int64)
 
     @cached_property
-    def ends(self) -> np.ndarray:  # type: ignore[override]
+    def ends(self) -> np.ndarray:
         return self.starts + self.inline_views[:, 0]
 
     def __len__(self) -> int:
@@ -80,9 +85,9 @@ class InlineStrings(Strings):
 
 @dataclass(frozen=True)
 class Column:
-    values: np.ndarray | Strings
-    valid: np.ndarray | None = None
-    offsets: np.ndarray | None = None
+    values: Array | Strings
+    valid: Array | None = None
+    offsets: Array | None = None
     raw: Strings | None = None
 
     @property
@@ -124,7 +129,7 @@ def list_elements(offsets: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np
     return gather_ranges(offsets[rows], offsets[rows + 1] - offsets[rows])
 
 
-def take_values(values: np.ndarray | Strings, idx: np.ndarray) -> np.ndarray | Strings:
+def take_values(values: Array | Strings, idx: Array) -> Array | Strings:
     return values.take(idx) if isinstance(values, Strings) else values[idx]
 
 
@@ -136,7 +141,7 @@ class Batch:
     num_rows: int
     source: str = "<memory>"
     row_group: int = 0
-    row_ids: np.ndarray | None = None
+    row_ids: np.ndarray = None  # type: ignore[assignment]  # None: rows 0 .. num_rows - 1 (set by __post_init__)
 
     def __post_init__(self) -> None:
         if self.row_ids is None:

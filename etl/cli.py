@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import pyarrow.parquet as pq
 import typer
@@ -14,6 +15,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from etl.allocator import tune_allocator
 from etl.errors import EtlError
+
+if TYPE_CHECKING:
+    from etl.pipeline import OnError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Streaming ETL for recommender training data.")
 err = Console(stderr=True)
@@ -116,7 +120,7 @@ def fit(
         shards = list_shards(list(input))
         t0 = time.perf_counter()
         with progress_bar("fit", _total_rows(shards)) as advance:
-            p.fit(shards, workers=workers, on_error=on_error, progress=advance)
+            p.fit(shards, workers=workers, on_error=cast("OnError", on_error), progress=advance)
         seconds = time.perf_counter() - t0
         p.save(artifacts)
     rows = _total_rows(shards)
@@ -148,7 +152,8 @@ def preprocess(
         total = _total_rows(shards)
         needs_fit = artifacts is None and not p.is_fitted
         with progress_bar("fit" if needs_fit else "transform", total) as advance:
-            summary = run(p, shards, out, artifacts=artifacts, workers=workers, on_error=on_error, compression=compression, progress=advance)
+            mode = cast("OnError", on_error)
+            summary = run(p, shards, out, artifacts=artifacts, workers=workers, on_error=mode, compression=compression, progress=advance)
     c = console
     c.print(f"files: {summary.files} ({summary.files_skipped} already complete, skipped)")
     c.print(f"rows: {summary.rows_in:,} in = {summary.rows_out:,} out + {summary.rows_quarantined:,} quarantined")

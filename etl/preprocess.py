@@ -38,7 +38,7 @@ from etl.io.processed import (
     read_manifest,
     write_manifest,
 )
-from etl.pipeline import ON_ERROR, Pipeline, Transformed, check_match
+from etl.pipeline import ON_ERROR, OnError, Pipeline, Transformed, check_match
 from etl.workers import run_workers
 
 COMPRESSIONS = ("none", "snappy", "lz4", "zstd")
@@ -90,7 +90,7 @@ def process_shard(
     pipeline: Pipeline,
     source: Path,
     out: Path,
-    on_error: str,
+    on_error: OnError,
     stop: threading.Event,
     compression: str = "none",
     progress: Callable[[int], None] | None = None,
@@ -153,7 +153,7 @@ def preprocess(
     *,
     artifacts: Path | None = None,
     workers: int = 1,
-    on_error: str = "raise",
+    on_error: OnError = "raise",
     compression: str = "none",
     progress: Callable[[int], None] | None = None,
 ) -> Summary:

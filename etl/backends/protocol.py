@@ -14,13 +14,11 @@ that leave the backend (fitted statistics, counted keys, rendered text) are nump
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from etl.batch import Strings
-
-Array: TypeAlias = Any
+from etl.batch import Array, Strings
 
 
 class KeyCounterProtocol(Protocol):

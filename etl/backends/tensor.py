@@ -36,6 +36,7 @@ import functools
 import warnings
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import overload
 
 import numpy as np
 import torch
@@ -108,8 +109,8 @@ def _torch_dtype(out_dtype: object) -> torch.dtype:
     if isinstance(out_dtype, torch.dtype):
         if out_dtype in (torch.int32, torch.int64):
             return out_dtype
-    elif np.dtype(out_dtype) in (np.int32, np.int64):
-        return torch.int32 if np.dtype(out_dtype) == np.int32 else torch.int64
+    elif np.dtype(out_dtype) in (np.int32, np.int64):  # type: ignore[call-overload]  # any numpy dtype-like
+        return torch.int32 if np.dtype(out_dtype) == np.int32 else torch.int64  # type: ignore[call-overload]
     raise ValueError(f"id dtype must be int32 or int64, got {out_dtype}")
 
 
@@ -212,7 +213,7 @@ def first_nonfinite(columns: list[tuple[torch.Tensor, torch.Tensor | None]]) -> 
         if valid is not None:
             bad &= valid
         flags = bad.any(dim=1).tolist()
-        masks = bad.unbind(0)
+        masks = list(bad.unbind(0))
     else:
         masks = [~torch.isfinite(v) if m is None else ~torch.isfinite(v) & m for _, v, m in floats]
         flags = torch.stack([b.any() for b in masks]).tolist()
@@ -225,6 +226,12 @@ def first_nonfinite(columns: list[tuple[torch.Tensor, torch.Tensor | None]]) -> 
 # ---------------------------------------------------------------- host data
 
 
+@overload
+def to_numpy(x: torch.Tensor | np.ndarray) -> np.ndarray: ...
+@overload
+def to_numpy(x: Strings) -> Strings: ...
+@overload
+def to_numpy(x: None) -> None: ...
 def to_numpy(x: torch.Tensor | Strings | np.ndarray | None) -> np.ndarray | Strings | None:
     """The tensor (or tensor strings) as numpy on the host, dtype kept (int64 keys stay int64: view them as
     uint64); numpy input and None pass through."""
@@ -281,6 +288,12 @@ def _quiet_read_only_warning() -> None:
 _quiet_read_only_warning()
 
 
+@overload
+def to_device(x: np.ndarray | torch.Tensor, device: torch.device | str) -> torch.Tensor: ...
+@overload
+def to_device(x: Strings, device: torch.device | str) -> Strings: ...
+@overload
+def to_device(x: None, device: torch.device | str) -> None: ...
 def to_device(x: np.ndarray | Strings | torch.Tensor | None, device: torch.device | str) -> torch.Tensor | Strings | None:
     """A numpy array (uint64 viewed as int64 first) or numpy ``Strings`` (offsets made int64) as tensors on
     ``device``; zero copy on CPU where the dtype allows. Tensors are moved; None stays None."""
@@ -571,7 +584,8 @@ class LookupTables:
                 for r, i in enumerate(group):
                     t = self.tables[i]
                     keys[r, : len(t._keys)], ids[r, : len(t._ids)], last[r, 0] = t._keys, t._ids, len(t._keys) - 1
-                out.append(tuple(_resident(torch.from_numpy(a).to(device)) for a in (keys, ids, last)))
+                out.append((_resident(torch.from_numpy(keys).to(device)), _resident(torch.from_numpy(ids).to(device)),
+                            _resident(torch.from_numpy(last).to(device))))
             self._on[device] = out
         return out
 
@@ -582,7 +596,7 @@ class LookupTables:
         missing: 1). Columns of unequal lengths (lists) are looked up one by one."""
         if not _aligned(keys):
             return [t.lookup(k, v, oov_base, oov_n, seed, dt) for t, k, v, dt in zip(self.tables, keys, valids, out_dtypes)]
-        out: list[torch.Tensor | None] = [None] * len(keys)
+        out: dict[int, torch.Tensor] = {}  # column → its ids; the groups cover every column
         for group, (tkeys, tids, last) in zip(self.groups, self._padded(keys[0].device)):
             stacked = torch.stack([keys[i] for i in group])
             ids = _reduce(_hash64(stacked, seed), oov_n)
@@ -599,9 +613,8 @@ class LookupTables:
                 ids.masked_fill_(~valid, MISSING)
             dtypes = {_torch_dtype(out_dtypes[i]) for i in group}
             rows = ids.to(dtypes.pop()).unbind(0) if len(dtypes) == 1 else [ids[r].to(_torch_dtype(out_dtypes[i])) for r, i in enumerate(group)]
-            for i, r in zip(group, rows):
-                out[i] = r
-        return out
+            out.update(zip(group, rows))
+        return [out[i] for i in range(len(keys))]
 
 
 def _size_groups(sizes: list[int]) -> list[list[int]]:

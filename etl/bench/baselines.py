@@ -44,7 +44,7 @@ from etl.io.files import is_shard_name, shard_name
 try:
     import polars as pl
 except ImportError:  # the polars baselines are then unavailable (HAS_POLARS); the numpy ones still run
-    pl = None
+    pl = None  # type: ignore[assignment]
 HAS_POLARS = pl is not None
 
 LABEL = "label"
@@ -78,12 +78,12 @@ def polars_categorify(files: Sequence[PathLike], out_dir: PathLike, freq_thresho
     Output equals ``pipelines/criteo.yaml`` (Categorify with ``oov_buckets: 1``) value for value, as long as every
     key is written in one canonical case (as in Criteo's lowercase hex): this baseline matches the raw strings,
     etl matches the decoded integers."""
-    files = [Path(f) for f in files]
+    paths = [Path(f) for f in files]
     out = Path(out_dir)
     vocabs: dict[str, tuple[pl.Series, pl.Series]] = {}
     for c in CATS:
         vc = (
-            pl.scan_parquet(files).select(pl.col(c)).drop_nulls().group_by(c).len()
+            pl.scan_parquet(paths).select(pl.col(c)).drop_nulls().group_by(c).len()
             .filter(pl.col("len") >= freq_threshold)
             .with_columns(pl.col(c).str.to_integer(base=16).alias("key"))
             .sort(["len", "key"], descending=[True, False])
@@ -91,7 +91,7 @@ def polars_categorify(files: Sequence[PathLike], out_dir: PathLike, freq_thresho
         )
         vocabs[c] = (vc[c], pl.Series(np.arange(FIRST_VOCAB_ID, FIRST_VOCAB_ID + vc.height, dtype=np.int32)))
     out.mkdir(parents=True, exist_ok=True)
-    for i, f in enumerate(files):
+    for i, f in enumerate(paths):
         df = pl.read_parquet(f)
         cats = [
             pl.when(pl.col(c).is_null()).then(pl.lit(MISSING, pl.Int32)).otherwise(
@@ -110,10 +110,10 @@ def polars_hash(files: Sequence[PathLike], out_dir: PathLike, num_buckets: int =
     etl's documented fmix64 hash (nor stable across polars versions), so the ids differ from etl's by
     construction. Only the layout and ranges match: ids in ``[2, 2 + num_buckets)``, 1 for missing values."""
     check_buckets(num_buckets)
-    files = [Path(f) for f in files]
+    paths = [Path(f) for f in files]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for i, f in enumerate(files):
+    for i, f in enumerate(paths):
         df = pl.read_parquet(f)
         cats = [
             pl.when(pl.col(c).is_null()).then(pl.lit(MISSING, pl.Int32)).otherwise(
@@ -192,11 +192,11 @@ def numpy_categorify(files: Sequence[PathLike], out_dir: PathLike, freq_threshol
 
     This is exactly etl's ``Categorify`` with ``oov_buckets=1`` (every unknown key gets the single OOV id 2), so
     the output equals ``pipelines/criteo.yaml``'s value for value."""
-    files = [Path(f) for f in files]
+    paths = [Path(f) for f in files]
     out = Path(out_dir)
     # ---- fit
     parts: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {c: [] for c in CATS}
-    for f in files:
+    for f in paths:
         table = pq.read_table(f, columns=CATS)
         for c in CATS:
             keys, valid = hex8_keys(table.column(c))
@@ -224,7 +224,7 @@ def numpy_categorify(files: Sequence[PathLike], out_dir: PathLike, freq_threshol
         ids[~valid] = MISSING
         return ids
 
-    _numpy_transform(files, out, vocabulary_ids)
+    _numpy_transform(paths, out, vocabulary_ids)
 
 
 def _numpy_transform(files: list[Path], out: Path, ids_of: Callable[[str, np.ndarray, np.ndarray], np.ndarray]) -> None:

@@ -32,6 +32,9 @@ class DLRM(nn.Module):
     """The model of the module docstring: ``dense`` features, one table of ``table_rows[k]`` rows per sparse
     column, embeddings of width ``dim``."""
 
+    pairs_i: torch.Tensor  # the feature pairs (i < j) whose dot products enter the top MLP (buffers)
+    pairs_j: torch.Tensor
+
     def __init__(self, dense: int, table_rows: list[int], dim: int):
         super().__init__()
         self.table_rows = torch.tensor(table_rows)

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 try:
     import polars as pl
 except ImportError:  # pragma: no cover - exercised by a test that hides polars
-    pl = None
+    pl = None  # type: ignore[assignment]
 
 from etl.batch import Batch, Column, InlineStrings, Strings
 from etl.errors import InputError

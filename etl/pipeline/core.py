@@ -261,7 +261,7 @@ class Pipeline:
             col = batch.columns.get(c)
             if col is None:
                 continue
-            if col.null_count():
+            if col.valid is not None and col.null_count():
                 raise InvalidRows(c, ~col.valid, "label is missing")
             bad = (xp or self.xp).nonfinite_mask(col.values, None)
             if bad is not None:
@@ -303,7 +303,9 @@ class Pipeline:
         for f in schema:
             col = batch[f.name]
             mask = None if col.valid is None else ~col.valid
-            if col.is_list:
+            if isinstance(col.values, Strings):
+                raise TypeError(f"column '{f.name}' still holds text after the transform")
+            if col.offsets is not None:
                 values = pa.array(col.values.astype(f.type.value_type.to_pandas_dtype(), copy=False), mask=mask)
                 arrays.append(pa.ListArray.from_arrays(pa.array(col.offsets.astype(np.int32)), values, type=f.type))
             else:

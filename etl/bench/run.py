@@ -42,7 +42,7 @@ from etl.loader import Loader
 from etl.pipeline import Pipeline
 from etl.preprocess import preprocess
 from etl.io.parquet import batch_from_arrow, list_shards, read_rows
-from etl.loader.ring import Field, Ring
+from etl.loader.ring import Ring
 from etl.loader.order import row_groups
 from etl.synth import generate
 from etl.workers import run_workers
@@ -149,8 +149,7 @@ def _stage_seconds(pipeline: Pipeline, tables: list, batch_size: int, device: to
     t0 = time.perf_counter()
     chunks = [Chunk.from_table(t, layout) for t in outputs]
     spent["batch"] = time.perf_counter() - t0
-    fields = [Field("label", (), torch.float32), Field("dense", (len(layout.dense),), torch.float32), Field("sparse", (len(layout.sparse),), layout.sparse_dtype)]
-    ring = Ring(2, max(batch_size, max(c.n for c in chunks)), fields, device)
+    ring = Ring(2, max(batch_size, max(c.n for c in chunks)), layout.batch_fields(), device)
     stop = threading.Event()
     fill = ship = 0.0
     for c in chunks:

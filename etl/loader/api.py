@@ -48,7 +48,7 @@ from etl.errors import EtlError, LoaderError
 from etl.pipeline import Pipeline
 from etl.preprocess import MANIFEST
 from etl.io.parquet import batch_from_arrow, list_shards, read_rows
-from etl.loader.ring import Field, Ring
+from etl.loader.ring import Ring
 from etl.loader.order import Piece, batches_per_rank, epoch_rng, rank_pieces, row_groups
 
 
@@ -214,9 +214,7 @@ class Loader:
         """Slots for the batch fields, or, with device placement, for the device stage's inputs and outputs."""
         if self.stage is not None:
             return Ring(self.prefetch + 2, self.batch_size, self.stage.inputs.fields(), self.device, self.stage.outputs())
-        fixed = [Field("label", (), torch.float32), Field("dense", (len(self.layout.dense),), torch.float32),
-                 Field("sparse", (len(self.layout.sparse),), self.layout.sparse_dtype)]  # fmt: skip
-        return Ring(self.prefetch + 2, self.batch_size, fixed, self.device)
+        return Ring(self.prefetch + 2, self.batch_size, self.layout.batch_fields(), self.device)
 
     def close(self) -> None:
         """Stop the background threads of the current iteration and of the next epoch's, if any (also done on

@@ -28,8 +28,8 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -37,13 +37,13 @@ from etl.bench import baselines
 from etl.bench.device import measure_device_stages
 from etl.bench.dlrm import DLRM
 from etl.bench.report import PipelineReport, Report, Stage
-from etl.loader.chunk import Chunk, Layout
+from etl.io.parquet import batch_from_arrow, list_shards, read_rows
 from etl.loader import Loader
+from etl.loader.chunk import Chunk, Layout
+from etl.loader.order import row_groups
+from etl.loader.ring import Ring
 from etl.pipeline import Pipeline
 from etl.preprocess import preprocess
-from etl.io.parquet import batch_from_arrow, list_shards, read_rows
-from etl.loader.ring import Field, Ring
-from etl.loader.order import row_groups
 from etl.synth import generate
 from etl.workers import run_workers
 
@@ -105,8 +105,7 @@ def _stage_seconds(pipeline: Pipeline, tables: list, batch_size: int, device: to
     t0 = time.perf_counter()
     chunks = [Chunk.from_table(t, layout) for t in outputs]
     spent["batch"] = time.perf_counter() - t0
-    fields = [Field("label", (), torch.float32), Field("dense", (len(layout.dense),), torch.float32), Field("sparse", (len(layout.sparse),), layout.sparse_dtype)]
-    ring = Ring(2, max(batch_size, max(c.n for c in chunks)), fields, device)
+    ring = Ring(2, max(batch_size, max(c.n for c in chunks)), layout.batch_fields(), device)
     stop = threading.Event()
     fill = ship = 0.0
     for c in chunks:

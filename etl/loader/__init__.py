@@ -1,9 +1,16 @@
 """The streaming loader (``Loader``): Parquet shards → transformed fixed-size batches → the device.
 
-Rooms: ``api`` (Loader, LoaderBatch, LoaderStats), ``order`` (which rows a rank reads, in which order),
-``pieces`` (reading one piece per source kind), ``assembler`` (shuffle buffers → ring slots), ``epoch`` (one
-pass's threads), ``chunk`` (column layout of the pieces), ``ring`` (pinned slots, host→device copy),
-``device_stage`` (the pipeline's device part after the copy).
+Modules, from the training loop inwards (``api``'s docstring tells how they work together):
+
+- ``api``: ``Loader`` and ``LoaderBatch``: configuration, epochs, position and ``state_dict``, the consumer's side;
+- ``epoch``: ``EpochPass``, one pass over an epoch: its assembler thread, reader pool, ready queue and shutdown;
+- ``assembler``: pieces → shuffle buffers → batches in ring slots;
+- ``pieces``: reading and transforming one piece, per kind of source;
+- ``order``: which rows a rank reads, in which order;
+- ``chunk``: the column layout of rows between the pipeline and the ring;
+- ``ring``: pinned slots and the host→device copy;
+- ``device_stage``: the pipeline's device part, after the copy (``transform_on="device"``);
+- ``stats``: ``LoaderStats``, where the time goes.
 
 Names are imported on first use, so that ``etl.loader.order`` and friends do not import torch.
 """
@@ -11,7 +18,7 @@ Names are imported on first use, so that ``etl.loader.order`` and friends do not
 from importlib import import_module
 from typing import Any
 
-_EXPORTS = {"Loader": "etl.loader.api", "LoaderBatch": "etl.loader.api", "LoaderStats": "etl.loader.api"}
+_EXPORTS = {"Loader": "etl.loader.api", "LoaderBatch": "etl.loader.api", "LoaderStats": "etl.loader.stats"}
 
 __all__ = list(_EXPORTS)
 

@@ -14,6 +14,7 @@ import pyarrow as pa
 import torch
 
 from etl.batch import Batch, Column, list_elements
+from etl.loader.ring import Field
 from etl.pipeline import Pipeline
 
 
@@ -44,6 +45,15 @@ class Layout:
     @property
     def sparse_numpy(self) -> np.dtype:
         return np.dtype(np.int64) if self.sparse_dtype == torch.int64 else np.dtype(np.int32)
+
+    def batch_fields(self) -> list[Field]:
+        """The fixed-shape fields of a batch, as ring slots hold them: ``label`` [B] float32, ``dense`` [B, D]
+        float32, ``sparse`` [B, S] ids."""
+        return [
+            Field("label", (), torch.float32),
+            Field("dense", (len(self.dense),), torch.float32),
+            Field("sparse", (len(self.sparse),), self.sparse_dtype),
+        ]
 
     def empty(self) -> Chunk:
         fixed = {

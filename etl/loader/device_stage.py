@@ -27,11 +27,11 @@ import numpy as np
 import torch
 
 from etl.batch import Batch, Column
-from etl.loader.chunk import Chunk, Layout
 from etl.errors import RowError
-from etl.pipeline import Pipeline
-from etl.loader.ring import Field
+from etl.loader.chunk import Chunk, Layout
 from etl.loader.order import RowGroup
+from etl.loader.ring import Field
+from etl.pipeline import Pipeline
 
 ROW_BITS = 32
 
@@ -127,11 +127,7 @@ class DeviceStage:
 
     def outputs(self) -> tuple[Field, ...]:
         """The device-only ring fields the stage writes: ``label``, ``dense``, ``sparse``."""
-        return (
-            Field("label", (), torch.float32),
-            Field("dense", (len(self.layout.dense),), torch.float32),
-            Field("sparse", (len(self.layout.sparse),), self.layout.sparse_dtype),
-        )
+        return tuple(self.layout.batch_fields())
 
     def run(self, inputs: dict[str, torch.Tensor], out: dict[str, torch.Tensor], lists: dict[str, Column], origin: np.ndarray) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """Transform one batch: ``inputs`` (device tensors of the slot), ``lists`` (numpy, copied here). Fills

@@ -1,0 +1,205 @@
+"""The assembler: one pass's pieces → shuffle buffers → fixed-size batches in ring slots.
+
+The pieces of the pass (``etl.loader.order.rank_pieces``) go to a pool of reader threads, at most ``read_ahead``
+of them ahead of the one being assembled, and come back in order. Their rows fill shuffle buffers of
+``shuffle_buffer`` rows; each full buffer is concatenated once and given its order: a permutation drawn from
+(seed, epoch, rank, buffer number) with shuffle, else its rows as they are. Batches of ``batch_size`` rows are
+cut from that row stream (the remainder carries over across pieces and shards) and gathered straight from the
+buffer(s) into a free ring slot, one copy per row; the slot's host→device copy starts at once and the batch is
+queued for the consumer as ``(slot, rows, lists)``. After the last piece come the final partial batch and, on a
+rank whose slice is one row shorter, the empty batch it owes (``etl.loader.order.batches_per_rank``).
+
+A pass that starts at batch ``start`` > 0 (a resume) begins with the shuffle buffer holding that batch's first
+row, drops the rows before it, and re-reads at most that one buffer.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from etl.loader.chunk import Chunk
+from etl.loader.device_stage import DeviceStage
+from etl.loader.order import Piece, RowGroup, epoch_rng, rank_pieces
+from etl.loader.ring import Ring
+from etl.loader.stats import LoaderStats
+
+
+@dataclass(frozen=True)
+class PassSettings:
+    """Which batches a pass makes: batches ``start`` to ``total`` (exclusive) of ``epoch`` on rank ``rank`` of
+    ``world_size``, ``batch_size`` rows each, rows permuted within buffers of ``shuffle_buffer`` rows when
+    ``shuffle`` (the permutations and the piece order drawn from ``seed``)."""
+
+    epoch: int
+    start: int
+    total: int
+    batch_size: int
+    shuffle_buffer: int
+    shuffle: bool
+    seed: int
+    rank: int
+    world_size: int
+
+
+class Assembler:
+    """Makes the batches of one pass; ``run`` is the body of the pass's assembler thread (see the module docstring).
+
+    ``read`` turns a piece into a chunk on the ``pool``'s threads. Every batch goes to ``ready`` as (slot, rows,
+    list columns), or the exception that ended the pass does. ``all_submitted`` is set once every piece went to
+    the pool; ring slots are taken only once ``after`` (if given) is set; ``stop`` ends the pass early. With a
+    device ``stage`` the chunks hold the stage's inputs and each slot is transformed on the device after its copy.
+    ``empty``: a chunk of no rows of the chunks' kind (the batch a shorter rank may owe)."""
+
+    def __init__(self, settings: PassSettings, groups: list[RowGroup], read: Callable[[Piece], Chunk], pool: Executor,
+                 ring: Ring, ready: queue.Queue, stats: LoaderStats, *, read_ahead: int, stop: threading.Event,
+                 all_submitted: threading.Event, after: threading.Event | None = None, stage: DeviceStage | None = None,
+                 empty: Chunk) -> None:  # fmt: skip
+        self.settings, self.groups, self.read, self.pool = settings, groups, read, pool
+        self.ring, self.ready, self.stats, self.read_ahead = ring, ready, stats, read_ahead
+        self.stop, self.all_submitted, self.after = stop, all_submitted, after
+        self.stage, self.empty = stage, empty
+        first_row = settings.start * settings.batch_size  # rank-local row where the first batch starts
+        self.buffer_no = first_row // settings.shuffle_buffer
+        self.skip = first_row - self.buffer_no * settings.shuffle_buffer  # rows of the first buffer to drop
+        self.filling: list[Chunk] = []  # the buffer being filled
+        self.filled = 0
+        self.stream: deque[tuple[Chunk, np.ndarray]] = deque()  # full buffers and the order of their rows not yet emitted
+        self.emitted = settings.start
+
+    def run(self) -> bool:
+        """Queue the pass's batches; True once the last one is queued, False if the pass was stopped or failed
+        (the exception is queued in place of the next batch)."""
+        try:
+            return self._assemble()
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer
+            _put(self.ready, e, self.stop)
+            return False
+
+    def _assemble(self) -> bool:
+        s = self.settings
+        pieces = _pieces_from(rank_pieces(self.groups, seed=s.seed, epoch=s.epoch, shuffle=s.shuffle, rank=s.rank,
+                                          world_size=s.world_size), self.buffer_no * s.shuffle_buffer)  # fmt: skip
+        window: deque[Future] = deque(self.pool.submit(self.read, p) for p in pieces[: self.read_ahead])
+        upcoming = iter(pieces[len(window) :])
+        while window and not self.stop.is_set() and self.emitted < s.total:
+            chunk = window.popleft().result()
+            nxt = next(upcoming, None)
+            if nxt is not None:
+                window.append(self.pool.submit(self.read, nxt))
+            else:
+                self.all_submitted.set()
+            self._buffer(chunk)
+            while self.emitted < s.total and self._available() >= s.batch_size:
+                if not self._emit(s.batch_size):
+                    return False
+        if self.stop.is_set():
+            return False
+        self.all_submitted.set()
+        if self.filled:
+            self._flush()
+        while self.emitted < s.total:  # the final partial batch, and the empty batch a shorter rank may owe
+            if not self._emit(min(s.batch_size, self._available())):
+                return False
+        return True
+
+    def _buffer(self, chunk: Chunk) -> None:
+        """Append the chunk's rows to the shuffle buffers, flushing each one that fills up."""
+        t0 = time.perf_counter()
+        size = self.settings.shuffle_buffer
+        while chunk.n:
+            take = min(chunk.n, size - self.filled)
+            self.filling.append(chunk.slice(0, take))
+            self.filled += take
+            chunk = chunk.slice(take, chunk.n)
+            if self.filled == size:
+                self._flush()
+        self.stats.add_assemble(time.perf_counter() - t0)
+
+    def _flush(self) -> None:
+        """Close the buffer being filled: concatenate it and append it to the stream with its order."""
+        s = self.settings
+        buf = Chunk.concat(self.filling)
+        order = np.arange(buf.n)
+        if s.shuffle:
+            order = epoch_rng(s.seed, s.epoch, s.rank, self.buffer_no).permutation(buf.n)
+        self.stream.append((buf, order[self.skip :]))
+        self.skip = 0
+        self.buffer_no += 1
+        self.filling, self.filled = [], 0
+
+    def _available(self) -> int:
+        return sum(len(order) for _, order in self.stream)
+
+    def _take(self, n: int) -> list[tuple[Chunk, np.ndarray]]:
+        """The next ``n`` rows of the stream, as (buffer, rows of it) parts."""
+        parts, need = [], n
+        while need:
+            buf, order = self.stream[0]
+            take = min(need, len(order))
+            parts.append((buf, order[:take]))
+            need -= take
+            if take == len(order):
+                self.stream.popleft()
+            else:
+                self.stream[0] = (buf, order[take:])
+        return parts
+
+    def _emit(self, n: int) -> bool:
+        """Gather the next ``n`` rows into a ring slot, start its copy and queue it; False if stopped first."""
+        t0 = time.perf_counter()
+        parts = self._take(n)
+        while self.after is not None and not self.after.wait(0.05):
+            if self.stop.is_set():
+                return False
+        slot = self.ring.acquire(self.stop)
+        if slot is None:
+            return False
+        row = 0
+        views = self.ring.write(slot, n)
+        for buf, rows in parts:
+            for name, view in views.items():
+                np.take(buf.fixed[name], rows, axis=0, out=view[row : row + len(rows)], mode="clip")  # in range: clip skips a buffered copy
+            row += len(rows)
+        columns = Chunk.concat([buf.take_lists(rows) for buf, rows in parts]).lists if parts else self.empty.lists
+        t1 = time.perf_counter()
+        if self.stage is not None:
+            stage = self.stage
+            origin = np.concatenate([buf.fixed["origin"][rows] for buf, rows in parts]) if parts else self.empty.fixed["origin"]
+            lists = self.ring.ship(slot, n, lambda inputs, out: stage.run(inputs, out, columns, origin))
+        else:
+            self.ring.ship(slot, n)
+            lists = {k: (torch.from_numpy(c.values), torch.from_numpy(c.offsets)) for k, c in columns.items()}
+        self.stats.add_assemble(t1 - t0, time.perf_counter() - t1)
+        self.emitted += 1
+        return _put(self.ready, (slot, n, lists), self.stop)
+
+
+def _put(q: queue.Queue, item: object, stop: threading.Event) -> bool:
+    """Put ``item`` on ``q``, waiting for room; False if ``stop`` was set first."""
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=0.05)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def _pieces_from(pieces: list[Piece], start_row: int) -> list[Piece]:
+    """The pieces from rank-local row ``start_row`` on (the first one cut)."""
+    out, pos = [], 0
+    for p in pieces:
+        if pos + p.length > start_row:
+            cut = max(0, start_row - pos)
+            out.append(Piece(p.group, p.start + cut, p.length - cut))
+        pos += p.length
+    return out

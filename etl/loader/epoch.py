@@ -1,0 +1,95 @@
+"""One pass over an epoch: its threads, its queue of batches, the ring slots it holds, and their shutdown."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import weakref
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+from etl.errors import LoaderError
+from etl.loader.assembler import Assembler, PassSettings
+from etl.loader.chunk import Chunk
+from etl.loader.device_stage import DeviceStage
+from etl.loader.order import Piece, RowGroup
+from etl.loader.ring import Ring
+from etl.loader.stats import LoaderStats
+
+Item = tuple[int, int, dict[str, tuple[torch.Tensor, torch.Tensor]]]  # (ring slot, rows, list columns)
+
+
+class EpochPass:
+    """One pass: batches ``settings.start`` to ``settings.total`` of epoch ``settings.epoch``, made by an assembler
+    thread (``etl.loader.assembler``) from pieces that a pool of ``num_workers`` threads reads with ``read``.
+
+    The constructor starts the threads. The consumer calls ``take`` for each batch and ``release`` once done with
+    it; ``close`` stops the threads and gives back every ring slot the pass still holds. A pass dropped without
+    ``close`` stops its threads when it is garbage-collected: they hold no reference to it (nor to the loader).
+
+    Events for whoever sequences passes: ``all_submitted``, set once every piece went to the workers (the next
+    epoch may start reading), and ``assembled``, set once the pass takes no more ring slots (its last batch is
+    queued, or it was closed). With ``after``, the pass takes ring slots only once that event is set."""
+
+    def __init__(self, settings: PassSettings, groups: list[RowGroup], read: Callable[[Piece], Chunk], ring: Ring,
+                 stats: LoaderStats, *, num_workers: int, prefetch: int, stage: DeviceStage | None = None, empty: Chunk,
+                 after: threading.Event | None = None) -> None:  # fmt: skip
+        self.settings, self.epoch, self.ring = settings, settings.epoch, ring
+        self.all_submitted = threading.Event()
+        self.assembled = threading.Event()
+        self.stop = threading.Event()
+        self.ready: queue.Queue = queue.Queue(maxsize=prefetch + 1)
+        self.held: int | None = None  # the slot of the batch taken last, until released
+        self.pool = ThreadPoolExecutor(num_workers, thread_name_prefix="etl-loader")
+        assembler = Assembler(settings, groups, read, self.pool, ring, self.ready, stats, read_ahead=num_workers + prefetch,
+                              stop=self.stop, all_submitted=self.all_submitted, after=after, stage=stage, empty=empty)  # fmt: skip
+        self.thread = threading.Thread(target=_assemble, args=(assembler, self.assembled), daemon=True, name="etl-assembler")
+        self.thread.start()
+        self._finalizer = weakref.finalize(self, _shutdown, self.stop, self.pool, self.thread)
+
+    def take(self) -> Item:
+        """The next batch, waiting for it: (ring slot, rows, list columns). The error that ended the pass is
+        raised instead, once the pass is closed."""
+        while True:
+            try:
+                item = self.ready.get(timeout=0.1)
+                break
+            except queue.Empty:
+                if not self.thread.is_alive():
+                    raise LoaderError("the loader's assembler thread stopped without a batch or an error") from None
+        if isinstance(item, BaseException):
+            self.close()
+            raise item
+        self.held = item[0]
+        return item
+
+    def release(self) -> None:
+        """Give back the slot of the batch taken last: its tensors may be overwritten from now on."""
+        if self.held is not None:
+            self.ring.release(self.held)
+            self.held = None
+
+    def close(self) -> None:
+        """Stop the threads, then give back the slot in use and the slots of batches never taken."""
+        self._finalizer()
+        self.assembled.set()
+        self.release()
+        while not self.ready.empty():
+            item = self.ready.get_nowait()
+            if isinstance(item, tuple):
+                self.ring.release(item[0])
+
+
+def _assemble(assembler: Assembler, assembled: threading.Event) -> None:
+    """The assembler thread."""
+    if assembler.run():
+        assembled.set()
+
+
+def _shutdown(stop: threading.Event, pool: ThreadPoolExecutor, thread: threading.Thread) -> None:
+    stop.set()
+    pool.shutdown(wait=False, cancel_futures=True)
+    if thread is not threading.current_thread():
+        thread.join()

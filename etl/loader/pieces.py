@@ -1,0 +1,119 @@
+"""Reading one piece (rows of one row group) into a ``Chunk``, on a loader's worker threads.
+
+One reader per kind of source (``reader_for`` picks it):
+
+- ``ProcessedReader``: the output of ``etl preprocess``, already transformed: read as is;
+- ``HostReader``: raw shards, transformed on the host by the whole pipeline;
+- ``DeviceInputReader``: raw shards whose transform finishes on the device (``transform_on="device"``): the host
+  part of the pipeline, laid out as the inputs of ``etl.loader.device_stage``.
+
+Each reader adds its read and transform seconds to the loader's stats. ``guarded`` wraps a read function so that
+an unexpected failure reaches the training process as ``LoaderError`` naming the file, row group and rows.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pyarrow as pa
+
+from etl.batch import Batch
+from etl.errors import EtlError, LoaderError
+from etl.io.parquet import batch_from_arrow, read_rows
+from etl.loader.chunk import Chunk, Layout
+from etl.loader.device_stage import DeviceStage
+from etl.loader.order import Piece, RowGroup
+from etl.loader.stats import LoaderStats
+from etl.pipeline import Pipeline
+
+
+class PieceReader:
+    """Reads ``columns`` of a piece and converts them (``convert``, per kind of source); a callable piece → chunk."""
+
+    def __init__(self, columns: list[str], stats: LoaderStats):
+        self.columns, self.stats = columns, stats
+
+    def __call__(self, piece: Piece) -> Chunk:
+        g = piece.group
+        t0 = time.perf_counter()
+        table = read_rows(g.path, self.columns, g.first_row + piece.start, piece.length, g.index)
+        t1 = time.perf_counter()
+        chunk = self.convert(table, piece)
+        t2 = time.perf_counter()
+        self.stats.add_read(t1 - t0, t2 - t1)
+        return chunk
+
+    def convert(self, table: pa.Table, piece: Piece) -> Chunk:
+        """The rows of ``table`` (the piece's columns) as a chunk."""
+        raise NotImplementedError
+
+
+class ProcessedReader(PieceReader):
+    """A shard of ``etl preprocess`` output: its columns already are the layout's."""
+
+    def __init__(self, layout: Layout, stats: LoaderStats):
+        super().__init__(layout.columns, stats)
+        self.layout = layout
+
+    def convert(self, table: pa.Table, piece: Piece) -> Chunk:
+        return Chunk.from_table(table, self.layout)
+
+
+class HostReader(PieceReader):
+    """A raw shard, transformed on the host by the whole pipeline."""
+
+    def __init__(self, pipeline: Pipeline, layout: Layout, stats: LoaderStats):
+        super().__init__(pipeline.schema.names, stats)
+        self.pipeline, self.layout = pipeline, layout
+
+    def convert(self, table: pa.Table, piece: Piece) -> Chunk:
+        return Chunk.from_batch(self.pipeline.transform(_raw_batch(table, self.pipeline, piece)).batch, self.layout)
+
+
+class DeviceInputReader(PieceReader):
+    """A raw shard, transformed on the host by the pipeline's host part into the inputs of ``stage``; every row
+    carries its origin (its row group's number in ``groups``)."""
+
+    def __init__(self, pipeline: Pipeline, stage: DeviceStage, groups: list[RowGroup], stats: LoaderStats):
+        super().__init__(pipeline.schema.names, stats)
+        self.pipeline, self.stage = pipeline, stage
+        self.group_no = {g: i for i, g in enumerate(groups)}
+
+    def convert(self, table: pa.Table, piece: Piece) -> Chunk:
+        g = piece.group
+        host = self.pipeline.transform(_raw_batch(table, self.pipeline, piece), part="host").batch
+        return self.stage.inputs.chunk(host, self.group_no[g], g.first_row)
+
+
+def _raw_batch(table: pa.Table, pipeline: Pipeline, piece: Piece) -> Batch:
+    """A raw piece as a batch whose rows are numbered from the start of its file (for error messages)."""
+    g = piece.group
+    return batch_from_arrow(table, pipeline.schema, str(g.path), g.index, g.first_row + piece.start)
+
+
+def reader_for(pipeline: Pipeline, layout: Layout, *, processed: bool, stage: DeviceStage | None,
+               groups: list[RowGroup], stats: LoaderStats) -> PieceReader:  # fmt: skip
+    """The reader of a source: ``processed`` (``etl preprocess`` output), else raw shards, transformed on the
+    host, or, given a device ``stage``, up to the stage's inputs."""
+    if processed:
+        return ProcessedReader(layout, stats)
+    if stage is not None:
+        return DeviceInputReader(pipeline, stage, groups, stats)
+    return HostReader(pipeline, layout, stats)
+
+
+def guarded(read: Callable[[Piece], Chunk]) -> Callable[[Piece], Chunk]:
+    """``read``, with an unexpected failure re-raised as ``LoaderError`` naming the piece (file, row group, rows).
+    An ``EtlError`` passes unchanged: it already names where it happened."""
+
+    def read_piece(piece: Piece) -> Chunk:
+        try:
+            return read(piece)
+        except EtlError:
+            raise
+        except Exception as e:  # noqa: BLE001 - re-raised with context
+            g = piece.group
+            raise LoaderError(f"{g.path}, row group {g.index}, rows {piece.start}..{piece.start + piece.length}: {type(e).__name__}: {e}") from e
+
+    return read_piece

@@ -94,6 +94,20 @@ class Column:
     def is_list(self) -> bool:
         return self.offsets is not None
 
+    @property
+    def array(self) -> Array:
+        """``values`` of a column that holds numbers, keys or ids (raises ``TypeError`` while it holds text)."""
+        if isinstance(self.values, Strings):
+            raise TypeError("the column holds text, not an array of numbers, keys or ids")
+        return self.values
+
+    @property
+    def list_offsets(self) -> Array:
+        """``offsets`` of a list column (raises ``TypeError`` for a scalar column)."""
+        if self.offsets is None:
+            raise TypeError("the column is not a list column")
+        return self.offsets
+
     def __len__(self) -> int:
         """Number of rows (lists count as one row each)."""
         return len(self.offsets) - 1 if self.offsets is not None else len(self.values)

@@ -15,7 +15,6 @@ named ``dp:<stage>`` (device placement):
 
 from __future__ import annotations
 
-import threading
 import time
 
 import pyarrow as pa
@@ -56,9 +55,8 @@ def _device_pass(pipeline: Pipeline, stage: DeviceStage, tables: list[pa.Table],
     spent |= {"ring": 0.0, **({"h2d": 0.0} if device.type == "cuda" else {}), "columns": 0.0}
     spent |= {f"{i}:{op.name}": 0.0 for i, op in enumerate(device_ops)} | {"output": 0.0}
     ring = Ring(1, batch_size, stage.inputs.fields(), device, stage.outputs())
-    stop = threading.Event()
     for b in batches:
-        slot = ring.acquire(stop)
+        slot = ring.acquire_free()
         t0 = time.perf_counter()
         ring.fill(slot, b.fixed, b.n)
         t1 = time.perf_counter()

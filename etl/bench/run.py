@@ -23,10 +23,10 @@ The results are the dataclasses of ``etl.bench.report``.
 
 from __future__ import annotations
 
+import functools
 import resource
 import shutil
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -47,7 +47,7 @@ from etl.preprocess import preprocess
 from etl.synth import generate
 from etl.workers import run_workers
 
-BASELINES = {  # the polars ones only where polars is installed
+BASELINES: dict[str, dict[str, Callable[[list[Path], Path], None]]] = {  # the polars ones only where polars is installed
     "Categorify": {"polars": baselines.polars_categorify, "numpy": baselines.numpy_categorify},
     "Hash": {"polars": baselines.polars_hash, "numpy": baselines.numpy_hash},
 }
@@ -106,10 +106,9 @@ def _stage_seconds(pipeline: Pipeline, tables: list, batch_size: int, device: to
     chunks = [Chunk.from_table(t, layout) for t in outputs]
     spent["batch"] = time.perf_counter() - t0
     ring = Ring(2, max(batch_size, max(c.n for c in chunks)), layout.batch_fields(), device)
-    stop = threading.Event()
     fill = ship = 0.0
     for c in chunks:
-        slot = ring.acquire(stop)
+        slot = ring.acquire_free()
         t0 = time.perf_counter()
         ring.fill(slot, c.fixed, c.n)
         t1 = time.perf_counter()
@@ -258,7 +257,7 @@ def run_bench(
                 for name, fn in BASELINES[kind].items():
                     progress(f"{p.name}: baseline {name}")
                     out = work / f"{name}-{p.name}"
-                    secs = min(_timed(lambda: fn(shards, out)) for _ in range(2))  # best of two, as ours
+                    secs = min(_timed(functools.partial(fn, shards, out)) for _ in range(2))  # best of two, as ours
                     equal = baselines.same_output(out, work / f"ours-{p.name}") if name in EXACT[kind] else None
                     ours = sum(s.seconds for s in rep.stages if s.name in ("fit", "preprocess"))
                     rep.baselines[name] = {"seconds": secs, "rows_per_second": total / secs, "speedup_of_ours": secs / ours, "output_equal": equal}

@@ -191,8 +191,7 @@ class Loader:
         else:
             if ahead is not None:
                 ahead.close()
-            self._ring = self._ring or self._new_ring()
-            self._ring.reclaim()  # slots a previous, abandoned pass still counted as taken
+            self._slots().reclaim()  # slots a previous, abandoned pass still counted as taken
             epoch_pass = self._new_pass(self.epoch, self.position)
         it = _Iteration(self, epoch_pass)
         self._active = weakref.ref(it)
@@ -205,11 +204,16 @@ class Loader:
         self._close_ahead()
 
     # ------------------------------------------------------------------ passes
-    def _new_ring(self) -> Ring:
-        """Slots for the batch fields, or, with device placement, for the device stage's inputs and outputs."""
-        if self.stage is not None:
-            return Ring(self.prefetch + 2, self.batch_size, self.stage.inputs.fields(), self.device, self.stage.outputs())
-        return Ring(self.prefetch + 2, self.batch_size, self.layout.batch_fields(), self.device)
+    def _slots(self) -> Ring:
+        """The ring, made on first use: slots for the batch fields, or, with device placement, for the device
+        stage's inputs and outputs."""
+        if self._ring is None:
+            if self.stage is not None:
+                fields, outputs = self.stage.inputs.fields(), self.stage.outputs()
+                self._ring = Ring(self.prefetch + 2, self.batch_size, fields, self.device, outputs)
+            else:
+                self._ring = Ring(self.prefetch + 2, self.batch_size, self.layout.batch_fields(), self.device)
+        return self._ring
 
     def _new_pass(self, epoch: int, start: int, after: threading.Event | None = None) -> EpochPass:
         """A pass over ``epoch`` from batch ``start`` on; it takes ring slots once ``after`` (if given) is set."""
@@ -217,7 +221,7 @@ class Loader:
                                 shuffle_buffer=self.shuffle_buffer, shuffle=self.shuffle, seed=self.seed, rank=self.rank,
                                 world_size=self.world_size)  # fmt: skip
         empty = self.stage.inputs.empty() if self.stage is not None else self.layout.empty()
-        return EpochPass(settings, self.groups, guarded(_read_weakly(self)), self._ring, self.stats, num_workers=self.num_workers,
+        return EpochPass(settings, self.groups, guarded(_read_weakly(self)), self._slots(), self.stats, num_workers=self.num_workers,
                          prefetch=self.prefetch, stage=self.stage, empty=empty, after=after)  # fmt: skip
 
     def _close_active(self) -> None:

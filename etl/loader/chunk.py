@@ -108,32 +108,32 @@ class Chunk:
             out = np.empty((n, len(names)), dtype)
             for j, c in enumerate(names):
                 col = batch[c]
-                out[:, j] = col.values
+                out[:, j] = col.array
                 if col.valid is not None:
                     out[~col.valid, j] = np.nan
             return out
 
         fixed = {
-            "label": batch[layout.label].values.astype(np.float32),
+            "label": batch[layout.label].array.astype(np.float32),
             "dense": stack(layout.dense, np.dtype(np.float32)),
             "sparse": stack(layout.sparse, layout.sparse_numpy),
         }
-        lists = {c: Column(batch[c].values.astype(layout.sparse_numpy), None, batch[c].offsets.astype(np.int64)) for c in layout.lists}
+        lists = {c: Column(batch[c].array.astype(layout.sparse_numpy), None, batch[c].list_offsets.astype(np.int64)) for c in layout.lists}
         return cls(n, fixed, lists)
 
     def slice(self, a: int, b: int) -> Chunk:
         lists = {}
         for k, c in self.lists.items():
-            o = c.offsets[a : b + 1]
-            lists[k] = Column(c.values[o[0] : o[-1]], None if c.valid is None else c.valid[o[0] : o[-1]], o - o[0])
+            o = c.list_offsets[a : b + 1]
+            lists[k] = Column(c.array[o[0] : o[-1]], None if c.valid is None else c.valid[o[0] : o[-1]], o - o[0])
         return Chunk(b - a, {k: v[a:b] for k, v in self.fixed.items()}, lists)
 
     def take_lists(self, rows: np.ndarray) -> Chunk:
         """The list columns of rows ``rows`` (no fixed fields: the loader gathers those into its ring)."""
         lists = {}
         for k, c in self.lists.items():
-            elems, offsets = list_elements(c.offsets, rows)
-            lists[k] = Column(c.values[elems], None if c.valid is None else c.valid[elems], offsets)
+            elems, offsets = list_elements(c.list_offsets, rows)
+            lists[k] = Column(c.array[elems], None if c.valid is None else c.valid[elems], offsets)
         return Chunk(len(rows), {}, lists)
 
     @staticmethod
@@ -145,7 +145,7 @@ class Chunk:
         for k in chunks[0].lists:
             parts = [c.lists[k] for c in chunks]
             ends = np.cumsum([len(p.values) for p in parts])
-            offsets = np.concatenate([[0]] + [p.offsets[1:] + (ends[i - 1] if i else 0) for i, p in enumerate(parts)])
+            offsets = np.concatenate([np.zeros(1, np.int64)] + [p.list_offsets[1:] + (ends[i - 1] if i else 0) for i, p in enumerate(parts)])
             valid = None
             if any(p.valid is not None for p in parts):
                 valid = np.concatenate([np.ones(len(p.values), np.bool_) if p.valid is None else p.valid for p in parts])

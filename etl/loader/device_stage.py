@@ -92,7 +92,7 @@ class Inputs:
             valid = np.ones((n, len(names)), np.bool_)
             for j, c in enumerate(names):
                 col = batch[c]
-                v = col.values.view(np.int64) if col.values.dtype == np.uint64 else col.values
+                v = col.array.view(np.int64) if col.array.dtype == np.uint64 else col.array
                 values[:, j] = v
                 if col.valid is not None:
                     valid[:, j] = col.valid
@@ -101,7 +101,7 @@ class Inputs:
         numbers, numbers_valid = stack(self.numbers, np.float64)
         keys, keys_valid = stack(self.keys, np.int64)
         fixed = {
-            "in_label": batch[self.label].values.astype(np.float64, copy=False),
+            "in_label": batch[self.label].array.astype(np.float64, copy=False),
             "in_numbers": numbers,
             "in_numbers_valid": numbers_valid,
             "in_keys": keys,
@@ -111,7 +111,7 @@ class Inputs:
         lists = {}
         for c in self.lists:
             col = batch[c]
-            lists[c] = Column(col.values.view(np.int64), col.valid, col.offsets.astype(np.int64, copy=False))
+            lists[c] = Column(col.array.view(np.int64), col.valid, col.list_offsets.astype(np.int64, copy=False))
         return Chunk(n, fixed, lists)
 
 
@@ -129,7 +129,9 @@ class DeviceStage:
         """The device-only ring fields the stage writes: ``label``, ``dense``, ``sparse``."""
         return tuple(self.layout.batch_fields())
 
-    def run(self, inputs: dict[str, torch.Tensor], out: dict[str, torch.Tensor], lists: dict[str, Column], origin: np.ndarray) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    def run(
+        self, inputs: dict[str, torch.Tensor], out: dict[str, torch.Tensor], lists: dict[str, Column], origin: np.ndarray
+    ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """Transform one batch: ``inputs`` (device tensors of the slot), ``lists`` (numpy, copied here). Fills
         ``out`` and returns the list columns as (ids, offsets) on the device. A value the device part finds
         invalid raises ``RowError`` naming its source row."""
@@ -143,7 +145,8 @@ class DeviceStage:
         """The slot's inputs as a batch of torch columns (lists copied to the inputs' device)."""
         device = inputs["in_label"].device
         # one transpose per field, so that each column is contiguous for the ops
-        numbers, numbers_valid, keys, keys_valid = (inputs[k].t().contiguous() for k in ("in_numbers", "in_numbers_valid", "in_keys", "in_keys_valid"))
+        fields = ("in_numbers", "in_numbers_valid", "in_keys", "in_keys_valid")
+        numbers, numbers_valid, keys, keys_valid = (inputs[k].t().contiguous() for k in fields)
         columns = {self.inputs.label: Column(inputs["in_label"])}
         for j, c in enumerate(self.inputs.numbers):
             columns[c] = Column(numbers[j], numbers_valid[j])
@@ -156,13 +159,13 @@ class DeviceStage:
     def write(self, result: Batch, out: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """Copy the transformed batch into the loader's fields ``out``; return its lists as (ids, offsets).
         Dense values still missing (no FillMissing) become NaN, as with host placement."""
-        out["label"].copy_(result[self.layout.label].values)
+        out["label"].copy_(result[self.layout.label].array)
         dense = [result[c] for c in self.layout.dense]
         if dense:
-            out["dense"].copy_(torch.stack([c.values if c.valid is None else torch.where(c.valid, c.values, torch.nan) for c in dense], dim=1))
+            out["dense"].copy_(torch.stack([c.array if c.valid is None else torch.where(c.valid, c.array, torch.nan) for c in dense], dim=1))
         if self.layout.sparse:
-            out["sparse"].copy_(torch.stack([result[c].values.to(self.layout.sparse_dtype) for c in self.layout.sparse], dim=1))
-        return {c: (result[c].values.to(self.layout.sparse_dtype), result[c].offsets) for c in self.layout.lists}
+            out["sparse"].copy_(torch.stack([result[c].array.to(self.layout.sparse_dtype) for c in self.layout.sparse], dim=1))
+        return {c: (result[c].array.to(self.layout.sparse_dtype), result[c].list_offsets) for c in self.layout.lists}
 
     def _located(self, e: RowError, origin: np.ndarray) -> RowError:
         """``e`` (row = position in the batch) re-addressed to the file row the value came from."""

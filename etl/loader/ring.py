@@ -46,11 +46,16 @@ class Ring:
         self.dev = [{k: torch.empty_like(v, device=device) for k, v in h.items()} for h in self.host] if self.cuda else self.host
         self.out = [{f.name: torch.empty((batch_size, *f.shape), dtype=f.dtype, device=device) for f in outputs} for _ in range(slots)]
         self.stream = torch.cuda.Stream(device=device) if self.cuda else None
-        self.copied = [None] * slots  # event recorded after each slot's host→device copy
-        self.released = [None] * slots  # event recorded on the consumer's stream when it released the slot
+        self.copied: list[torch.cuda.Event | None] = [None] * slots  # event recorded after each slot's host→device copy
+        # event recorded on the consumer's stream when it released the slot
+        self.released: list[torch.cuda.Event | None] = [None] * slots
         self.free: queue.Queue[int] = queue.Queue()
         for i in range(slots):
             self.free.put(i)
+
+    def acquire_free(self) -> int:
+        """A free slot, waiting as long as it takes (for a caller that releases every slot it takes)."""
+        return self.free.get()
 
     def acquire(self, stop: threading.Event) -> int | None:
         """A free slot, or None once ``stop`` is set."""
@@ -64,8 +69,9 @@ class Ring:
     def write(self, slot: int, n: int) -> dict[str, np.ndarray]:
         """Numpy views of the first ``n`` rows of the slot's host tensors, to be filled by the caller (returned
         once the slot's previous host→device copy, which reads them, has finished)."""
-        if self.copied[slot] is not None:
-            self.copied[slot].synchronize()
+        copied = self.copied[slot]
+        if copied is not None:
+            copied.synchronize()
         return {name: t[:n].numpy() for name, t in self.host[slot].items()}
 
     def fill(self, slot: int, arrays: dict[str, np.ndarray], n: int) -> None:
@@ -81,9 +87,12 @@ class Ring:
         outputs = {k: v[:n] for k, v in self.out[slot].items()}
         if not self.cuda:
             return then(inputs, outputs) if then is not None else None
-        with torch.cuda.stream(self.stream):
-            if self.released[slot] is not None:
-                self.stream.wait_event(self.released[slot])
+        stream, released = self.stream, self.released[slot]
+        if stream is None:
+            raise RuntimeError("a CUDA ring has a copy stream")
+        with torch.cuda.stream(stream):
+            if released is not None:
+                stream.wait_event(released)
             for name, h in self.host[slot].items():
                 self.dev[slot][name][:n].copy_(h[:n], non_blocking=True)
             result = then(inputs, outputs) if then is not None else None
@@ -95,8 +104,9 @@ class Ring:
     def view(self, slot: int, n: int) -> dict[str, torch.Tensor]:
         """The slot's tensors (inputs and outputs) on the target device, first ``n`` rows, once the consumer's
         stream may use them."""
-        if self.cuda:
-            torch.cuda.current_stream(self.device).wait_event(self.copied[slot])
+        copied = self.copied[slot]
+        if copied is not None:  # set by ship on CUDA
+            torch.cuda.current_stream(self.device).wait_event(copied)
         return {name: t[:n] for name, t in (self.dev[slot] | self.out[slot]).items()}
 
     def reclaim(self) -> None:

@@ -303,13 +303,11 @@ class Pipeline:
         for f in schema:
             col = batch[f.name]
             mask = None if col.valid is None else ~col.valid
-            if isinstance(col.values, Strings):
-                raise TypeError(f"column '{f.name}' still holds text after the transform")
-            if col.offsets is not None:
-                values = pa.array(col.values.astype(f.type.value_type.to_pandas_dtype(), copy=False), mask=mask)
-                arrays.append(pa.ListArray.from_arrays(pa.array(col.offsets.astype(np.int32)), values, type=f.type))
+            if col.is_list:
+                values = pa.array(col.array.astype(f.type.value_type.to_pandas_dtype(), copy=False), mask=mask)
+                arrays.append(pa.ListArray.from_arrays(pa.array(col.list_offsets.astype(np.int32)), values, type=f.type))
             else:
-                arrays.append(pa.array(col.values.astype(f.type.to_pandas_dtype(), copy=False), mask=mask))
+                arrays.append(pa.array(col.array.astype(f.type.to_pandas_dtype(), copy=False), mask=mask))
         return pa.Table.from_arrays(arrays, schema=schema)
 
 

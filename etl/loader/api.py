@@ -277,7 +277,7 @@ class _Iteration:
 
     def __init__(self, loader: Loader, epoch_pass: EpochPass):
         self.loader, self.epoch_pass = loader, epoch_pass
-        self.first_next: float | None = None
+        self.last: float | None = None  # when the previous batch was returned (or the first next() began)
 
     def __iter__(self) -> _Iteration:
         return self
@@ -292,7 +292,7 @@ class _Iteration:
                 loader._start_ahead(epoch_pass.epoch + 1, epoch_pass.assembled)  # if not started yet
             raise StopIteration
         t0 = time.perf_counter()
-        self.first_next = self.first_next or t0
+        self.last = self.last or t0
         try:
             slot, n, lists = epoch_pass.take()
         except Exception:
@@ -304,7 +304,9 @@ class _Iteration:
             loader._start_ahead(epoch_pass.epoch + 1, epoch_pass.assembled)
         tensors = epoch_pass.ring.view(slot, n)
         loader.position += 1
-        loader.stats.add_batch(n, t1 - t0, time.perf_counter() - self.first_next)
+        now = time.perf_counter()
+        loader.stats.add_batch(n, t1 - t0, now - self.last)
+        self.last = now
         lists = {k: (v.to(loader.device, non_blocking=True), o.to(loader.device, non_blocking=True)) for k, (v, o) in lists.items()}
         if loader.stage is not None and loader.device.type == "cuda":
             for t in (t for pair in lists.values() for t in pair):  # made on the copy stream, used on the consumer's

@@ -41,13 +41,13 @@ class EpochPass:
         self.assembled = threading.Event()
         self.stop = threading.Event()
         self.ready: queue.Queue = queue.Queue(maxsize=prefetch + 1)
-        self.held: int | None = None  # the slot of the batch taken last, until released
         self.pool = ThreadPoolExecutor(num_workers, thread_name_prefix="etl-loader")
         assembler = Assembler(settings, groups, read, self.pool, ring, self.ready, stats, read_ahead=num_workers + prefetch,
                               stop=self.stop, all_submitted=self.all_submitted, after=after, stage=stage, empty=empty)  # fmt: skip
         self.thread = threading.Thread(target=_assemble, args=(assembler, self.assembled), daemon=True, name="etl-assembler")
         self.thread.start()
-        self._finalizer = weakref.finalize(self, _shutdown, self.stop, self.pool, self.thread)
+        self._slots = _Slots(ring, self.ready)
+        self._finalizer = weakref.finalize(self, _shutdown, self.stop, self.pool, self.thread, self._slots, self.assembled)
 
     def take(self) -> Item:
         """The next batch, waiting for it: (ring slot, rows, list columns). The error that ended the pass is
@@ -62,20 +62,35 @@ class EpochPass:
         if isinstance(item, BaseException):
             self.close()
             raise item
-        self.held = item[0]
+        self._slots.held = item[0]
         return item
 
     def release(self) -> None:
         """Give back the slot of the batch taken last: its tensors may be overwritten from now on."""
+        self._slots.release_held()
+
+    def close(self) -> None:
+        """Stop the threads, give back the slot in use and the slots of batches never taken, then set
+        ``assembled`` (a pass waiting to follow this one may take slots from now on)."""
+        self._finalizer()
+
+
+class _Slots:
+    """The ring slots a pass holds: the one handed to the consumer last (``held``) and those of the batches queued
+    in ``ready`` but never taken. Kept apart from the pass so that its shutdown can give them back after the pass
+    itself was garbage-collected."""
+
+    def __init__(self, ring: Ring, ready: queue.Queue):
+        self.ring, self.ready = ring, ready
+        self.held: int | None = None
+
+    def release_held(self) -> None:
         if self.held is not None:
             self.ring.release(self.held)
             self.held = None
 
-    def close(self) -> None:
-        """Stop the threads, then give back the slot in use and the slots of batches never taken."""
-        self._finalizer()
-        self.assembled.set()
-        self.release()
+    def release_all(self) -> None:
+        self.release_held()
         while not self.ready.empty():
             item = self.ready.get_nowait()
             if isinstance(item, tuple):
@@ -88,8 +103,13 @@ def _assemble(assembler: Assembler, assembled: threading.Event) -> None:
         assembled.set()
 
 
-def _shutdown(stop: threading.Event, pool: ThreadPoolExecutor, thread: threading.Thread) -> None:
+def _shutdown(stop: threading.Event, pool: ThreadPoolExecutor, thread: threading.Thread, slots: _Slots,
+              assembled: threading.Event) -> None:  # fmt: skip
+    """End a pass, whether closed or garbage-collected (after ``break``): stop its threads, give back its ring
+    slots, and set ``assembled`` so that the next epoch's pass, which waits on it, can go on."""
     stop.set()
     pool.shutdown(wait=False, cancel_futures=True)
     if thread is not threading.current_thread():
         thread.join()
+    slots.release_all()
+    assembled.set()

@@ -17,7 +17,7 @@ class LoaderStats:
     batches: int = 0
     rows: int = 0
     wait_seconds: float = 0.0
-    consumer_seconds: float = 0.0  # from the first next() to the last batch returned
+    consumer_seconds: float = 0.0  # per pass, from its first next() to its last batch returned; summed over passes
     read_seconds: float = 0.0
     transform_seconds: float = 0.0
     assemble_seconds: float = 0.0
@@ -39,18 +39,19 @@ class LoaderStats:
             self.assemble_seconds += assemble
             self.copy_seconds += copy
 
-    def add_batch(self, rows: int, wait: float, consumer: float) -> None:
-        """The consumer got a batch of ``rows`` rows after waiting ``wait`` seconds for it, ``consumer`` seconds
-        after its first ``next()``."""
+    def add_batch(self, rows: int, wait: float, elapsed: float) -> None:
+        """The consumer got a batch of ``rows`` rows after waiting ``wait`` seconds for it, ``elapsed`` seconds
+        (wait included) after the previous batch of the same pass was returned (or the pass's first ``next()``)."""
         with self._lock:
             self.wait_seconds += wait
             self.batches += 1
             self.rows += rows
-            self.consumer_seconds = consumer
+            self.consumer_seconds += elapsed
 
     @property
     def data_wait_fraction(self) -> float:
-        """Share of the consumer's time spent waiting for data."""
+        """Share of the consumer's time spent waiting for data, over every pass so far (at most 1: each wait
+        is part of the elapsed time it is counted in)."""
         return self.wait_seconds / self.consumer_seconds if self.consumer_seconds > 0 else 0.0
 
     def as_dict(self) -> dict[str, float]:

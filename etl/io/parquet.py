@@ -14,6 +14,7 @@ The batches hold the same values either way; only the speed differs.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,22 +33,35 @@ from etl.schema import ColumnSpec, Schema
 
 
 def list_shards(inputs: str | Path | list[str | Path]) -> list[Path]:
-    """Parquet files named by ``inputs``: files as given, directories expanded to their ``*.parquet`` files in
-    name order. Raises ``InputError`` for a missing path or a directory without Parquet files."""
+    """Parquet files named by ``inputs``: files as given, directories expanded to their ``*.parquet`` entries in
+    name order. Symlinks are followed. In a directory, only a subdirectory whose name ends in ``.parquet`` is
+    skipped (directories are not searched recursively); every other ``*.parquet`` entry is a shard, so one that is
+    not a regular file is an error rather than a shard silently left out. Raises ``InputError`` for a missing
+    path, a directory without Parquet files, and a ``*.parquet`` entry that is a dangling symlink or not a regular
+    file."""
     items = inputs if isinstance(inputs, list) else [inputs]
     out: list[Path] = []
     for item in items:
         p = Path(item)
         if p.is_dir():
-            found = sorted(q for q in p.glob("*.parquet") if q.is_file())
+            found = sorted(q for q in p.glob("*.parquet") if not q.is_dir())
             if not found:
                 raise InputError(str(p), "directory holds no .parquet files")
-            out.extend(found)
-        elif p.is_file():
-            out.append(p)
+            out.extend(_shard_file(q) for q in found)
         else:
-            raise InputError(str(p), "no such file or directory")
+            out.append(_shard_file(p))
     return out
+
+
+def _shard_file(p: Path) -> Path:
+    """``p``, checked to be (or to link to) a regular file."""
+    if p.is_file():
+        return p
+    if p.is_symlink():
+        raise InputError(str(p), f"dangling symlink: its target {os.readlink(p)} does not exist (or is a symlink loop)")
+    if p.exists():
+        raise InputError(str(p), "not a regular file")
+    raise InputError(str(p), "no such file or directory")
 
 
 def _is_type(t: pa.DataType, dtype: str) -> bool:

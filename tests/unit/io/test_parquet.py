@@ -3,6 +3,7 @@ the in-place string views (InlineStrings) behave as Strings."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ from etl.backends import cpu
 from etl.batch import InlineStrings, Strings
 from etl.errors import InputError
 from etl.io import parquet
-from etl.io.parquet import batch_from_arrow, open_shard, read_rows
+from etl.io.parquet import batch_from_arrow, list_shards, open_shard, read_rows
 from etl.pipeline import Pipeline
 from etl.schema import load_schema
 from etl.synth import generate
@@ -132,3 +133,22 @@ def test_written_shard_round_trip_pyarrow(tmp_path, monkeypatch):
     t = pa.table({"label": pa.array([1, 0, 1], pa.int64()), "C1": pa.array(["0000000a", None, "ffffffff"])})
     pq.write_table(t, tmp_path / "x.parquet", row_group_size=2)
     assert read_rows(tmp_path / "x.parquet", ["C1", "label"], 2, 1, 1).to_pydict() == {"C1": ["ffffffff"], "label": [1]}
+
+
+def test_list_shards_follows_symlinks_and_refuses_dangling_ones(tmp_path: Path) -> None:
+    d = tmp_path / "raw"
+    d.mkdir()
+    pq.write_table(pa.table({"x": [1]}), tmp_path / "real.parquet")
+    (d / "part-00000.parquet").symlink_to(tmp_path / "real.parquet")
+    (d / "nested.parquet").mkdir()  # a subdirectory: skipped, not searched
+    (d / "notes.txt").write_text("not a shard")
+    assert list_shards(d) == [d / "part-00000.parquet"]
+    (d / "part-00001.parquet").symlink_to(tmp_path / "gone.parquet")
+    with pytest.raises(InputError, match=r"part-00001.parquet: dangling symlink: its target .*gone.parquet does not exist"):
+        list_shards(d)
+    with pytest.raises(InputError, match="part-00001.parquet: dangling symlink"):
+        list_shards(d / "part-00001.parquet")
+    (d / "part-00001.parquet").unlink()
+    os.mkfifo(d / "part-00002.parquet")
+    with pytest.raises(InputError, match="part-00002.parquet: not a regular file"):
+        list_shards(d)

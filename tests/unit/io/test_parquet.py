@@ -19,7 +19,7 @@ from etl.errors import InputError
 from etl.io import parquet
 from etl.io.parquet import batch_from_arrow, list_shards, open_shard, read_rows
 from etl.pipeline import Pipeline
-from etl.schema import load_schema
+from etl.schema import ColumnSpec, load_schema
 from etl.synth import generate
 
 REPO = Path(__file__).resolve().parents[3]
@@ -126,6 +126,27 @@ def test_long_string_views_fall_back_to_offsets():
     s = parquet._strings(arr)
     assert not isinstance(s, InlineStrings)
     assert s.to_list() == ["a" * 20, "b"]
+
+
+STRINGS = ["0000000a", None, "a" * 20, "0000000a", ""]
+
+
+@pytest.mark.parametrize(
+    "arr",
+    [
+        pa.array(STRINGS, t)
+        for t in (pa.large_string(), pa.string_view(), pa.binary(), pa.large_binary(), pa.binary_view())
+    ]
+    + [pa.array(STRINGS, t).dictionary_encode() for t in (pa.string(), pa.string_view(), pa.binary_view())],
+    ids=lambda arr: str(arr.type),
+)
+def test_string_like_columns_read_as_plain_strings(arr: pa.Array) -> None:
+    spec = ColumnSpec("C1", "categorical", "string")
+    parquet.check_type("x.parquet", spec, arr.type)
+    column = parquet.column_from_arrow(arr, spec)
+    plain = parquet.column_from_arrow(pa.array(STRINGS, pa.string()), spec)
+    assert column.values.to_list() == plain.values.to_list()
+    assert np.array_equal(column.valid, plain.valid)
 
 
 def test_written_shard_round_trip_pyarrow(tmp_path, monkeypatch):

@@ -45,10 +45,12 @@ def describe_artifacts(path: Path) -> str:
 
 
 def describe_processed(path: Path) -> str:
-    out = open_processed(path)
+    """Describe a processed output, also one whose run is incomplete (described as partial)."""
+    out = open_processed(path, allow_partial=True)
     m, t = out.manifest, out.manifest.totals
+    state = "True" if m.complete else f"False (partial: the run stopped after {len(m.files)} file(s))"
     lines = [
-        f"processed output: {path}   pipeline: {m.pipeline}   complete: {m.complete}",
+        f"processed output: {path}   pipeline: {m.pipeline}   complete: {state}",
         f"files: {len(m.files)}   rows in: {t.rows_in:,}   out: {t.rows_out:,}   quarantined: {t.rows_quarantined:,}",
     ]
     if out.parts:

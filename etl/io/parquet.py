@@ -14,11 +14,13 @@ The batches hold the same values either way; only the speed differs.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 try:
@@ -32,22 +34,35 @@ from etl.schema import ColumnSpec, Schema
 
 
 def list_shards(inputs: str | Path | list[str | Path]) -> list[Path]:
-    """Parquet files named by ``inputs``: files as given, directories expanded to their ``*.parquet`` files in
-    name order. Raises ``InputError`` for a missing path or a directory without Parquet files."""
+    """Parquet files named by ``inputs``: files as given, directories expanded to their ``*.parquet`` entries in
+    name order. Symlinks are followed. In a directory, only a subdirectory whose name ends in ``.parquet`` is
+    skipped (directories are not searched recursively); every other ``*.parquet`` entry is a shard, so one that is
+    not a regular file is an error rather than a shard silently left out. Raises ``InputError`` for a missing
+    path, a directory without Parquet files, and a ``*.parquet`` entry that is a dangling symlink or not a regular
+    file."""
     items = inputs if isinstance(inputs, list) else [inputs]
     out: list[Path] = []
     for item in items:
         p = Path(item)
         if p.is_dir():
-            found = sorted(q for q in p.glob("*.parquet") if q.is_file())
+            found = sorted(q for q in p.glob("*.parquet") if not q.is_dir())
             if not found:
                 raise InputError(str(p), "directory holds no .parquet files")
-            out.extend(found)
-        elif p.is_file():
-            out.append(p)
+            out.extend(_shard_file(q) for q in found)
         else:
-            raise InputError(str(p), "no such file or directory")
+            out.append(_shard_file(p))
     return out
+
+
+def _shard_file(p: Path) -> Path:
+    """``p``, checked to be (or to link to) a regular file."""
+    if p.is_file():
+        return p
+    if p.is_symlink():
+        raise InputError(str(p), f"dangling symlink: its target {os.readlink(p)} does not exist (or is a symlink loop)")
+    if p.exists():
+        raise InputError(str(p), "not a regular file")
+    raise InputError(str(p), "no such file or directory")
 
 
 def _is_type(t: pa.DataType, dtype: str) -> bool:
@@ -57,7 +72,27 @@ def _is_type(t: pa.DataType, dtype: str) -> bool:
         return pa.types.is_integer(t)
     if dtype == "float64":
         return pa.types.is_floating(t) or pa.types.is_integer(t)
-    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+    return _is_text(t)
+
+
+def _is_text(t: pa.DataType) -> bool:
+    """Whether values of Arrow type ``t`` are read as a string column: string, large_string and string_view, and
+    their binary counterparts, whose bytes are taken as they are (a dictionary of any of these is decoded first)."""
+    return any(
+        check(t)
+        for check in (
+            pa.types.is_string,
+            pa.types.is_large_string,
+            pa.types.is_string_view,
+            pa.types.is_binary,
+            pa.types.is_large_binary,
+            pa.types.is_binary_view,
+        )
+    )
+
+
+def _is_view(t: pa.DataType) -> bool:
+    return pa.types.is_string_view(t) or pa.types.is_binary_view(t)
 
 
 def check_type(path: str, spec: ColumnSpec, t: pa.DataType) -> None:
@@ -80,19 +115,19 @@ def _valid(arr: pa.Array) -> np.ndarray | None:
 
 
 def _strings(arr: pa.Array) -> Strings:
-    """Arrow string / large_string / string_view array → ``Strings`` without copying the bytes (views whose
-    strings are longer than 12 bytes are first cast to large_string)."""
+    """Arrow string / large_string / string_view array (or binary / large_binary / binary_view) → ``Strings``
+    without copying the bytes (views whose values are longer than 12 bytes are first cast to large_binary)."""
     n = len(arr)
     if n == 0:
         return Strings(np.zeros(0, np.uint8), np.zeros(0, np.int64), np.zeros(0, np.int64))
     bufs = arr.buffers()
-    if pa.types.is_string_view(arr.type):
+    if _is_view(arr.type):
         if all(b is None or b.size == 0 for b in bufs[2:]):
             views = np.frombuffer(bufs[1], np.uint32)[arr.offset * 4 : (arr.offset + n) * 4].reshape(n, 4)
             return InlineStrings(views)
-        arr = arr.cast(pa.large_string())
+        arr = arr.cast(pa.large_binary())
         bufs = arr.buffers()
-    off_type = np.int64 if pa.types.is_large_string(arr.type) else np.int32
+    off_type = np.int64 if pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type) else np.int32
     offsets = np.frombuffer(bufs[1], off_type)[arr.offset : arr.offset + n + 1]
     data = np.frombuffer(bufs[2], np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
     return Strings.from_offsets(data, offsets)
@@ -100,7 +135,7 @@ def _strings(arr: pa.Array) -> Strings:
 
 def _values(arr: pa.Array, dtype: str) -> tuple[np.ndarray | Strings, np.ndarray | None]:
     if pa.types.is_dictionary(arr.type):
-        arr = arr.dictionary_decode()
+        arr = _decode_dictionary(arr)
     if dtype == "string":
         return _strings(arr), _valid(arr)
     t = arr.type
@@ -110,6 +145,15 @@ def _values(arr: pa.Array, dtype: str) -> tuple[np.ndarray | Strings, np.ndarray
     np_type = t.to_pandas_dtype()
     values = np.frombuffer(arr.buffers()[1], np_type)[arr.offset : arr.offset + len(arr)]
     return values.astype(want, copy=False), _valid(arr)
+
+
+def _decode_dictionary(arr: pa.DictionaryArray) -> pa.Array:
+    """The values of a dictionary array, nulls kept; a dictionary of string or binary views is cast to
+    large_binary first (Arrow's take kernel does not handle views)."""
+    dictionary = arr.dictionary
+    if _is_view(dictionary.type):
+        dictionary = dictionary.cast(pa.large_binary())
+    return pc.take(dictionary, arr.indices)
 
 
 def column_from_arrow(arr: pa.Array | pa.ChunkedArray, spec: ColumnSpec) -> Column:

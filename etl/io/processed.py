@@ -12,8 +12,11 @@ manifest.json is JSON with the keys ``format`` (``FORMAT``), ``version`` (``VERS
 ``files``) and ``files`` (the entries, as objects with the fields of ``ManifestEntry``). It is written
 atomically (``write_manifest``), so a reader sees either the previous or the new manifest, never a partial one.
 
-Reading has two levels: ``read_manifest`` parses the file and checks its format and version; ``open_processed``
-also decides whether the listed files may be read as a data set (``_readable_parts``).
+Reading has three levels: ``read_manifest`` parses the file and checks its format and version; ``open_processed``
+also decides whether the listed files may be read as a data set (``_readable_parts``: the run is complete, the
+totals add up, every entry names a distinct shard file inside the directory whose Parquet footer holds ``rows_out``
+rows); ``verify_part`` checks one file's bytes against its ``sha256``, which costs a full read of the file and is
+left to the reader to call when it reads the part.
 """
 
 from __future__ import annotations
@@ -23,8 +26,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from etl.errors import InputError
-from etl.io.files import atomic_write_bytes, shard_name
+from etl.io.files import atomic_write_bytes, is_shard_name, sha256_file, shard_name
 
 MANIFEST = "manifest.json"
 FORMAT = "etl-manifest"
@@ -86,9 +92,10 @@ class Manifest:
 
 @dataclass(frozen=True)
 class ProcessedOutput:
-    """A processed output opened for reading: its ``artifacts`` directory, its output files (``parts``, in
-    manifest order) and its ``manifest``."""
+    """A processed output opened for reading: its ``directory``, its ``artifacts`` directory, its output files
+    (``parts``, in manifest order) and its ``manifest``."""
 
+    directory: Path
     artifacts: Path
     parts: list[Path]
     manifest: Manifest
@@ -149,16 +156,77 @@ def read_manifest(directory: Path) -> Manifest:
     )
 
 
-def open_processed(directory: Path) -> ProcessedOutput:
-    """Open the processed output in ``directory`` for reading. Raises ``InputError`` as ``read_manifest`` does."""
+def open_processed(directory: Path, *, allow_partial: bool = False) -> ProcessedOutput:
+    """Open the processed output in ``directory`` for reading. Raises ``InputError`` naming manifest.json as
+    ``read_manifest`` does, when the run is incomplete (unless ``allow_partial``: then the files written so far are
+    the parts), when the totals differ from the sum of the entries, or when an entry cannot be read as a part of the
+    data set (see ``_readable_parts``)."""
     manifest = read_manifest(directory)
-    return ProcessedOutput(artifacts=directory / ARTIFACTS, parts=_readable_parts(directory, manifest), manifest=manifest)
+    path = directory / MANIFEST
+    if not manifest.complete and not allow_partial:
+        raise InputError(
+            str(path),
+            f"the run is incomplete: {len(manifest.files)} file(s) done, and the output of other input shards is missing; "
+            "rerun etl preprocess with the same --out to finish it",
+        )
+    summed = Totals.of(manifest.files)
+    if manifest.totals != summed:
+        raise InputError(str(path), f"manifest totals {asdict(manifest.totals)} differ from the sum of its files {asdict(summed)}")
+    return ProcessedOutput(
+        directory=directory, artifacts=directory / ARTIFACTS, parts=_readable_parts(directory, manifest), manifest=manifest
+    )
+
+
+def verify_part(output: ProcessedOutput, entry: ManifestEntry) -> None:
+    """Check that the file of ``entry`` (one of ``output.manifest.files``) holds the bytes its manifest entry
+    records: raises ``InputError`` naming manifest.json and the file when its sha256 differs or it cannot be read."""
+    path = output.directory / entry.output
+    try:
+        digest = sha256_file(path)
+    except OSError as e:
+        raise InputError(str(output.directory / MANIFEST), f"file {entry.output}: cannot read: {e.strerror}") from None
+    if digest != entry.sha256:
+        raise InputError(
+            str(output.directory / MANIFEST), f"file {entry.output}: sha256 {digest} differs from the manifest's {entry.sha256}"
+        )
 
 
 def _readable_parts(directory: Path, manifest: Manifest) -> list[Path]:
     """The output files of ``manifest``, in its order: the one place where a processed output is checked before
-    its files are read as a data set."""
-    return [directory / e.output for e in manifest.files]
+    its files are read as a data set. Each entry must name a shard file (``etl.io.files.is_shard_name``) that no
+    other entry names, which resolves (following symlinks) to a file inside ``directory``, whose Parquet footer
+    holds ``rows_out`` rows, and whose quarantine file, if any, is the one ``quarantine_name`` gives."""
+    path = directory / MANIFEST
+    root = directory.resolve()
+    seen: set[str] = set()
+    parts = []
+    for i, e in enumerate(manifest.files):
+        where = f"files[{i}] ({json.dumps(e.output)})"
+        if not is_shard_name(e.output):
+            raise InputError(str(path), f"{where}: output is not a shard file name such as {shard_name(0)}")
+        if e.output in seen:
+            raise InputError(str(path), f"{where}: the file is listed twice")
+        seen.add(e.output)
+        if e.quarantine is not None and e.quarantine != quarantine_name(e.output):
+            raise InputError(str(path), f"{where}: quarantine {json.dumps(e.quarantine)}, expected {quarantine_name(e.output)!r}")
+        part = directory / e.output
+        if not part.resolve().is_relative_to(root):
+            raise InputError(str(path), f"{where}: the file resolves to {part.resolve()}, outside {root}")
+        rows = _footer_rows(part, path, where)
+        if rows != e.rows_out:
+            raise InputError(str(path), f"{where}: the file holds {rows} rows, the manifest says rows_out {e.rows_out}")
+        parts.append(part)
+    return parts
+
+
+def _footer_rows(part: Path, path: Path, where: str) -> int:
+    """The row count in the Parquet footer of ``part``."""
+    try:
+        return int(pq.read_metadata(part).num_rows)
+    except FileNotFoundError:
+        raise InputError(str(path), f"{where}: the file is missing") from None
+    except (OSError, pa.ArrowException) as e:
+        raise InputError(str(path), f"{where}: not a readable Parquet file: {e}") from None
 
 
 _ENTRY_TYPES: dict[str, type | tuple[type, ...]] = {

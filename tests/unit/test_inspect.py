@@ -79,7 +79,7 @@ def test_incomplete_processed_output(processed: Path, tmp_path: Path) -> None:
     (tmp_path / "part-00000.parquet").write_bytes((processed / "part-00000.parquet").read_bytes())
     (tmp_path / "manifest.json").write_text(json.dumps(doc))
     lines = describe(tmp_path).splitlines()
-    assert lines[0].endswith("complete: False")
+    assert lines[0].endswith("complete: False (partial: the run stopped after 1 file(s))")
     assert lines[1].startswith("files: 1   rows in: 250")
     assert lines[2] == "parquet: 1 file(s), 250 rows, 3 row groups"
     assert not any(line.startswith("artifacts:") for line in lines)  # none in this directory

@@ -3,6 +3,7 @@ the in-place string views (InlineStrings) behave as Strings."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,9 +17,9 @@ from etl.backends import cpu
 from etl.batch import InlineStrings, Strings
 from etl.errors import InputError
 from etl.io import parquet
-from etl.io.parquet import batch_from_arrow, open_shard, read_rows
+from etl.io.parquet import batch_from_arrow, list_shards, open_shard, read_rows
 from etl.pipeline import Pipeline
-from etl.schema import load_schema
+from etl.schema import ColumnSpec, load_schema
 from etl.synth import generate
 
 REPO = Path(__file__).resolve().parents[3]
@@ -127,8 +128,48 @@ def test_long_string_views_fall_back_to_offsets():
     assert s.to_list() == ["a" * 20, "b"]
 
 
+STRINGS = ["0000000a", None, "a" * 20, "0000000a", ""]
+
+
+@pytest.mark.parametrize(
+    "arr",
+    [
+        pa.array(STRINGS, t)
+        for t in (pa.large_string(), pa.string_view(), pa.binary(), pa.large_binary(), pa.binary_view())
+    ]
+    + [pa.array(STRINGS, t).dictionary_encode() for t in (pa.string(), pa.string_view(), pa.binary_view())],
+    ids=lambda arr: str(arr.type),
+)
+def test_string_like_columns_read_as_plain_strings(arr: pa.Array) -> None:
+    spec = ColumnSpec("C1", "categorical", "string")
+    parquet.check_type("x.parquet", spec, arr.type)
+    column = parquet.column_from_arrow(arr, spec)
+    plain = parquet.column_from_arrow(pa.array(STRINGS, pa.string()), spec)
+    assert column.values.to_list() == plain.values.to_list()
+    assert np.array_equal(column.valid, plain.valid)
+
+
 def test_written_shard_round_trip_pyarrow(tmp_path, monkeypatch):
     monkeypatch.setattr(parquet, "ENGINE", "pyarrow")
     t = pa.table({"label": pa.array([1, 0, 1], pa.int64()), "C1": pa.array(["0000000a", None, "ffffffff"])})
     pq.write_table(t, tmp_path / "x.parquet", row_group_size=2)
     assert read_rows(tmp_path / "x.parquet", ["C1", "label"], 2, 1, 1).to_pydict() == {"C1": ["ffffffff"], "label": [1]}
+
+
+def test_list_shards_follows_symlinks_and_refuses_dangling_ones(tmp_path: Path) -> None:
+    d = tmp_path / "raw"
+    d.mkdir()
+    pq.write_table(pa.table({"x": [1]}), tmp_path / "real.parquet")
+    (d / "part-00000.parquet").symlink_to(tmp_path / "real.parquet")
+    (d / "nested.parquet").mkdir()  # a subdirectory: skipped, not searched
+    (d / "notes.txt").write_text("not a shard")
+    assert list_shards(d) == [d / "part-00000.parquet"]
+    (d / "part-00001.parquet").symlink_to(tmp_path / "gone.parquet")
+    with pytest.raises(InputError, match=r"part-00001.parquet: dangling symlink: its target .*gone.parquet does not exist"):
+        list_shards(d)
+    with pytest.raises(InputError, match="part-00001.parquet: dangling symlink"):
+        list_shards(d / "part-00001.parquet")
+    (d / "part-00001.parquet").unlink()
+    os.mkfifo(d / "part-00002.parquet")
+    with pytest.raises(InputError, match="part-00002.parquet: not a regular file"):
+        list_shards(d)

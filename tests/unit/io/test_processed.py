@@ -7,6 +7,8 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from etl.errors import InputError
@@ -114,9 +116,12 @@ def test_entry_without_artifacts_checksum_reads_as_none(tmp_path: Path) -> None:
 
 
 def test_open_processed_paths(tmp_path: Path, manifest: Manifest) -> None:
-    swapped = Manifest.of("criteo", manifest.files[::-1], complete=False)
+    swapped = Manifest.of("criteo", manifest.files[::-1], complete=True)
+    for e in manifest.files:
+        pq.write_table(pa.table({"x": list(range(e.rows_out))}), tmp_path / e.output)
     write_manifest(tmp_path, swapped)
     out = open_processed(tmp_path)
+    assert out.directory == tmp_path
     assert out.artifacts == tmp_path / ARTIFACTS == tmp_path / "artifacts"
     assert out.parts == [tmp_path / "part-00001.parquet", tmp_path / "part-00000.parquet"]  # manifest order
     assert out.manifest == swapped

@@ -1,0 +1,150 @@
+"""A tampered or incomplete processed output is refused by ``open_processed`` (and a part whose bytes changed by
+``verify_part``) with an ``InputError`` naming manifest.json and the entry; ``allow_partial`` lifts only the
+complete check."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from etl.errors import InputError
+from etl.io.files import sha256_file
+from etl.io.processed import MANIFEST, Manifest, ManifestEntry, open_processed, verify_part, write_manifest
+
+ROWS = (5, 7)
+
+
+@pytest.fixture
+def output(tmp_path: Path) -> Path:
+    """A valid, complete processed output of two parts."""
+    directory = tmp_path / "out"
+    directory.mkdir()
+    entries = []
+    for i, rows in enumerate(ROWS):
+        name = f"part-{i:05d}.parquet"
+        pq.write_table(pa.table({"x": list(range(rows))}), directory / name)
+        entries.append(ManifestEntry(name, f"/raw/{i}.parquet", 100, rows, rows, 0, None, sha256_file(directory / name)))
+    write_manifest(directory, Manifest.of("p", entries, complete=True))
+    return directory
+
+
+def edit(directory: Path, change: Callable[[dict[str, Any]], None]) -> None:
+    doc = json.loads((directory / MANIFEST).read_text())
+    change(doc)
+    (directory / MANIFEST).write_text(json.dumps(doc))
+
+
+def set_totals_from_files(doc: dict[str, Any]) -> None:
+    doc["totals"] = {k: sum(f[k] for f in doc["files"]) for k in ("rows_in", "rows_out", "rows_quarantined")}
+
+
+def rename(name: str) -> Callable[[dict[str, Any]], None]:
+    def change(doc: dict[str, Any]) -> None:
+        doc["files"][1]["output"] = name
+
+    return change
+
+
+def duplicate(doc: dict[str, Any]) -> None:
+    doc["files"].append(doc["files"][0])
+    set_totals_from_files(doc)
+
+
+def totals(key: str) -> Callable[[dict[str, Any]], None]:
+    def change(doc: dict[str, Any]) -> None:
+        doc["totals"][key] += 1
+
+    return change
+
+
+def rows_out(doc: dict[str, Any]) -> None:
+    doc["files"][1]["rows_out"] += 1
+    doc["files"][1]["rows_in"] += 1
+    set_totals_from_files(doc)
+
+
+def quarantine(doc: dict[str, Any]) -> None:
+    doc["files"][1]["quarantine"] = "../elsewhere/part-00001.parquet"
+
+
+TAMPERINGS: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
+    "parent directory": (rename("../part-00001.parquet"), "not a shard file name"),
+    "absolute path": (rename("/tmp/part-00001.parquet"), "not a shard file name"),
+    "subdirectory": (rename("sub/part-00001.parquet"), "not a shard file name"),
+    "other name": (rename("data.parquet"), "not a shard file name"),
+    "missing part": (rename("part-00009.parquet"), "the file is missing"),
+    "duplicate entry": (duplicate, "listed twice"),
+    "totals rows_in": (totals("rows_in"), "totals .* differ"),
+    "totals rows_out": (totals("rows_out"), "totals .* differ"),
+    "totals rows_quarantined": (totals("rows_quarantined"), "totals .* differ"),
+    "rows_out not the footer's": (rows_out, "holds 7 rows, the manifest says rows_out 8"),
+    "quarantine elsewhere": (quarantine, "quarantine"),
+}
+
+
+@pytest.mark.parametrize("partial", [False, True])
+@pytest.mark.parametrize("name", list(TAMPERINGS))
+def test_tampered_manifest_is_refused(output: Path, name: str, partial: bool) -> None:
+    change, message = TAMPERINGS[name]
+
+    def tamper(doc: dict[str, Any]) -> None:
+        change(doc)
+        doc["complete"] = not partial
+
+    edit(output, tamper)
+    with pytest.raises(InputError, match=f"{MANIFEST}: .*{message}") as e:
+        open_processed(output, allow_partial=partial)
+    assert "files[" in str(e.value) or "totals" in str(e.value)
+
+
+def test_incomplete_run_is_refused_unless_partial_allowed(output: Path) -> None:
+    edit(output, lambda doc: doc.update(complete=False))
+    with pytest.raises(InputError, match=f"{MANIFEST}: the run is incomplete: 2 file\\(s\\) done"):
+        open_processed(output)
+    assert open_processed(output, allow_partial=True).parts == [output / "part-00000.parquet", output / "part-00001.parquet"]
+
+
+def test_part_linked_outside_the_directory_is_refused(output: Path) -> None:
+    outside = output.parent / "elsewhere.parquet"
+    (output / "part-00001.parquet").rename(outside)
+    (output / "part-00001.parquet").symlink_to(outside)
+    with pytest.raises(InputError, match=r'files\[1\] \("part-00001.parquet"\): the file resolves to .*, outside'):
+        open_processed(output)
+
+
+def test_linked_directory_and_links_inside_it_are_followed(output: Path) -> None:
+    (output / "part-00001.parquet").rename(output / "kept.parquet")
+    (output / "part-00001.parquet").symlink_to("kept.parquet")
+    link = output.parent / "link"
+    link.symlink_to(output)
+    assert len(open_processed(link).parts) == 2
+
+
+def test_part_not_parquet_is_refused(output: Path) -> None:
+    data = (output / "part-00001.parquet").read_bytes()
+    (output / "part-00001.parquet").write_bytes(data[: len(data) // 2])
+    with pytest.raises(InputError, match=r'files\[1\] \("part-00001.parquet"\): not a readable Parquet file'):
+        open_processed(output)
+
+
+def test_verify_part_checks_the_bytes(output: Path) -> None:
+    opened = open_processed(output)
+    for e in opened.manifest.files:
+        verify_part(opened, e)
+    with open(output / "part-00001.parquet", "r+b") as f:  # same size and footer, one data byte changed
+        f.seek(10)
+        byte = f.read(1)
+        f.seek(10)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(InputError, match=f"{MANIFEST}: file part-00001.parquet: sha256 .* differs"):
+        verify_part(opened, opened.manifest.files[1])
+    os.remove(output / "part-00001.parquet")
+    with pytest.raises(InputError, match=f"{MANIFEST}: file part-00001.parquet: cannot read"):
+        verify_part(opened, opened.manifest.files[1])

@@ -151,3 +151,63 @@ def test_table_symlink_resolving_outside_is_refused(art, tmp_path):
     os.symlink("C1-copy.parquet", d / VOCAB)  # a link inside the directory is followed
     shutil.copy(outside, d / "03-Categorify" / "C1-copy.parquet")
     assert Pipeline.load(d).is_fitted
+
+
+# ---------------------------------------------------------------- 3. vocabulary tables
+
+
+def _with_column(name: str, values: list[Any] | pa.Array) -> Callable[[pa.Table], pa.Table]:
+    def edit(t: pa.Table) -> pa.Table:
+        i = t.column_names.index(name)
+        return t.set_column(i, name, pa.array(values, t.schema.field(name).type) if isinstance(values, list) else values)
+
+    return edit
+
+
+# The vocabulary of the fixture: keys 0xa (count 4), 0xb (3), 0xc (3), ids 5, 6, 7 (2 reserved + 3 OOV buckets).
+VOCAB_EDITS: dict[str, Callable[[pa.Table], pa.Table]] = {
+    "id 2**40": _with_column("id", [5, 6, 2**40]),
+    "id 1e6": _with_column("id", [5, 6, 10**6]),
+    "id 0": _with_column("id", [0, 6, 7]),
+    "id -5": _with_column("id", [5, 6, -5]),
+    "ids shifted into the OOV range": _with_column("id", [4, 5, 6]),
+    "ids swapped": _with_column("id", [6, 5, 7]),
+    "id repeated": _with_column("id", [5, 5, 7]),
+    "id missing": _with_column("id", [5, None, 7]),
+    "key repeated": _with_column("key", [10, 11, 11]),
+    "key missing": _with_column("key", [10, None, 12]),
+    "count below freq_threshold": lambda t: _with_column("count", [4, 3, 1])(t),
+    "count missing": _with_column("count", [4, None, 3]),
+    "counts ascending": _with_column("count", [3, 3, 4]),
+    "tie not by key ascending": _with_column("key", [10, 12, 11]),
+    "id as int32": _with_column("id", pa.array([5, 6, 7], pa.int32())),
+    "key as int64": _with_column("key", pa.array([10, 11, 12], pa.int64())),
+    "count as float": _with_column("count", pa.array([4.0, 3.0, 3.0])),
+    "no raw column": lambda t: t.drop_columns(["raw"]),
+    "columns reordered": lambda t: t.select(["id", "key", "raw", "count"]),
+    "extra column": lambda t: t.append_column("x", pa.array([1, 2, 3])),
+}
+
+
+def test_fixture_vocabulary(art):
+    t = pq.read_table(art / VOCAB)
+    assert t.column("key").to_pylist() == [10, 11, 12] and t.column("count").to_pylist() == [4, 3, 3]
+    assert t.column("id").to_pylist() == [5, 6, 7]
+
+
+@pytest.mark.parametrize("case", sorted(VOCAB_EDITS))
+def test_invalid_vocabulary_is_refused(art, tmp_path, case):
+    d = tampered(art, tmp_path / "a", lambda m: None)
+    pq.write_table(VOCAB_EDITS[case](pq.read_table(d / VOCAB)), d / VOCAB)
+    with pytest.raises(ArtifactError, match="vocabulary of 'C1'") as ei:
+        Pipeline.load(d)
+    assert str(d / VOCAB) in str(ei.value)
+
+
+def test_vocabulary_larger_than_max_size_is_refused(art, tmp_path):
+    def smaller_max_size(m: dict[str, Any]) -> None:
+        m["pipeline"]["ops"][3]["max_size"] = 2
+
+    d = tampered(art, tmp_path / "a", smaller_max_size)
+    with pytest.raises(ArtifactError, match="more than max_size 2"):
+        Pipeline.load(d)

@@ -54,7 +54,11 @@ def save(pipeline: Pipeline, directory: str | Path) -> None:
         "id_encoding": ID_ENCODING,
         "ops": ops_doc,
     }
-    atomic_write_bytes(d / "pipeline.json", json.dumps(manifest, indent=1, sort_keys=True).encode())
+    try:
+        text = json.dumps(manifest, indent=1, sort_keys=True, allow_nan=False)
+    except ValueError as e:
+        raise ArtifactError(f"{d / 'pipeline.json'}: the fitted state holds a NaN or infinite number: {e}") from None
+    atomic_write_bytes(d / "pipeline.json", text.encode())
 
 
 def load(directory: str | Path, xp: Backend, build: type[Pipeline]) -> Pipeline:

@@ -176,7 +176,7 @@ VOCAB_EDITS: dict[str, Callable[[pa.Table], pa.Table]] = {
     "id missing": _with_column("id", [5, None, 7]),
     "key repeated": _with_column("key", [10, 11, 11]),
     "key missing": _with_column("key", [10, None, 12]),
-    "count below freq_threshold": lambda t: _with_column("count", [4, 3, 1])(t),
+    "count below freq_threshold": _with_column("count", [4, 3, 1]),
     "count missing": _with_column("count", [4, None, 3]),
     "counts ascending": _with_column("count", [3, 3, 4]),
     "tie not by key ascending": _with_column("key", [10, 12, 11]),
@@ -210,4 +210,33 @@ def test_vocabulary_larger_than_max_size_is_refused(art, tmp_path):
 
     d = tampered(art, tmp_path / "a", smaller_max_size)
     with pytest.raises(ArtifactError, match="more than max_size 2"):
+        Pipeline.load(d)
+
+
+# ---------------------------------------------------------------- 4. Normalize state
+
+
+NORMALIZE_TEXT = {  # (field, JSON text of the value)
+    "std 0": ("std", "0"),
+    "std negative": ("std", "-1.5"),
+    "std Infinity": ("std", "Infinity"),
+    "std 1e999 (inf)": ("std", "1e999"),
+    "std NaN": ("std", "NaN"),
+    "std a string": ("std", '"2.0"'),
+    "std true": ("std", "true"),
+    "std null": ("std", "null"),
+    "mean -Infinity": ("mean", "-Infinity"),
+    "mean NaN": ("mean", "NaN"),
+    "mean a string": ("mean", '"inf"'),
+    "mean a list": ("mean", "[0.5]"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NORMALIZE_TEXT))
+def test_invalid_normalize_state_is_refused(art, tmp_path, case):
+    field, text = NORMALIZE_TEXT[case]
+    d = tampered(art, tmp_path / "a", _set(["ops", 1, "state", field, "I1"], "@VALUE@"))
+    path = d / "pipeline.json"
+    path.write_text(path.read_text().replace('"@VALUE@"', text))
+    with pytest.raises(ArtifactError, match=f"pipeline.json: state of ops\\[1\\] \\(Normalize\\): Normalize: {field} of 'I1'"):
         Pipeline.load(d)

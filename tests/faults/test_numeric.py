@@ -7,14 +7,18 @@ from __future__ import annotations
 import json
 import math
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from etl.backends import cpu, tensor
-from etl.errors import ArtifactError, FitError
+from etl.batch import Batch
+from etl.errors import ArtifactError, FitError, RowError
+from etl.io.parquet import batch_from_arrow
 from etl.pipeline import Pipeline
 from etl.schema import parse_schema
 
@@ -79,3 +83,74 @@ def test_save_never_writes_infinity_or_nan(tmp_path):
     pipe.ops[0].std["x"] = 0.5
     pipe.save(tmp_path / "art")
     assert json.loads((tmp_path / "art" / "pipeline.json").read_text())["ops"][0]["state"]["std"] == {"x": 0.5}
+
+
+# ---------------------------------------------------------------- float32 output
+
+
+F32_MAX = float(np.finfo(np.float32).max)
+HALF_ULP = 2.0**103  # half the float32 spacing at float32 max
+FILL = [{"op": "FillMissing", "columns": ["x"], "value": 0}]
+OVERFLOWS_FLOAT32 = {  # value -> where it comes from
+    "1e39": ([1e39], FILL),
+    "-1e39": ([-1e39], FILL),
+    "1e308": ([1e308], FILL),
+    "-1.7e308": ([-1.7e308], FILL),
+    "float32 max + half an ulp (rounds to inf)": ([F32_MAX + HALF_ULP], FILL),
+    "1e39 after Clamp(min=0)": ([1e39], FILL + [{"op": "Clamp", "columns": ["x"], "min": 0}]),
+    "1e30 / std 1e-10 (Normalize)": ([1e30], FILL + [{"op": "Normalize", "columns": ["x"]}]),
+}
+
+
+def table(values: list[float | None]) -> pa.Table:
+    return pa.table({"label": [0] * len(values), "x": pa.array(values, pa.float64())})
+
+
+def fitted_pipeline(ops: list[dict], xp=cpu) -> Pipeline:
+    pipe = pipeline(ops, xp)
+    for op in pipe.ops:
+        if op.fittable:
+            op.mean, op.std = {"x": 0.0}, {"x": 1e-10}
+    return pipe
+
+
+def on_tensors(batch: Batch) -> Batch:
+    cols = {c: replace(col, values=tensor.to_device(col.values, "cpu"), valid=tensor.to_device(col.valid, "cpu"))
+            for c, col in batch.columns.items()}
+    return replace(batch, columns=cols)
+
+
+@pytest.mark.parametrize("case", sorted(OVERFLOWS_FLOAT32))
+def test_float32_overflow_raises_row_error(case):
+    values, ops = OVERFLOWS_FLOAT32[case]
+    rows = [1.0, None] + values + [2.5]
+    for xp in (cpu, tensor):
+        pipe = fitted_pipeline(ops, xp)
+        batch = batch_from_arrow(table(rows), SCHEMA, "in.parquet")
+        with pytest.raises(RowError, match="row 2, column 'x': value overflows float32 after the transform"):
+            pipe.transform(batch if xp is cpu else on_tensors(batch), xp=xp)
+
+
+@pytest.mark.parametrize("case", sorted(OVERFLOWS_FLOAT32))
+def test_float32_overflow_is_quarantined(case):
+    values, ops = OVERFLOWS_FLOAT32[case]
+    pipe = fitted_pipeline(ops)
+    t = pipe.transform(batch_from_arrow(table([1.0] + values + [None]), SCHEMA, "in.parquet"), "quarantine")
+    assert t.batch.num_rows == 2 and t.num_rejected == 1
+    out = pipe.to_arrow(t.batch)
+    assert np.isfinite(out.column("x").to_numpy()).all()
+
+
+def test_nan_after_the_transform_is_still_reported_as_nan():
+    pipe = fitted_pipeline(FILL + [{"op": "Log1p", "columns": ["x"]}])
+    with pytest.raises(RowError, match="row 1, column 'x': value is NaN or infinite after the transform"):
+        pipe.transform(batch_from_arrow(table([1.0, -5.0, 1e39]), SCHEMA, "in.parquet"))
+
+
+def test_largest_float32_values_pass():
+    edge = [F32_MAX, -F32_MAX, float(np.nextafter(F32_MAX + HALF_ULP, 0)), 1e38]  # the third rounds down to the max
+    for xp in (cpu, tensor):
+        pipe = fitted_pipeline(FILL, xp)
+        batch = batch_from_arrow(table(edge), SCHEMA, "in.parquet")
+        out = pipe.transform(batch if xp is cpu else on_tensors(batch), xp=xp).batch
+        assert np.isfinite(xp.to_numpy(xp.as_float32(out["x"].values))).all()

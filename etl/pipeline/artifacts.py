@@ -29,7 +29,7 @@ ARTIFACT_VERSION = 1
 
 def save(pipeline: Pipeline, directory: str | Path) -> None:
     """Write the fitted state of ``pipeline``: ``pipeline.json`` plus one Parquet file per fitted table (atomic
-    per file)."""
+    per file). A NaN or infinite number in the JSON state raises ``ArtifactError`` (JSON never holds them)."""
     if not pipeline.is_fitted:
         raise ArtifactError("cannot save an unfitted pipeline")
     d = Path(directory)

@@ -46,6 +46,15 @@ class ArtifactError(EtlError, ValueError):
     """Fitted artifacts are missing, of another format version, or do not match the pipeline."""
 
 
+class FitError(EtlError, ValueError):
+    """Fitting gives an op no usable state for a column (no values, a mean or standard deviation beyond the float64
+    range). The message names the op and the column."""
+
+    def __init__(self, op: str, column: str, problem: str):
+        self.op, self.column, self.problem = op, column, problem
+        super().__init__(f"{op}: column '{column}': {problem}")
+
+
 class ConfigError(EtlError, ValueError):
     """An argument or option has a value that cannot work (``batch_size=0``, an unknown mode, a CUDA device
     without CUDA...). The message names the argument."""

@@ -151,6 +151,15 @@ def first_nonfinite(columns: list[tuple[np.ndarray, np.ndarray | None]]) -> tupl
     return None
 
 
+def as_float32(values: np.ndarray) -> np.ndarray:
+    """Float values rounded to float32 as the output holds them (beyond ±float32 max: ±inf); other values as
+    they are."""
+    if values.dtype.kind != "f":
+        return values
+    with np.errstate(over="ignore"):
+        return values.astype(np.float32)
+
+
 # ---------------------------------------------------------------- host data
 
 

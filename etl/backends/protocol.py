@@ -89,6 +89,11 @@ class Backend(Protocol):
         ``nonfinite_mask``), or None."""
         ...
 
+    def as_float32(self, values: Array) -> Array:
+        """Float values rounded to float32 as the output holds them (beyond ±float32 max: ±inf); other values as
+        they are."""
+        ...
+
     # ---- host data and lists
     def to_numpy(self, x: Array | Strings) -> Any:
         """The array as a numpy array on the host (``Strings`` as ``Strings`` of numpy arrays), dtype kept."""

@@ -198,6 +198,14 @@ def nonfinite_mask(values: torch.Tensor, valid: torch.Tensor | None) -> torch.Te
     return bad if bool(bad.any()) else None
 
 
+def as_float32(values: torch.Tensor) -> torch.Tensor:
+    """Float values rounded to float32 as the output holds them (beyond ±float32 max: ±inf); other values as
+    they are."""
+    if not isinstance(values, torch.Tensor) or not values.is_floating_point():
+        return values
+    return values.to(torch.float32)
+
+
 def first_nonfinite(columns: list[tuple[torch.Tensor, torch.Tensor | None]]) -> tuple[int, torch.Tensor] | None:
     """The first of ``columns`` (values, valid) holding a present NaN or ±inf, as (its index, its
     ``nonfinite_mask``), or None: one host synchronisation for all of them (aligned columns are checked as one

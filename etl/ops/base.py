@@ -42,6 +42,15 @@ class InvalidRows(Exception):
         super().__init__(f"column '{column}': {reason} ({int(mask.sum())} rows)")
 
 
+class InvalidState(ValueError):
+    """Fitted state given to ``load_state`` is invalid; ``table`` names the state table at fault (None: the JSON
+    state)."""
+
+    def __init__(self, problem: str, table: str | None = None):
+        self.table = table
+        super().__init__(problem)
+
+
 def rows_with_bad_elements(col: Column, elem_mask: Array, xp: Backend) -> np.ndarray:
     """Per-row mask (numpy) from a per-value mask of backend ``xp`` (a list row is bad when any of its elements is)."""
     elem_mask = xp.to_numpy(elem_mask)
@@ -102,5 +111,7 @@ class Op:
         return {}, {}
 
     def load_state(self, doc: dict[str, Any], tables: dict[str, pa.Table]) -> None:
+        """Set the fitted state from what ``state`` returned; raise ``ValueError`` (``InvalidState`` naming the
+        table when one is at fault) when it is not a state ``finalize`` could have produced."""
         return None
 

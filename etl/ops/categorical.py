@@ -21,7 +21,7 @@ from etl.backends import Array, Backend, LookupTablesProtocol
 from etl.backends.hashing import check_buckets, check_seed
 from etl.batch import Batch, Column, Strings
 from etl.ids import RESERVED, id_dtype
-from etl.ops.base import InvalidRows, Op, Stats, rows_with_bad_elements
+from etl.ops.base import InvalidRows, InvalidState, Op, Stats, rows_with_bad_elements
 from etl.schema import ColumnSpec
 
 
@@ -144,6 +144,10 @@ class HashedCross(Op):
         return {self.output: Column(xp.bucket_ids(keys, valid, self.num_buckets, dt))}
 
 
+#: The columns and types of a Categorify vocabulary table.
+VOCABULARY_SCHEMA = pa.schema([("key", pa.uint64()), ("raw", pa.string()), ("count", pa.int64()), ("id", pa.int64())])
+
+
 class Categorify(Op):
     """Key → vocabulary id, with the vocabulary fitted over all shards.
 
@@ -237,14 +241,41 @@ class Categorify(Op):
         return doc, dict(self.vocab)
 
     def load_state(self, doc: dict[str, Any], tables: dict[str, pa.Table]) -> None:
+        """Take the vocabulary tables, each checked to be one ``finalize`` could have written (``InvalidState``
+        naming the column otherwise)."""
         for c in self.columns:
             if c not in tables:
-                raise ValueError(f"Categorify: no vocabulary for column '{c}'")
-            t = tables[c]
-            if t.schema.names != ["key", "raw", "count", "id"]:
-                raise ValueError(f"Categorify: vocabulary of '{c}' has columns {t.schema.names}")
-            self.vocab[c] = t
+                raise InvalidState(f"Categorify: no vocabulary for column '{c}'")
+            self._check_vocabulary(c, tables[c])
+            self.vocab[c] = tables[c]
         self._tables = {}
+
+    def _check_vocabulary(self, c: str, t: pa.Table) -> None:
+        """Raise ``InvalidState`` unless ``t`` has the vocabulary columns and types, no missing values, keys seen at
+        least ``freq_threshold`` times in count-descending then key-ascending order (so each key once), at most
+        ``max_size`` entries, and the ids ``RESERVED + oov_buckets ..`` in row order."""
+
+        def bad(problem: str) -> InvalidState:
+            return InvalidState(f"Categorify: vocabulary of '{c}': {problem}", table=c)
+
+        if not t.schema.equals(VOCABULARY_SCHEMA):
+            found, expected = ([f"{f.name}: {f.type}" for f in schema] for schema in (t.schema, VOCABULARY_SCHEMA))
+            raise bad(f"columns {found}, expected {expected}")
+        if any(t.column(name).null_count for name in ("key", "count", "id")):
+            raise bad("missing values in key, count or id")
+        keys, counts, ids = (t.column(name).to_numpy() for name in ("key", "count", "id"))
+        if len(keys) and counts.min() < self.freq_threshold:
+            raise bad(f"a count below freq_threshold {self.freq_threshold}")
+        if len(keys) != len(np.unique(keys)):
+            raise bad("a key appears more than once")
+        in_order = (counts[:-1] > counts[1:]) | ((counts[:-1] == counts[1:]) & (keys[:-1] < keys[1:]))
+        if not in_order.all():
+            raise bad("entries not ordered by count descending, then key ascending")
+        if self.max_size is not None and len(keys) > self.max_size:
+            raise bad(f"{len(keys)} entries, more than max_size {self.max_size}")
+        first = RESERVED + self.oov_buckets
+        if not np.array_equal(ids, np.arange(first, first + len(keys), dtype=np.int64)):
+            raise bad(f"ids are not {first} .. {first} + {len(keys) - 1} in row order")
 
 
 def _remember_raw(raw: dict[int, str], col: Column, xp: Backend) -> None:

@@ -11,8 +11,9 @@ import pyarrow as pa
 
 from etl.backends import Backend
 from etl.batch import Batch, Column
+from etl.errors import FitError
 from etl.ids import FIRST, id_dtype
-from etl.ops.base import InvalidRows, Op, Stats
+from etl.ops.base import InvalidRows, InvalidState, Op, Stats
 
 
 class FillMissing(Op):
@@ -68,7 +69,8 @@ class Normalize(Op):
     Fitting keeps one (count, sum, sum of squared deviations from the batch mean) triple per batch; finalize
     combines them as the parallel variance formula says, adding every sum with ``math.fsum`` (exactly rounded,
     so independent of the order of the terms): the fitted numbers are the same bits whatever the order in which
-    shards and batches were seen. A column whose std is 0 is divided by 1."""
+    shards and batches were seen. A column whose std is 0 (constant values) is divided by 1; values so large that
+    the mean or std overflows float64 are refused at fit (``FitError``)."""
 
     name = "Normalize"
     fittable = True
@@ -92,15 +94,10 @@ class Normalize(Op):
                 stats[c].append(m)
 
     def finalize(self, stats: Stats, xp: Backend) -> None:
+        """Set mean and std of every column; ``FitError`` when a column has no values, or values so large that
+        the mean or the std is beyond the float64 range (clamp or Log1p such a column first)."""
         for c in self.columns:
-            parts = stats[c]
-            n = sum(p[0] for p in parts)
-            if n == 0:
-                raise ValueError(f"Normalize: column '{c}' has no values to fit")
-            mean = math.fsum(p[1] for p in parts) / n
-            spread = math.fsum(p[0] * (p[1] / p[0] - mean) ** 2 for p in parts)
-            var = (math.fsum(p[2] for p in parts) + spread) / n
-            self.mean[c], self.std[c] = mean, (math.sqrt(var) or 1.0)
+            self.mean[c], self.std[c] = _mean_std(stats[c], c)
 
     def transform(self, batch: Batch, xp: Backend) -> dict[str, Column]:
         return {
@@ -112,8 +109,40 @@ class Normalize(Op):
         return {"mean": self.mean, "std": self.std}, {}
 
     def load_state(self, doc: dict[str, Any], tables: dict[str, pa.Table]) -> None:
-        self.mean = {c: float(doc["mean"][c]) for c in self.columns}
-        self.std = {c: float(doc["std"][c]) for c in self.columns}
+        """Take each column's mean (a finite number) and std (a finite number > 0); ``InvalidState`` otherwise."""
+        mean = {c: _number(doc["mean"], c, "mean") for c in self.columns}
+        std = {c: _number(doc["std"], c, "std") for c in self.columns}
+        for c in self.columns:
+            if not std[c] > 0:
+                raise InvalidState(f"Normalize: std of '{c}' is {std[c]!r}, expected a number > 0")
+        self.mean, self.std = mean, std
+
+
+def _mean_std(parts: list[tuple[int, float, float]], column: str) -> tuple[float, float]:
+    """Mean and population std (1 when it is 0) from per-batch (count, sum, sum of squared deviations) triples."""
+    n = sum(p[0] for p in parts)
+    if n == 0:
+        raise FitError("Normalize", column, "no values to fit")
+    try:
+        mean = math.fsum(p[1] for p in parts) / n
+        spread = math.fsum(p[0] * (p[1] / p[0] - mean) ** 2 for p in parts)
+        var = (math.fsum(p[2] for p in parts) + spread) / n
+    except (OverflowError, ValueError):  # a sum beyond the float64 range (fsum raises rather than return inf)
+        mean = var = math.inf
+    std = math.sqrt(var) or 1.0
+    if not (math.isfinite(mean) and math.isfinite(std)):
+        raise FitError("Normalize", column, "mean or std beyond the float64 range (values too large; clamp or Log1p first)")
+    return mean, std
+
+
+def _number(values: Any, column: str, name: str) -> float:
+    """``values[column]``, which must be a finite JSON number."""
+    if not isinstance(values, dict) or column not in values:
+        raise InvalidState(f"Normalize: no {name} for '{column}'")
+    x = values[column]
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+        raise InvalidState(f"Normalize: {name} of '{column}' is {x!r}, expected a finite number")
+    return float(x)
 
 
 class Bucketize(Op):

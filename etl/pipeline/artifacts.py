@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from etl.errors import ArtifactError
+from etl.errors import ArtifactError, SpecError
 from etl.ids import DESCRIPTION as ID_ENCODING
 from etl.io.files import atomic_write_bytes, atomic_write_parquet
+from etl.ops.base import InvalidState
 from etl.schema import parse_schema, schema_to_dict
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ ARTIFACT_VERSION = 1
 
 def save(pipeline: Pipeline, directory: str | Path) -> None:
     """Write the fitted state of ``pipeline``: ``pipeline.json`` plus one Parquet file per fitted table (atomic
-    per file)."""
+    per file). A NaN or infinite number in the JSON state raises ``ArtifactError`` (JSON never holds them)."""
     if not pipeline.is_fitted:
         raise ArtifactError("cannot save an unfitted pipeline")
     d = Path(directory)
@@ -53,37 +54,85 @@ def save(pipeline: Pipeline, directory: str | Path) -> None:
         "id_encoding": ID_ENCODING,
         "ops": ops_doc,
     }
-    atomic_write_bytes(d / "pipeline.json", json.dumps(manifest, indent=1, sort_keys=True).encode())
+    try:
+        text = json.dumps(manifest, indent=1, sort_keys=True, allow_nan=False)
+    except ValueError as e:
+        raise ArtifactError(f"{d / 'pipeline.json'}: the fitted state holds a NaN or infinite number: {e}") from None
+    atomic_write_bytes(d / "pipeline.json", text.encode())
 
 
 def load(directory: str | Path, xp: Backend, build: type[Pipeline]) -> Pipeline:
     """Rebuild a fitted pipeline (of class ``build``, with backend ``xp``) from artifacts written by ``save``.
-    Raises ``ArtifactError`` when the directory holds no artifacts, artifacts of another format version, or files
-    that cannot be read."""
+
+    Raises ``ArtifactError`` naming the file (and the field of ``pipeline.json``) when the directory holds no
+    artifacts, artifacts of another format version, a malformed ``pipeline.json``, a table path that is not a
+    relative path inside the directory, or files that cannot be read or hold an invalid fitted state."""
     d = Path(directory)
+    path = d / "pipeline.json"
+    manifest = _read_manifest(d)
     try:
-        manifest = json.loads((d / "pipeline.json").read_text())
+        schema = parse_schema(_field(manifest, "schema", dict, path), str(path))
+        pipe = build(_field(manifest, "pipeline", dict, path), schema, str(path), xp)
+    except SpecError as e:
+        raise ArtifactError(str(e)) from None
+    entries = _field(manifest, "ops", list, path)
+    if len(entries) != len(pipe.ops):
+        raise ArtifactError(f"{path}: field 'ops': {len(entries)} entries, the pipeline has {len(pipe.ops)} ops")
+    for i, (op, entry) in enumerate(zip(pipe.ops, entries)):
+        where = f"ops[{i}]"
+        if not isinstance(entry, dict) or entry.get("op") != op.name:
+            raise ArtifactError(f"{path}: field '{where}': expected the state of op {op.name}")
+        state = _field(entry, "state", dict, path, where)
+        rels = _field(entry, "tables", dict, path, where)
+        tables = {name: _read_table(d, rel, f"{where}.tables.{name}") for name, rel in rels.items()}
+        try:
+            op.load_state(state, tables)
+        except (KeyError, TypeError, ValueError) as e:
+            at_fault = d / rels[e.table] if isinstance(e, InvalidState) and e.table in rels else path
+            raise ArtifactError(f"{at_fault}: state of {where} ({op.name}): {e}") from None
+    return pipe
+
+
+def _read_manifest(d: Path) -> dict[str, Any]:
+    """The parsed ``pipeline.json`` of ``d``: a JSON object of this format and version."""
+    path = d / "pipeline.json"
+    try:
+        manifest = json.loads(path.read_text())
     except FileNotFoundError:
         raise ArtifactError(f"{d}: no pipeline.json (not an artifacts directory)") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ArtifactError(f"{path}: cannot read: {e}") from None
     except json.JSONDecodeError as e:
-        raise ArtifactError(f"{d / 'pipeline.json'}: invalid JSON: {e}") from None
+        raise ArtifactError(f"{path}: invalid JSON: {e}") from None
+    if not isinstance(manifest, dict):
+        raise ArtifactError(f"{path}: field '<root>': expected a JSON object, got {type(manifest).__name__}")
     if manifest.get("format") != ARTIFACT_FORMAT or manifest.get("version") != ARTIFACT_VERSION:
         found = f"{manifest.get('format')!r} version {manifest.get('version')!r}"
         raise ArtifactError(f"{d}: artifacts format {found}, expected {ARTIFACT_FORMAT!r} version {ARTIFACT_VERSION}")
-    schema = parse_schema(manifest["schema"], str(d / "pipeline.json"))
-    pipe = build(manifest["pipeline"], schema, str(d / "pipeline.json"), xp)
-    for op, entry in zip(pipe.ops, manifest["ops"]):
-        tables = {}
-        for name, rel in entry["tables"].items():
-            try:
-                tables[name] = pq.read_table(d / rel)
-            except (OSError, pa.ArrowException) as e:
-                raise ArtifactError(f"{d / rel}: cannot read: {e}") from None
-        try:
-            op.load_state(entry["state"], tables)
-        except (KeyError, ValueError) as e:
-            raise ArtifactError(f"{d}: state of {op.name}: {e}") from None
-    return pipe
+    return manifest
+
+
+def _field(doc: dict[str, Any], key: str, kind: type, path: Path, where: str = "") -> Any:
+    """``doc[key]``, which must be of type ``kind``; ``where`` prefixes the field name in the error."""
+    name = f"{where}.{key}" if where else key
+    if key not in doc:
+        raise ArtifactError(f"{path}: field '{name}': missing")
+    if not isinstance(doc[key], kind):
+        raise ArtifactError(f"{path}: field '{name}': expected a {kind.__name__}, got {type(doc[key]).__name__}")
+    return doc[key]
+
+
+def _read_table(d: Path, rel: Any, field: str) -> pa.Table:
+    """Read the table at ``rel``, which must be a relative path resolving (symbolic links followed) inside ``d``."""
+    if not isinstance(rel, str) or not rel or Path(rel).is_absolute():
+        raise ArtifactError(f"{d / 'pipeline.json'}: field '{field}': expected a relative path, got {rel!r}")
+    target = d / rel
+    if not target.resolve().is_relative_to(d.resolve()):
+        raise ArtifactError(f"{d / 'pipeline.json'}: field '{field}': {rel!r} resolves outside the artifacts directory")
+    try:
+        return pq.read_table(target)
+    except (OSError, pa.ArrowException) as e:
+        raise ArtifactError(f"{target}: cannot read: {e}") from None
 
 
 def check_match(fitted: Pipeline, spec: Pipeline, artifacts: str | Path) -> None:

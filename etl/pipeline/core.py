@@ -268,12 +268,19 @@ class Pipeline:
                 raise InvalidRows(c, bad, "label is NaN or infinite")
 
     def check_output(self, batch: Batch, xp: Backend | None = None) -> None:
-        """Raise ``InvalidRows`` for the rows of a transformed batch holding a NaN or infinite value in an output
-        column (the first such column). ``xp``: the backend (default: the pipeline's)."""
+        """Raise ``InvalidRows`` for the rows of a transformed batch holding, in an output column (the first such
+        column), a NaN or infinite value, or a finite value beyond the float32 range the output holds it in.
+        ``xp``: the backend (default: the pipeline's)."""
+        xp = xp or self.xp
         names = [c for c in self.output_columns if not isinstance(batch[c].values, Strings)]
-        found = (xp or self.xp).first_nonfinite([(batch[c].values, batch[c].valid) for c in names])
-        if found is not None:
-            raise InvalidRows(names[found[0]], found[1], "value is NaN or infinite after the transform")
+        found = xp.first_nonfinite([(xp.as_float32(batch[c].values), batch[c].valid) for c in names])
+        if found is None:
+            return
+        col = batch[names[found[0]]]
+        nonfinite = xp.nonfinite_mask(col.values, col.valid)
+        if nonfinite is not None:
+            raise InvalidRows(names[found[0]], nonfinite, "value is NaN or infinite after the transform")
+        raise InvalidRows(names[found[0]], found[1], "value overflows float32 after the transform")
 
     def transform_table(self, table: pa.Table) -> pa.Table:
         """Transform one in-memory Arrow table of raw rows (the serving path); invalid values raise ``RowError``

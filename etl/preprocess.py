@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from etl.errors import InputError
-from etl.io.files import HashingFile, remove_temporaries, sha256_file, temporary_path
+from etl.io.files import ExclusiveParquetWriter, HashingFile, remove_temporaries, sha256_file, temporary_path
 from etl.io.parquet import batch_from_arrow, open_shard
 from etl.io.processed import (
     ARTIFACTS,
@@ -123,7 +123,7 @@ def process_shard(
                 q = _quarantine_table(raw, shard.file.schema_arrow, first, t)
                 if q_writer is None:
                     quarantine.parent.mkdir(exist_ok=True)
-                    q_writer = pq.ParquetWriter(q_tmp, q.schema)
+                    q_writer = ExclusiveParquetWriter(q_tmp, q.schema)
                 q_writer.write_table(q)
                 rows_q += q.num_rows
             if progress is not None:

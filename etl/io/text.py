@@ -35,7 +35,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from etl.errors import InputError
-from etl.io.files import is_shard_name, shard_name, temporary_path
+from etl.io.files import ExclusiveParquetWriter, is_shard_name, shard_name, temporary_path
 from etl.schema import ColumnSpec, Schema
 
 __all__ = ["ROW_GROUP_ROWS", "raw_arrow_schema", "convert", "ShardSetWriter"]
@@ -87,7 +87,7 @@ class ShardSetWriter:
         """
         tmp = temporary_path(self.out_dir / shard_name(index))
         self._tmp[index] = tmp
-        return pq.ParquetWriter(tmp, self.arrow_schema, compression="snappy", use_dictionary=True)
+        return ExclusiveParquetWriter(tmp, self.arrow_schema, compression="snappy", use_dictionary=True)
 
     def commit(self) -> list[Path]:
         """Rename every shard to its final name, remove stale shards; return the final paths by index."""

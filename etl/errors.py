@@ -53,3 +53,8 @@ class ConfigError(EtlError, ValueError):
 
 class LoaderError(EtlError):
     """A failure in a loader worker, re-raised in the training process with the piece it was working on."""
+
+
+class OutputError(EtlError):
+    """The output directory cannot be used: another run holds it, or it overlaps an input. The message names
+    the directory and the reason."""

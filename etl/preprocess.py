@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 
 from etl.errors import InputError
 from etl.io.files import ExclusiveParquetWriter, HashingFile, remove_temporaries, sha256_file, temporary_path
+from etl.io.lock import locked
 from etl.io.parquet import batch_from_arrow, open_shard
 from etl.io.processed import (
     ARTIFACTS,
@@ -157,12 +158,30 @@ def preprocess(
     compression: str = "none",
     progress: Callable[[int], None] | None = None,
 ) -> Summary:
-    """Fit (unless ``artifacts`` holds a fitted state of this pipeline), then transform every shard."""
+    """Fit (unless ``artifacts`` holds a fitted state of this pipeline), then transform every shard.
+
+    The run holds ``out_dir``'s lock (``etl.io.lock``) throughout: a second run into the same directory raises
+    OutputError at once."""
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
     if compression not in COMPRESSIONS:
         raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
     out_dir.mkdir(parents=True, exist_ok=True)
+    with locked(out_dir):
+        return _preprocess(pipeline, shards, out_dir, artifacts, workers, on_error, compression, progress)
+
+
+def _preprocess(
+    pipeline: Pipeline,
+    shards: list[Path],
+    out_dir: Path,
+    artifacts: Path | None,
+    workers: int,
+    on_error: OnError,
+    compression: str,
+    progress: Callable[[int], None] | None,
+) -> Summary:
+    """``preprocess`` once the arguments are checked and ``out_dir`` is locked."""
     t0 = time.perf_counter()
     if artifacts is not None:
         fitted = Pipeline.load(artifacts)

@@ -3,13 +3,22 @@ input and output, write errors, long values in error messages."""
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
+from etl.errors import EtlError, OutputError
 from etl.io import files
 from etl.io.files import ExclusiveParquetWriter, HashingFile, atomic_write_bytes, atomic_write_parquet, open_exclusive
+from etl.io.lock import LOCK_NAME, locked
+from etl.schema import load_schema
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _plant(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
@@ -88,3 +97,67 @@ def test_convert_never_writes_through_planted_symlink(tmp_path: Path, monkeypatc
     with pytest.raises(OSError):
         w.open(0)
     assert victim.read_bytes() == b"precious"
+
+
+# --- the output directory's lock ---------------------------------------------------------------------------------
+
+def _run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "etl", *args], capture_output=True, text=True, cwd=REPO, timeout=120)
+
+
+@pytest.fixture
+def raw(tmp_path: Path) -> Path:
+    from etl.synth import generate
+
+    generate(load_schema(REPO / "schemas" / "movielens.yaml"), rows=2000, files=2, out_dir=tmp_path / "raw")
+    return tmp_path / "raw"
+
+
+def _preprocess_args(raw: Path, out: Path) -> list[str]:
+    return ["preprocess", "--pipeline", str(REPO / "pipelines" / "movielens.yaml"), "--input", str(raw), "--out", str(out)]
+
+
+def test_second_run_into_a_held_directory_exits_2_naming_the_holder(raw: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (out / LOCK_NAME).write_text(f"{holder.pid} {socket.gethostname()}\n")
+        r = _run_cli(*_preprocess_args(raw, out))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert r.returncode == 2, r.stderr
+    assert f"process {holder.pid}" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not list(out.glob("part-*"))
+
+
+def test_stale_lock_is_taken_over_and_removed_at_the_end(raw: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (out / LOCK_NAME).write_text(f"{dead.pid} {socket.gethostname()}\n")
+    r = _run_cli(*_preprocess_args(raw, out))
+    assert r.returncode == 0, r.stderr
+    assert "stale lock" in r.stderr
+    assert not (out / LOCK_NAME).exists()
+    assert (out / "part-00001.parquet").exists()
+
+
+def test_lock_is_removed_on_error(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    with pytest.raises(EtlError):
+        with locked(out.parent):
+            assert (out.parent / LOCK_NAME).exists()
+            raise EtlError("boom")
+    assert not (out.parent / LOCK_NAME).exists()
+
+
+def test_lock_held_by_this_process_refuses_a_second_holder(tmp_path: Path) -> None:
+    with locked(tmp_path):
+        with pytest.raises(OutputError, match=f"process {os.getpid()}"):
+            with locked(tmp_path):
+                pass
+        assert (tmp_path / LOCK_NAME).exists()

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from etl.errors import InputError
+from etl.errors import InputError, OutputError
 from etl.io.files import ExclusiveParquetWriter, HashingFile, remove_temporaries, sha256_file, temporary_path
 from etl.io.lock import locked
 from etl.io.parquet import batch_from_arrow, open_shard
@@ -71,6 +71,16 @@ def _previous_entries(out_dir: Path) -> dict[str, ManifestEntry]:
         return {e.output: e for e in read_manifest(out_dir).files}
     except InputError:
         return {}
+
+
+def _check_apart(out_dir: Path, shards: list[Path]) -> None:
+    """Raise OutputError when ``out_dir`` overlaps an input: equal to the directory of an input shard, inside
+    it, or containing an input shard (symlinks resolved)."""
+    out = out_dir.resolve()
+    for src in shards:
+        shard = src.resolve()
+        if shard.is_relative_to(out) or out.is_relative_to(shard.parent):
+            raise OutputError(f"{out_dir}: output directory overlaps the input {src}; choose a directory apart from the inputs")
 
 
 def _quarantine_table(raw: pa.Table, source_schema: pa.Schema, first_row: int, t: Transformed) -> pa.Table:
@@ -160,12 +170,14 @@ def preprocess(
 ) -> Summary:
     """Fit (unless ``artifacts`` holds a fitted state of this pipeline), then transform every shard.
 
-    The run holds ``out_dir``'s lock (``etl.io.lock``) throughout: a second run into the same directory raises
+    ``out_dir`` must lie apart from the inputs (OutputError otherwise, see ``_check_apart``). The run holds
+    ``out_dir``'s lock (``etl.io.lock``) throughout: a second run into the same directory raises
     OutputError at once."""
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
     if compression not in COMPRESSIONS:
         raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
+    _check_apart(out_dir, shards)
     out_dir.mkdir(parents=True, exist_ok=True)
     with locked(out_dir):
         return _preprocess(pipeline, shards, out_dir, artifacts, workers, on_error, compression, progress)

@@ -161,3 +161,15 @@ def test_lock_held_by_this_process_refuses_a_second_holder(tmp_path: Path) -> No
             with locked(tmp_path):
                 pass
         assert (tmp_path / LOCK_NAME).exists()
+
+
+# --- output overlapping an input ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("where", ["equal", "inside", "contains"])
+def test_out_overlapping_an_input_exits_2(raw: Path, where: str) -> None:
+    out = {"equal": raw, "inside": raw / "out", "contains": raw.parent}[where]
+    before = sorted(p.name for p in raw.iterdir())
+    r = _run_cli(*_preprocess_args(raw, out))
+    assert r.returncode == 2, r.stderr
+    assert "overlaps the input" in r.stderr and "Traceback" not in r.stderr
+    assert sorted(p.name for p in raw.iterdir()) == before

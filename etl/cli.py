@@ -141,13 +141,14 @@ def preprocess(
     """Fit (when no artifacts are given) and transform every shard; resumable after an interruption."""
     from etl.io.parquet import list_shards
     from etl.pipeline import Pipeline
-    from etl.preprocess import COMPRESSIONS
+    from etl.preprocess import COMPRESSIONS, check_apart
     from etl.preprocess import preprocess as run
 
     with user_errors():
         _check_choice("--on-error", on_error, ("raise", "quarantine"))
         _check_choice("--compression", compression, COMPRESSIONS)
         p = Pipeline.from_file(pipeline)
+        check_apart(out, list(input))
         shards = list_shards(list(input))
         total = _total_rows(shards)
         needs_fit = artifacts is None and not p.is_fitted

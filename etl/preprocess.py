@@ -73,13 +73,15 @@ def _previous_entries(out_dir: Path) -> dict[str, ManifestEntry]:
         return {}
 
 
-def _check_apart(out_dir: Path, shards: list[Path]) -> None:
-    """Raise OutputError when ``out_dir`` overlaps an input: equal to the directory of an input shard, inside
-    it, or containing an input shard (symlinks resolved)."""
+def check_apart(out_dir: Path, inputs: list[Path]) -> None:
+    """Raise OutputError when ``out_dir`` overlaps one of ``inputs`` (shards or directories of shards, symlinks
+    resolved): equal to an input directory or to the directory of an input shard, inside an input directory, or
+    containing an input."""
     out = out_dir.resolve()
-    for src in shards:
-        shard = src.resolve()
-        if shard.is_relative_to(out) or out.is_relative_to(shard.parent):
+    for src in inputs:
+        p = src.resolve()
+        inside = out.is_relative_to(p) if p.is_dir() else out == p.parent
+        if inside or p.is_relative_to(out):
             raise OutputError(f"{out_dir}: output directory overlaps the input {src}; choose a directory apart from the inputs")
 
 
@@ -170,14 +172,14 @@ def preprocess(
 ) -> Summary:
     """Fit (unless ``artifacts`` holds a fitted state of this pipeline), then transform every shard.
 
-    ``out_dir`` must lie apart from the inputs (OutputError otherwise, see ``_check_apart``). The run holds
+    ``out_dir`` must lie apart from the inputs (OutputError otherwise, see ``check_apart``). The run holds
     ``out_dir``'s lock (``etl.io.lock``) throughout: a second run into the same directory raises
     OutputError at once."""
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
     if compression not in COMPRESSIONS:
         raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
-    _check_apart(out_dir, shards)
+    check_apart(out_dir, shards)
     out_dir.mkdir(parents=True, exist_ok=True)
     with locked(out_dir):
         return _preprocess(pipeline, shards, out_dir, artifacts, workers, on_error, compression, progress)

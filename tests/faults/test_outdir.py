@@ -173,3 +173,14 @@ def test_out_overlapping_an_input_exits_2(raw: Path, where: str) -> None:
     assert r.returncode == 2, r.stderr
     assert "overlaps the input" in r.stderr and "Traceback" not in r.stderr
     assert sorted(p.name for p in raw.iterdir()) == before
+
+
+def test_check_apart_allows_an_output_next_to_input_files(tmp_path: Path) -> None:
+    from etl.preprocess import check_apart
+
+    (tmp_path / "a.parquet").touch()
+    check_apart(tmp_path / "out", [tmp_path / "a.parquet"])
+    with pytest.raises(OutputError):
+        check_apart(tmp_path, [tmp_path / "a.parquet"])
+    with pytest.raises(OutputError):
+        check_apart(tmp_path / "sub" / "out", [tmp_path])

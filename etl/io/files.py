@@ -10,6 +10,7 @@ by ``open_exclusive``: never an existing file, never through a symlink planted a
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import re
 import secrets
@@ -38,11 +39,41 @@ def temporary_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}{_TMP_SUFFIX}")
 
 
+class _NamedWriter(io.BufferedWriter):
+    """A buffered binary file whose OSErrors (disk full, ...) name its path."""
+
+    def __init__(self, raw: io.FileIO, path: Path):
+        super().__init__(raw)
+        self.path = path
+
+    def _named(self, e: OSError) -> OSError:
+        return e if e.filename is not None else OSError(e.errno, e.strerror, str(self.path))
+
+    def write(self, data: Any) -> int:
+        try:
+            return super().write(data)
+        except OSError as e:
+            raise self._named(e) from e
+
+    def flush(self) -> None:
+        try:
+            super().flush()
+        except OSError as e:
+            raise self._named(e) from e
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError as e:
+            raise self._named(e) from e
+
+
 def open_exclusive(path: Path) -> BinaryIO:
     """Create ``path`` for writing (binary); fails with FileExistsError when anything exists at ``path``, a
-    symlink included (O_CREAT | O_EXCL | O_NOFOLLOW), so a write never goes through a planted link."""
+    symlink included (O_CREAT | O_EXCL | O_NOFOLLOW), so a write never goes through a planted link. An OSError
+    while writing names ``path``."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
-    return os.fdopen(fd, "wb")
+    return _NamedWriter(io.FileIO(fd, "wb"), path)
 
 
 def is_temporary(name: str) -> bool:

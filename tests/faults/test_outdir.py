@@ -3,6 +3,7 @@ input and output, write errors, long values in error messages."""
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import subprocess
@@ -184,3 +185,87 @@ def test_check_apart_allows_an_output_next_to_input_files(tmp_path: Path) -> Non
         check_apart(tmp_path, [tmp_path / "a.parquet"])
     with pytest.raises(OutputError):
         check_apart(tmp_path / "sub" / "out", [tmp_path])
+
+
+# --- one-line errors ---------------------------------------------------------------------------------------------
+
+def test_row_error_cuts_a_long_value_and_says_its_length() -> None:
+    from etl.errors import RowError
+
+    value = "x" * 100_000
+    e = RowError("f.parquet", 0, 3, "c", f"malformed hex: {value!r}")
+    assert len(str(e)) < 300
+    assert f"({len(repr(value)) + len('malformed hex: ')} chars)" in str(e)
+    assert e.problem.endswith(repr(value))
+    assert str(RowError("f.parquet", 0, 3, "c", "short: 'ab'")).endswith("column 'c': short: 'ab'")
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EACCES, errno.EROFS, errno.EDQUOT])
+def test_environment_write_errors_are_one_line_exit_2(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, raw: Path,
+                                                      code: int) -> None:
+    from typer.testing import CliRunner
+
+    import etl.preprocess
+    from etl.cli import app
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise OSError(code, os.strerror(code), str(tmp_path / "out" / "part-00000.parquet"))
+
+    monkeypatch.setattr(etl.preprocess, "preprocess", fail)
+    r = CliRunner().invoke(app, _preprocess_args(raw, tmp_path / "out"))
+    assert r.exit_code == 2, r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+    assert "part-00000.parquet" in r.output and os.strerror(code) in r.output
+
+
+def test_other_os_errors_still_raise(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, raw: Path) -> None:
+    from typer.testing import CliRunner
+
+    import etl.preprocess
+    from etl.cli import app
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EIO, "I/O error")
+
+    monkeypatch.setattr(etl.preprocess, "preprocess", fail)
+    r = CliRunner().invoke(app, _preprocess_args(raw, tmp_path / "out"))
+    assert isinstance(r.exception, OSError)
+
+
+def test_write_error_names_the_path(tmp_path: Path) -> None:
+    f = open_exclusive(tmp_path / "x")
+    f.close()
+    os.unlink(tmp_path / "x")
+    w = files._NamedWriter(open("/dev/full", "wb", buffering=0), tmp_path / "x")  # type: ignore[arg-type]
+    with pytest.raises(OSError) as e:
+        w.write(b"a" * 10)
+        w.flush()
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(tmp_path / "x")
+
+
+# --- disk full, for real -----------------------------------------------------------------------------------------
+
+@pytest.fixture
+def tiny_fs(tmp_path: Path):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {r.stderr.strip()}")
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_disk_full_is_one_line_exit_2_and_leaves_no_lock_or_temporaries(tiny_fs: Path, tmp_path: Path) -> None:
+    from etl.synth import generate
+
+    raw = tmp_path / "raw"
+    generate(load_schema(REPO / "schemas" / "movielens.yaml"), rows=100_000, files=2, out_dir=raw)
+    out = tiny_fs / "out"
+    r = _run_cli(*_preprocess_args(raw, out))
+    assert r.returncode == 2, r.stderr
+    assert "No space left on device" in r.stderr and str(out) in r.stderr and "Traceback" not in r.stderr
+    assert not (out / LOCK_NAME).exists()
+    assert not [p for p in out.rglob("*") if files.is_temporary(p.name)]

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from etl.errors import InputError, OutputError
-from etl.io.files import ExclusiveParquetWriter, HashingFile, remove_temporaries, sha256_file, temporary_path
+from etl.io.files import ExclusiveParquetWriter, HashingFile, is_shard_name, remove_temporaries, sha256_file, temporary_path
 from etl.io.lock import locked
 from etl.io.parquet import batch_from_arrow, open_shard
 from etl.io.processed import (
@@ -83,6 +83,17 @@ def check_apart(out_dir: Path, inputs: list[Path]) -> None:
         inside = out.is_relative_to(p) if p.is_dir() else out == p.parent
         if inside or p.is_relative_to(out):
             raise OutputError(f"{out_dir}: output directory overlaps the input {src}; choose a directory apart from the inputs")
+
+
+def _remove_stale(out_dir: Path, previous: dict[str, ManifestEntry], keep: set[str]) -> None:
+    """Remove the files of the earlier run's entries that the new run does not make (it has fewer shards): only
+    names this module makes (a shard name, its quarantine name), so a tampered manifest cannot point elsewhere."""
+    for e in previous.values():
+        if e.output in keep or not is_shard_name(e.output):
+            continue
+        (out_dir / e.output).unlink(missing_ok=True)
+        if e.quarantine == quarantine_name(e.output):
+            (out_dir / e.quarantine).unlink(missing_ok=True)
 
 
 def _quarantine_table(raw: pa.Table, source_schema: pa.Schema, first_row: int, t: Transformed) -> pa.Table:
@@ -243,6 +254,7 @@ def _preprocess(
 
     t1 = time.perf_counter()
     save_manifest()
+    _remove_stale(out_dir, previous, {o.name for o in outputs})
     run_workers(todo, workers, work)
     seconds = time.perf_counter() - t1
     totals = Totals.of(list(entries.values()))

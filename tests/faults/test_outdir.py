@@ -269,3 +269,33 @@ def test_disk_full_is_one_line_exit_2_and_leaves_no_lock_or_temporaries(tiny_fs:
     assert "No space left on device" in r.stderr and str(out) in r.stderr and "Traceback" not in r.stderr
     assert not (out / LOCK_NAME).exists()
     assert not [p for p in out.rglob("*") if files.is_temporary(p.name)]
+
+
+# --- resume ------------------------------------------------------------------------------------------------------
+
+def test_rerun_with_fewer_shards_removes_the_stale_outputs_the_old_manifest_lists(tmp_path: Path) -> None:
+    from etl.pipeline import Pipeline
+    from etl.preprocess import preprocess
+    from etl.synth import generate
+
+    spec = REPO / "pipelines" / "movielens.yaml"
+    shards = generate(load_schema(REPO / "schemas" / "movielens.yaml"), rows=3000, files=3, out_dir=tmp_path / "raw")
+    out = tmp_path / "out"
+    preprocess(Pipeline.from_file(spec), shards, out, on_error="quarantine")
+    assert (out / "part-00002.parquet").exists()
+    (out / "part-00002.parquet.keep").write_bytes(b"not ours")
+    preprocess(Pipeline.from_file(spec), shards[:2], out, on_error="quarantine")
+    assert sorted(p.name for p in out.glob("part-*")) == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet.keep"]
+
+
+def test_stale_removal_ignores_names_it_does_not_make(tmp_path: Path) -> None:
+    from etl.io.processed import ManifestEntry
+    from etl.preprocess import _remove_stale
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    out = tmp_path / "out"
+    out.mkdir()
+    e = ManifestEntry("../victim.txt", "s", 1, 1, 1, 0, "../victim.txt", "0")
+    _remove_stale(out, {e.output: e}, set())
+    assert victim.exists()

@@ -299,3 +299,45 @@ def test_stale_removal_ignores_names_it_does_not_make(tmp_path: Path) -> None:
     e = ManifestEntry("../victim.txt", "s", 1, 1, 1, 0, "../victim.txt", "0")
     _remove_stale(out, {e.output: e}, set())
     assert victim.exists()
+
+
+# --- convert into an existing directory --------------------------------------------------------------------------
+
+def _text_schema(tmp_path: Path):
+    import yaml
+
+    spec = tmp_path / "schema.yaml"
+    spec.write_text(yaml.safe_dump({"name": "t", "columns": [{"name": "x", "role": "dense", "dtype": "int64"}]}))
+    return load_schema(spec)
+
+
+@pytest.mark.parametrize("foreign", ["manifest.json", "notes.txt", "part-00007.parquet", "subdir"])
+def test_convert_refuses_a_directory_holding_files_not_its_own(tmp_path: Path, foreign: str) -> None:
+    from etl.io.text import convert
+
+    schema = _text_schema(tmp_path)
+    src = tmp_path / "in.txt"
+    src.write_text("1\n2\n")
+    out = tmp_path / "out"
+    convert([src], schema, out, rows_per_file=1)  # two own shards
+    if foreign == "subdir":
+        (out / foreign).mkdir()
+    elif foreign == "part-00007.parquet":
+        atomic_write_parquet(pa.table({"y": ["other layout"]}), out / foreign)
+    else:
+        (out / foreign).write_text("precious")
+    before = sorted(p.name for p in out.iterdir())
+    with pytest.raises(OutputError, match="not a shard of this layout"):
+        convert([src], schema, out)
+    assert sorted(p.name for p in out.iterdir()) == before
+
+
+def test_convert_into_its_input_directory_exits_2(tmp_path: Path) -> None:
+    import yaml
+
+    (tmp_path / "schema.yaml").write_text(yaml.safe_dump({"name": "t", "columns": [{"name": "x", "role": "dense", "dtype": "int64"}]}))
+    src = tmp_path / "in.txt"
+    src.write_text("1\n2\n")
+    r = _run_cli("convert", str(src), "--schema", str(tmp_path / "schema.yaml"), "--out", str(tmp_path))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert src.read_text() == "1\n2\n"

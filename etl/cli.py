@@ -3,10 +3,11 @@ column; no traceback."""
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, NoReturn, cast
 
 import pyarrow.parquet as pq
 import typer
@@ -30,14 +31,27 @@ def _before_every_command() -> None:
     tune_allocator()
 
 
+# Write failures that are the environment's, not a bug: reported in one line naming the path.
+_USER_ERRNOS = frozenset({errno.ENOSPC, errno.EACCES, errno.EROFS, errno.EDQUOT})
+
+
 @contextmanager
 def user_errors() -> Iterator[None]:
-    """Turn the project's typed errors into a one-line message and exit status 2."""
+    """Turn the project's typed errors, and OSErrors of ``_USER_ERRNOS`` (disk full, permission denied,
+    read-only file system, quota exceeded), into a one-line message and exit status 2."""
     try:
         yield
     except EtlError as e:
-        err.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+        _fail(str(e))
+    except OSError as e:
+        if e.errno not in _USER_ERRNOS:
+            raise
+        _fail(f"{e.filename}: {e.strerror}" if e.filename else f"{e.strerror or e}")
+
+
+def _fail(message: str) -> NoReturn:
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2) from None
 
 
 @contextmanager
@@ -141,13 +155,14 @@ def preprocess(
     """Fit (when no artifacts are given) and transform every shard; resumable after an interruption."""
     from etl.io.parquet import list_shards
     from etl.pipeline import Pipeline
-    from etl.preprocess import COMPRESSIONS
+    from etl.preprocess import COMPRESSIONS, check_apart
     from etl.preprocess import preprocess as run
 
     with user_errors():
         _check_choice("--on-error", on_error, ("raise", "quarantine"))
         _check_choice("--compression", compression, COMPRESSIONS)
         p = Pipeline.from_file(pipeline)
+        check_apart(out, list(input))
         shards = list_shards(list(input))
         total = _total_rows(shards)
         needs_fit = artifacts is None and not p.is_fitted

@@ -34,12 +34,17 @@ class InputError(EtlError, ValueError):
 class RowError(EtlError, ValueError):
     """A single value is invalid (malformed hex, NaN/inf dense value, ...).
 
-    ``row`` is the 0-based row index within the file; ``row_group`` the Parquet row group holding it.
+    ``row`` is the 0-based row index within the file; ``row_group`` the Parquet row group holding it. The
+    message shows at most ``SHOWN_CHARS`` characters of ``problem`` (which ends with the offending value) and then
+    says how long it is; ``problem`` keeps it whole.
     """
+
+    SHOWN_CHARS = 200
 
     def __init__(self, path: str, row_group: int, row: int, column: str, problem: str):
         self.path, self.row_group, self.row, self.column, self.problem = path, row_group, row, column, problem
-        super().__init__(f"{path}, row group {row_group}, row {row}, column '{column}': {problem}")
+        shown = problem if len(problem) <= self.SHOWN_CHARS else f"{problem[:self.SHOWN_CHARS]}... ({len(problem)} chars)"
+        super().__init__(f"{path}, row group {row_group}, row {row}, column '{column}': {shown}")
 
 
 class ArtifactError(EtlError, ValueError):
@@ -62,3 +67,8 @@ class ConfigError(EtlError, ValueError):
 
 class LoaderError(EtlError):
     """A failure in a loader worker, re-raised in the training process with the piece it was working on."""
+
+
+class OutputError(EtlError):
+    """The output directory cannot be used: another run holds it, or it overlaps an input. The message names
+    the directory and the reason."""

@@ -23,8 +23,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from etl.errors import InputError
-from etl.io.files import HashingFile, remove_temporaries, sha256_file, temporary_path
+from etl.errors import InputError, OutputError
+from etl.io.files import ExclusiveParquetWriter, HashingFile, is_shard_name, remove_temporaries, sha256_file, temporary_path
+from etl.io.lock import locked
 from etl.io.parquet import batch_from_arrow, open_shard
 from etl.io.processed import (
     ARTIFACTS,
@@ -70,6 +71,29 @@ def _previous_entries(out_dir: Path) -> dict[str, ManifestEntry]:
         return {e.output: e for e in read_manifest(out_dir).files}
     except InputError:
         return {}
+
+
+def check_apart(out_dir: Path, inputs: list[Path]) -> None:
+    """Raise OutputError when ``out_dir`` overlaps one of ``inputs`` (shards or directories of shards, symlinks
+    resolved): equal to an input directory or to the directory of an input shard, inside an input directory, or
+    containing an input."""
+    out = out_dir.resolve()
+    for src in inputs:
+        p = src.resolve()
+        inside = out.is_relative_to(p) if p.is_dir() else out == p.parent
+        if inside or p.is_relative_to(out):
+            raise OutputError(f"{out_dir}: output directory overlaps the input {src}; choose a directory apart from the inputs")
+
+
+def _remove_stale(out_dir: Path, previous: dict[str, ManifestEntry], keep: set[str]) -> None:
+    """Remove the files of the earlier run's entries that the new run does not make (it has fewer shards): only
+    names this module makes (a shard name, its quarantine name), so a tampered manifest cannot point elsewhere."""
+    for e in previous.values():
+        if e.output in keep or not is_shard_name(e.output):
+            continue
+        (out_dir / e.output).unlink(missing_ok=True)
+        if e.quarantine == quarantine_name(e.output):
+            (out_dir / e.quarantine).unlink(missing_ok=True)
 
 
 def _quarantine_table(raw: pa.Table, source_schema: pa.Schema, first_row: int, t: Transformed) -> pa.Table:
@@ -123,7 +147,7 @@ def process_shard(
                 q = _quarantine_table(raw, shard.file.schema_arrow, first, t)
                 if q_writer is None:
                     quarantine.parent.mkdir(exist_ok=True)
-                    q_writer = pq.ParquetWriter(q_tmp, q.schema)
+                    q_writer = ExclusiveParquetWriter(q_tmp, q.schema)
                 q_writer.write_table(q)
                 rows_q += q.num_rows
             if progress is not None:
@@ -157,12 +181,32 @@ def preprocess(
     compression: str = "none",
     progress: Callable[[int], None] | None = None,
 ) -> Summary:
-    """Fit (unless ``artifacts`` holds a fitted state of this pipeline), then transform every shard."""
+    """Fit (unless ``artifacts`` holds a fitted state of this pipeline), then transform every shard.
+
+    ``out_dir`` must lie apart from the inputs (OutputError otherwise, see ``check_apart``). The run holds
+    ``out_dir``'s lock (``etl.io.lock``) throughout: a second run into the same directory raises
+    OutputError at once."""
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
     if compression not in COMPRESSIONS:
         raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
+    check_apart(out_dir, shards)
     out_dir.mkdir(parents=True, exist_ok=True)
+    with locked(out_dir):
+        return _preprocess(pipeline, shards, out_dir, artifacts, workers, on_error, compression, progress)
+
+
+def _preprocess(
+    pipeline: Pipeline,
+    shards: list[Path],
+    out_dir: Path,
+    artifacts: Path | None,
+    workers: int,
+    on_error: OnError,
+    compression: str,
+    progress: Callable[[int], None] | None,
+) -> Summary:
+    """``preprocess`` once the arguments are checked and ``out_dir`` is locked."""
     t0 = time.perf_counter()
     if artifacts is not None:
         fitted = Pipeline.load(artifacts)
@@ -210,6 +254,7 @@ def preprocess(
 
     t1 = time.perf_counter()
     save_manifest()
+    _remove_stale(out_dir, previous, {o.name for o in outputs})
     run_workers(todo, workers, work)
     seconds = time.perf_counter() - t1
     totals = Totals.of(list(entries.values()))

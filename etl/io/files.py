@@ -3,17 +3,19 @@
 Every file is written under a hidden temporary name in its final directory and renamed onto its final name once
 complete (``os.replace``: atomic on one file system), so a reader never sees a partial file under a final name.
 Temporary names are ``.<final name>.<pid>-<random>.tmp``: unique per writer, recognisable by ``is_temporary``
-(an interrupted run leaves them behind; the next run of the same command removes them).
+(an interrupted run leaves them behind; the next run of the same command removes them). Temporaries are created
+by ``open_exclusive``: never an existing file, never through a symlink planted at the temporary name.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import re
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -37,6 +39,43 @@ def temporary_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}{_TMP_SUFFIX}")
 
 
+class _NamedWriter(io.BufferedWriter):
+    """A buffered binary file whose OSErrors (disk full, ...) name its path."""
+
+    def __init__(self, raw: io.FileIO, path: Path):
+        super().__init__(raw)
+        self.path = path
+
+    def _named(self, e: OSError) -> OSError:
+        return e if e.filename is not None else OSError(e.errno, e.strerror, str(self.path))
+
+    def write(self, data: Any) -> int:
+        try:
+            return super().write(data)
+        except OSError as e:
+            raise self._named(e) from e
+
+    def flush(self) -> None:
+        try:
+            super().flush()
+        except OSError as e:
+            raise self._named(e) from e
+
+    def close(self) -> None:
+        try:
+            super().close()
+        except OSError as e:
+            raise self._named(e) from e
+
+
+def open_exclusive(path: Path) -> BinaryIO:
+    """Create ``path`` for writing (binary); fails with FileExistsError when anything exists at ``path``, a
+    symlink included (O_CREAT | O_EXCL | O_NOFOLLOW), so a write never goes through a planted link. An OSError
+    while writing names ``path``."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+    return _NamedWriter(io.FileIO(fd, "wb"), path)
+
+
 def is_temporary(name: str) -> bool:
     """Whether ``name`` is a temporary name made by ``temporary_path``."""
     return name.startswith(".") and name.endswith(_TMP_SUFFIX)
@@ -54,7 +93,8 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file and a rename."""
     tmp = temporary_path(path)
     try:
-        tmp.write_bytes(data)
+        with open_exclusive(tmp) as f:
+            f.write(data)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -65,10 +105,30 @@ def atomic_write_parquet(table: pa.Table, path: Path, **options: Any) -> None:
     and a rename."""
     tmp = temporary_path(path)
     try:
-        pq.write_table(table, tmp, **options)
+        with open_exclusive(tmp) as f:
+            pq.write_table(table, f, **options)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+class ExclusiveParquetWriter(pq.ParquetWriter):
+    """A ``pyarrow.parquet.ParquetWriter`` onto a new file created with ``open_exclusive`` (``options`` go to
+    ``ParquetWriter``); ``close()`` closes the file too."""
+
+    def __init__(self, path: Path, schema: pa.Schema, **options: Any):
+        self._file = open_exclusive(path)
+        try:
+            super().__init__(self._file, schema, **options)
+        except BaseException:
+            self._file.close()
+            raise
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._file.close()
 
 
 def sha256_file(path: Path) -> str:
@@ -82,10 +142,11 @@ def sha256_file(path: Path) -> str:
 
 class HashingFile:
     """A write-only file that computes the sha256 of what is written to it as it goes (Parquet writers write
-    sequentially, so this is the checksum of the finished file, without reading it back)."""
+    sequentially, so this is the checksum of the finished file, without reading it back). ``path`` is created
+    with ``open_exclusive``."""
 
     def __init__(self, path: Path):
-        self._f = open(path, "wb")
+        self._f = open_exclusive(path)
         self._h = hashlib.sha256()
         self.closed = False
 

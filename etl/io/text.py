@@ -34,8 +34,8 @@ import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from etl.errors import InputError
-from etl.io.files import is_shard_name, shard_name, temporary_path
+from etl.errors import InputError, OutputError
+from etl.io.files import ExclusiveParquetWriter, is_shard_name, is_temporary, shard_name, temporary_path
 from etl.schema import ColumnSpec, Schema
 
 __all__ = ["ROW_GROUP_ROWS", "raw_arrow_schema", "convert", "ShardSetWriter"]
@@ -67,13 +67,34 @@ class ShardSetWriter:
     to their final names and then removes any other ``part-NNNNN.parquet`` in ``out_dir`` (left by an earlier, larger
     run), so ``out_dir`` never mixes two data sets. ``abort()`` removes the temporaries and leaves ``out_dir`` as it
     was. Use it as a context manager: an exception aborts, a normal exit does not commit by itself.
+
+    Only files provably of an earlier set are ever removed: an existing ``out_dir`` must hold nothing but
+    temporaries and regular files with shard names whose Parquet schema is ``arrow_schema``; anything else (a text
+    input, a processed output's manifest, another layout's shards...) raises OutputError before anything is written.
     """
 
     def __init__(self, out_dir: Path, arrow_schema: pa.Schema):
         self.out_dir = Path(out_dir)
         self.arrow_schema = arrow_schema
+        if self.out_dir.is_dir():
+            self._check_only_own_shards()
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self._tmp: dict[int, Path] = {}
+
+    def _check_only_own_shards(self) -> None:
+        """Raise OutputError unless every file in ``out_dir`` is a temporary or a shard of ``arrow_schema``."""
+        for p in self.out_dir.iterdir():
+            if is_temporary(p.name) or (is_shard_name(p.name) and not p.is_symlink() and self._same_layout(p)):
+                continue
+            raise OutputError(f"{self.out_dir}: holds {p.name}, which is not a shard of this layout; convert replaces "
+                              "only its own shards: choose a new or empty output directory")
+
+    def _same_layout(self, path: Path) -> bool:
+        """Whether ``path`` is a regular Parquet file whose schema is ``arrow_schema``."""
+        try:
+            return path.is_file() and pq.read_schema(path).equals(self.arrow_schema, check_metadata=False)
+        except (OSError, pa.ArrowException):
+            return False
 
     @property
     def count(self) -> int:
@@ -87,7 +108,7 @@ class ShardSetWriter:
         """
         tmp = temporary_path(self.out_dir / shard_name(index))
         self._tmp[index] = tmp
-        return pq.ParquetWriter(tmp, self.arrow_schema, compression="snappy", use_dictionary=True)
+        return ExclusiveParquetWriter(tmp, self.arrow_schema, compression="snappy", use_dictionary=True)
 
     def commit(self) -> list[Path]:
         """Rename every shard to its final name, remove stale shards; return the final paths by index."""

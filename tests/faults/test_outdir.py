@@ -1,0 +1,343 @@
+"""Faults around the output directory: planted symlinks at temporary names, concurrent runs, overlapping
+input and output, write errors, long values in error messages."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from etl.errors import EtlError, OutputError
+from etl.io import files
+from etl.io.files import ExclusiveParquetWriter, HashingFile, atomic_write_bytes, atomic_write_parquet, open_exclusive
+from etl.io.lock import LOCK_NAME, locked
+from etl.schema import load_schema
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _plant(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """Make every temporary name a symlink to a victim file; returns the victim."""
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+
+    def planted(path: Path) -> Path:
+        tmp = path.with_name(f".{path.name}.planted.tmp")
+        if not tmp.is_symlink():
+            tmp.symlink_to(victim)
+        return tmp
+
+    monkeypatch.setattr(files, "temporary_path", planted)
+    return victim
+
+
+def test_open_exclusive_refuses_symlink_and_existing(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    (tmp_path / "link").symlink_to(victim)
+    with pytest.raises(OSError):
+        open_exclusive(tmp_path / "link")
+    with pytest.raises(FileExistsError):
+        open_exclusive(victim)
+    assert victim.read_bytes() == b"precious"
+
+
+@pytest.mark.parametrize("write", [
+    lambda p: atomic_write_bytes(p, b"data"),
+    lambda p: atomic_write_parquet(pa.table({"a": [1]}), p),
+])
+def test_atomic_writes_never_write_through_planted_symlink(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, write) -> None:
+    victim = _plant(monkeypatch, tmp_path)
+    with pytest.raises(OSError):
+        write(tmp_path / "out")
+    assert victim.read_bytes() == b"precious"
+    assert not (tmp_path / "out").exists()
+
+
+def test_hashing_file_and_parquet_writer_refuse_planted_symlink(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    link = tmp_path / ".x.tmp"
+    link.symlink_to(victim)
+    with pytest.raises(OSError):
+        HashingFile(link)
+    with pytest.raises(OSError):
+        ExclusiveParquetWriter(link, pa.schema([("a", pa.int64())]))
+    assert victim.read_bytes() == b"precious"
+
+
+def test_exclusive_parquet_writer_closes_its_file(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    with ExclusiveParquetWriter(tmp_path / "a.parquet", pa.schema([("a", pa.int64())])) as w:
+        w.write_table(pa.table({"a": [1, 2]}))
+    assert pq.read_table(tmp_path / "a.parquet").num_rows == 2
+
+
+def test_convert_never_writes_through_planted_symlink(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from etl.io import text
+
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    out = tmp_path / "raw"
+    w = text.ShardSetWriter(out, pa.schema([("a", pa.int64())]))
+    real = text.temporary_path
+
+    def planted(path: Path) -> Path:
+        tmp = real(path)
+        tmp.symlink_to(victim)
+        return tmp
+
+    monkeypatch.setattr(text, "temporary_path", planted)
+    with pytest.raises(OSError):
+        w.open(0)
+    assert victim.read_bytes() == b"precious"
+
+
+# --- the output directory's lock ---------------------------------------------------------------------------------
+
+def _run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "etl", *args], capture_output=True, text=True, cwd=REPO, timeout=120)
+
+
+@pytest.fixture
+def raw(tmp_path: Path) -> Path:
+    from etl.synth import generate
+
+    generate(load_schema(REPO / "schemas" / "movielens.yaml"), rows=2000, files=2, out_dir=tmp_path / "raw")
+    return tmp_path / "raw"
+
+
+def _preprocess_args(raw: Path, out: Path) -> list[str]:
+    return ["preprocess", "--pipeline", str(REPO / "pipelines" / "movielens.yaml"), "--input", str(raw), "--out", str(out)]
+
+
+def test_second_run_into_a_held_directory_exits_2_naming_the_holder(raw: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (out / LOCK_NAME).write_text(f"{holder.pid} {socket.gethostname()}\n")
+        r = _run_cli(*_preprocess_args(raw, out))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert r.returncode == 2, r.stderr
+    assert f"process {holder.pid}" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not list(out.glob("part-*"))
+
+
+def test_stale_lock_is_taken_over_and_removed_at_the_end(raw: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (out / LOCK_NAME).write_text(f"{dead.pid} {socket.gethostname()}\n")
+    r = _run_cli(*_preprocess_args(raw, out))
+    assert r.returncode == 0, r.stderr
+    assert "stale lock" in r.stderr
+    assert not (out / LOCK_NAME).exists()
+    assert (out / "part-00001.parquet").exists()
+
+
+def test_lock_is_removed_on_error(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    with pytest.raises(EtlError):
+        with locked(out.parent):
+            assert (out.parent / LOCK_NAME).exists()
+            raise EtlError("boom")
+    assert not (out.parent / LOCK_NAME).exists()
+
+
+def test_lock_held_by_this_process_refuses_a_second_holder(tmp_path: Path) -> None:
+    with locked(tmp_path):
+        with pytest.raises(OutputError, match=f"process {os.getpid()}"):
+            with locked(tmp_path):
+                pass
+        assert (tmp_path / LOCK_NAME).exists()
+
+
+# --- output overlapping an input ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("where", ["equal", "inside", "contains"])
+def test_out_overlapping_an_input_exits_2(raw: Path, where: str) -> None:
+    out = {"equal": raw, "inside": raw / "out", "contains": raw.parent}[where]
+    before = sorted(p.name for p in raw.iterdir())
+    r = _run_cli(*_preprocess_args(raw, out))
+    assert r.returncode == 2, r.stderr
+    assert "overlaps the input" in r.stderr and "Traceback" not in r.stderr
+    assert sorted(p.name for p in raw.iterdir()) == before
+
+
+def test_check_apart_allows_an_output_next_to_input_files(tmp_path: Path) -> None:
+    from etl.preprocess import check_apart
+
+    (tmp_path / "a.parquet").touch()
+    check_apart(tmp_path / "out", [tmp_path / "a.parquet"])
+    with pytest.raises(OutputError):
+        check_apart(tmp_path, [tmp_path / "a.parquet"])
+    with pytest.raises(OutputError):
+        check_apart(tmp_path / "sub" / "out", [tmp_path])
+
+
+# --- one-line errors ---------------------------------------------------------------------------------------------
+
+def test_row_error_cuts_a_long_value_and_says_its_length() -> None:
+    from etl.errors import RowError
+
+    value = "x" * 100_000
+    e = RowError("f.parquet", 0, 3, "c", f"malformed hex: {value!r}")
+    assert len(str(e)) < 300
+    assert f"({len(repr(value)) + len('malformed hex: ')} chars)" in str(e)
+    assert e.problem.endswith(repr(value))
+    assert str(RowError("f.parquet", 0, 3, "c", "short: 'ab'")).endswith("column 'c': short: 'ab'")
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EACCES, errno.EROFS, errno.EDQUOT])
+def test_environment_write_errors_are_one_line_exit_2(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, raw: Path,
+                                                      code: int) -> None:
+    from typer.testing import CliRunner
+
+    import etl.preprocess
+    from etl.cli import app
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise OSError(code, os.strerror(code), str(tmp_path / "out" / "part-00000.parquet"))
+
+    monkeypatch.setattr(etl.preprocess, "preprocess", fail)
+    r = CliRunner().invoke(app, _preprocess_args(raw, tmp_path / "out"))
+    assert r.exit_code == 2, r.output
+    assert r.exception is None or isinstance(r.exception, SystemExit)
+    assert "part-00000.parquet" in r.output and os.strerror(code) in r.output
+
+
+def test_other_os_errors_still_raise(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, raw: Path) -> None:
+    from typer.testing import CliRunner
+
+    import etl.preprocess
+    from etl.cli import app
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EIO, "I/O error")
+
+    monkeypatch.setattr(etl.preprocess, "preprocess", fail)
+    r = CliRunner().invoke(app, _preprocess_args(raw, tmp_path / "out"))
+    assert isinstance(r.exception, OSError)
+
+
+def test_write_error_names_the_path(tmp_path: Path) -> None:
+    f = open_exclusive(tmp_path / "x")
+    f.close()
+    os.unlink(tmp_path / "x")
+    w = files._NamedWriter(open("/dev/full", "wb", buffering=0), tmp_path / "x")  # type: ignore[arg-type]
+    with pytest.raises(OSError) as e:
+        w.write(b"a" * 10)
+        w.flush()
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(tmp_path / "x")
+
+
+# --- disk full, for real -----------------------------------------------------------------------------------------
+
+@pytest.fixture
+def tiny_fs(tmp_path: Path):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {r.stderr.strip()}")
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_disk_full_is_one_line_exit_2_and_leaves_no_lock_or_temporaries(tiny_fs: Path, tmp_path: Path) -> None:
+    from etl.synth import generate
+
+    raw = tmp_path / "raw"
+    generate(load_schema(REPO / "schemas" / "movielens.yaml"), rows=100_000, files=2, out_dir=raw)
+    out = tiny_fs / "out"
+    r = _run_cli(*_preprocess_args(raw, out))
+    assert r.returncode == 2, r.stderr
+    assert "No space left on device" in r.stderr and str(out) in r.stderr and "Traceback" not in r.stderr
+    assert not (out / LOCK_NAME).exists()
+    assert not [p for p in out.rglob("*") if files.is_temporary(p.name)]
+
+
+# --- resume ------------------------------------------------------------------------------------------------------
+
+def test_rerun_with_fewer_shards_removes_the_stale_outputs_the_old_manifest_lists(tmp_path: Path) -> None:
+    from etl.pipeline import Pipeline
+    from etl.preprocess import preprocess
+    from etl.synth import generate
+
+    spec = REPO / "pipelines" / "movielens.yaml"
+    shards = generate(load_schema(REPO / "schemas" / "movielens.yaml"), rows=3000, files=3, out_dir=tmp_path / "raw")
+    out = tmp_path / "out"
+    preprocess(Pipeline.from_file(spec), shards, out, on_error="quarantine")
+    assert (out / "part-00002.parquet").exists()
+    (out / "part-00002.parquet.keep").write_bytes(b"not ours")
+    preprocess(Pipeline.from_file(spec), shards[:2], out, on_error="quarantine")
+    assert sorted(p.name for p in out.glob("part-*")) == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet.keep"]
+
+
+def test_stale_removal_ignores_names_it_does_not_make(tmp_path: Path) -> None:
+    from etl.io.processed import ManifestEntry
+    from etl.preprocess import _remove_stale
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    out = tmp_path / "out"
+    out.mkdir()
+    e = ManifestEntry("../victim.txt", "s", 1, 1, 1, 0, "../victim.txt", "0")
+    _remove_stale(out, {e.output: e}, set())
+    assert victim.exists()
+
+
+# --- convert into an existing directory --------------------------------------------------------------------------
+
+def _text_schema(tmp_path: Path):
+    import yaml
+
+    spec = tmp_path / "schema.yaml"
+    spec.write_text(yaml.safe_dump({"name": "t", "columns": [{"name": "x", "role": "dense", "dtype": "int64"}]}))
+    return load_schema(spec)
+
+
+@pytest.mark.parametrize("foreign", ["manifest.json", "notes.txt", "part-00007.parquet", "subdir"])
+def test_convert_refuses_a_directory_holding_files_not_its_own(tmp_path: Path, foreign: str) -> None:
+    from etl.io.text import convert
+
+    schema = _text_schema(tmp_path)
+    src = tmp_path / "in.txt"
+    src.write_text("1\n2\n")
+    out = tmp_path / "out"
+    convert([src], schema, out, rows_per_file=1)  # two own shards
+    if foreign == "subdir":
+        (out / foreign).mkdir()
+    elif foreign == "part-00007.parquet":
+        atomic_write_parquet(pa.table({"y": ["other layout"]}), out / foreign)
+    else:
+        (out / foreign).write_text("precious")
+    before = sorted(p.name for p in out.iterdir())
+    with pytest.raises(OutputError, match="not a shard of this layout"):
+        convert([src], schema, out)
+    assert sorted(p.name for p in out.iterdir()) == before
+
+
+def test_convert_into_its_input_directory_exits_2(tmp_path: Path) -> None:
+    import yaml
+
+    (tmp_path / "schema.yaml").write_text(yaml.safe_dump({"name": "t", "columns": [{"name": "x", "role": "dense", "dtype": "int64"}]}))
+    src = tmp_path / "in.txt"
+    src.write_text("1\n2\n")
+    r = _run_cli("convert", str(src), "--schema", str(tmp_path / "schema.yaml"), "--out", str(tmp_path))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert src.read_text() == "1\n2\n"

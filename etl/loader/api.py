@@ -45,7 +45,7 @@ import torch
 from etl.allocator import tune_allocator
 from etl.errors import ConfigError
 from etl.io.parquet import list_shards
-from etl.io.processed import is_processed, open_processed
+from etl.io.processed import ProcessedOutput, is_processed, open_processed
 from etl.loader.assembler import PassSettings
 from etl.loader.chunk import Chunk, Layout
 from etl.loader.device_stage import DeviceStage
@@ -95,7 +95,9 @@ class Loader:
     ``rank``/``world_size`` default to ``torch.distributed`` when it is initialised, else 0/1.
     ``transform_on``: ``"host"`` (worker threads run the whole pipeline) or ``"device"`` (they run only its host
     part; the rest runs on ``device`` after the copy, with the torch backend; raw shards only).
-    A setting that cannot work raises ``ConfigError``."""
+    ``allow_partial``: read a processed output whose run did not complete (refused by default: its manifest lists
+    only the files done). Each file of a processed output is checked against its manifest's sha256 before its
+    rows are used. A setting that cannot work raises ``ConfigError``."""
 
     def __init__(
         self,
@@ -114,13 +116,15 @@ class Loader:
         rank: int | None = None,
         world_size: int | None = None,
         transform_on: str = "host",
+        allow_partial: bool = False,
     ):
         tune_allocator()
         if batch_size < 1 or num_workers < 1 or prefetch < 1:
             raise ConfigError("batch_size, num_workers and prefetch must be >= 1")
         if transform_on not in ("host", "device"):
             raise ConfigError(f"transform_on must be 'host' or 'device', got {transform_on!r}")
-        self.pipeline, self.processed, shards = _open_source(source, pipeline, artifacts)
+        self.pipeline, output, shards = _open_source(source, pipeline, artifacts, allow_partial)
+        self.processed = output is not None
         if transform_on == "device" and self.processed:
             raise ConfigError("transform_on='device' transforms raw shards; this source is already transformed")
         self.layout = Layout.of(self.pipeline)
@@ -142,7 +146,7 @@ class Loader:
         self.epoch, self.position = 0, 0
         self._finished = False  # the last pass ran to its end: the next iteration starts the epoch over
         self.stats = LoaderStats()
-        self._reader = reader_for(self.pipeline, self.layout, processed=self.processed, stage=self.stage,
+        self._reader = reader_for(self.pipeline, self.layout, processed=output, stage=self.stage,
                                   groups=self.groups, stats=self.stats)  # fmt: skip
         self._ring: Ring | None = None
         self._active: weakref.ref[_Iteration] | None = None
@@ -254,13 +258,13 @@ def _read_weakly(loader: Loader) -> Callable[[Piece], Chunk]:
 
 
 def _open_source(
-    source: str | Path | list[str | Path], pipeline: str | Path | None, artifacts: str | Path | None
-) -> tuple[Pipeline, bool, list[Path]]:
-    """The pipeline, whether the source is a processed output (read as is), and the shards to read."""
+    source: str | Path | list[str | Path], pipeline: str | Path | None, artifacts: str | Path | None, allow_partial: bool
+) -> tuple[Pipeline, ProcessedOutput | None, list[Path]]:
+    """The pipeline, the processed output when the source is one (read as is), and the shards to read."""
     items = source if isinstance(source, list) else [source]
     if len(items) == 1 and is_processed(Path(items[0])):
-        processed = open_processed(Path(items[0]))
-        return Pipeline.load(processed.artifacts), True, processed.parts
+        processed = open_processed(Path(items[0]), allow_partial=allow_partial)
+        return Pipeline.load(processed.artifacts), processed, processed.parts
     if pipeline is None:
         raise ConfigError("raw shards need a pipeline (or give the output directory of etl preprocess)")
     p = Pipeline.load(artifacts) if artifacts is not None else Pipeline.from_file(pipeline)
@@ -268,7 +272,7 @@ def _open_source(
         check_match(p, Pipeline.from_file(pipeline), artifacts)
     if not p.is_fitted:
         raise ConfigError(f"{pipeline} has ops to fit: run `etl fit` and pass artifacts=")
-    return p, False, list_shards([Path(i) for i in items])
+    return p, None, list_shards([Path(i) for i in items])
 
 
 class _Iteration:

@@ -13,6 +13,7 @@ an unexpected failure reaches the training process as ``LoaderError`` naming the
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
@@ -21,6 +22,7 @@ import pyarrow as pa
 from etl.batch import Batch
 from etl.errors import EtlError, LoaderError
 from etl.io.parquet import batch_from_arrow, read_rows
+from etl.io.processed import ProcessedOutput, verify_part
 from etl.loader.chunk import Chunk, Layout
 from etl.loader.device_stage import DeviceStage
 from etl.loader.order import Piece, RowGroup
@@ -50,11 +52,23 @@ class PieceReader:
 
 
 class ProcessedReader(PieceReader):
-    """A shard of ``etl preprocess`` output: its columns already are the layout's."""
+    """A shard of ``etl preprocess`` output: its columns already are the layout's. Before its first rows are
+    read, each file is checked against the sha256 its manifest entry records (``etl.io.processed.verify_part``):
+    once per file and reader."""
 
-    def __init__(self, layout: Layout, stats: LoaderStats):
+    def __init__(self, layout: Layout, stats: LoaderStats, output: ProcessedOutput):
         super().__init__(layout.columns, stats)
-        self.layout = layout
+        self.layout, self.output = layout, output
+        self._unverified = dict(zip(output.parts, output.manifest.files))
+        self._verify_lock = threading.Lock()
+
+    def __call__(self, piece: Piece) -> Chunk:
+        with self._verify_lock:  # a file's other pieces wait until it is verified
+            entry = self._unverified.get(piece.group.path)
+            if entry is not None:
+                verify_part(self.output, entry)
+                del self._unverified[piece.group.path]
+        return super().__call__(piece)
 
     def convert(self, table: pa.Table, piece: Piece) -> Chunk:
         return Chunk.from_table(table, self.layout)
@@ -92,12 +106,12 @@ def _raw_batch(table: pa.Table, pipeline: Pipeline, piece: Piece) -> Batch:
     return batch_from_arrow(table, pipeline.schema, str(g.path), g.index, g.first_row + piece.start)
 
 
-def reader_for(pipeline: Pipeline, layout: Layout, *, processed: bool, stage: DeviceStage | None,
+def reader_for(pipeline: Pipeline, layout: Layout, *, processed: ProcessedOutput | None, stage: DeviceStage | None,
                groups: list[RowGroup], stats: LoaderStats) -> PieceReader:  # fmt: skip
     """The reader of a source: ``processed`` (``etl preprocess`` output), else raw shards, transformed on the
     host, or, given a device ``stage``, up to the stage's inputs."""
-    if processed:
-        return ProcessedReader(layout, stats)
+    if processed is not None:
+        return ProcessedReader(layout, stats, processed)
     if stage is not None:
         return DeviceInputReader(pipeline, stage, groups, stats)
     return HostReader(pipeline, layout, stats)

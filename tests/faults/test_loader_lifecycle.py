@@ -1,19 +1,23 @@
-"""Loader lifecycle faults: leaving a pass with ``break`` at any batch, dropping loaders without ``close()``, and
-the data-wait share over several passes. Each case runs in a subprocess with a timeout, so a hang fails the test
-instead of stalling the suite."""
+"""Loader lifecycle faults: leaving a pass with ``break`` at any batch, dropping loaders without ``close()``, the
+data-wait share over several passes, and a processed output checked before its rows are used. The lifecycle cases
+run in a subprocess with a timeout, so a hang fails the test instead of stalling the suite."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
+from etl import Loader
+from etl.errors import InputError
 from etl.schema import load_schema
 from etl.synth import generate
-from tests.conftest import REPO
+from tests.conftest import REPO, run_etl
 
 HASH = REPO / "pipelines/criteo_hash.yaml"
 
@@ -113,3 +117,23 @@ def test_data_wait_fraction_stays_a_share_over_passes(raw: Path) -> None:
     """)
     wait, consumer, fraction = map(float, out.split())
     assert 0 < consumer and 0 <= wait <= consumer and 0 <= fraction <= 1
+
+
+def test_processed_output_is_checked_before_use(raw: Path, tmp_path: Path) -> None:
+    """An incomplete run is refused unless allow_partial; a part whose bytes changed is refused when read."""
+    out = tmp_path / "out"
+    run_etl("preprocess", "--pipeline", HASH, "--input", raw, "--out", out, "--workers", "1")
+    assert sum(len(b) for b in Loader(out, batch_size=1000)) == 6_000
+    manifest = json.loads((out / "manifest.json").read_text())
+    partial = dict(manifest, complete=False, files=manifest["files"][:1])
+    partial["totals"] = {k: manifest["files"][0][k] for k in manifest["totals"]}
+    (out / "manifest.json").write_text(json.dumps(partial))
+    with pytest.raises(InputError, match="incomplete"):
+        Loader(out, batch_size=1000)
+    assert sum(len(b) for b in Loader(out, batch_size=1000, allow_partial=True)) == manifest["files"][0]["rows_out"]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    part = out / manifest["files"][1]["output"]
+    table = pq.read_table(part)
+    pq.write_table(table, part, compression="snappy")  # the same rows in other bytes
+    with pytest.raises(InputError, match="sha256"):
+        sum(len(b) for b in Loader(out, batch_size=1000))

@@ -106,6 +106,8 @@ def _parse_column(raw: Any, path: str, i: int) -> ColumnSpec:
     name = _require(raw, "name", path, where)
     if not isinstance(name, str) or not name:
         raise SpecError(path, f"{where}.name", f"expected a non-empty string, got {name!r}")
+    if any(ch in name for ch in "/\\\0") or name.startswith("."):
+        raise SpecError(path, f"{where}.name", f"{name[:80]!r}: a column name names files of fitted tables: no '/', '\\', NUL or leading '.'")
     where = f"columns[{i}] ({name})"
     role = _require(raw, "role", path, where)
     if role not in ROLES:

@@ -133,7 +133,10 @@ def _strings(arr: pa.Array) -> Strings:
     return Strings.from_offsets(data, offsets)
 
 
-def _values(arr: pa.Array, dtype: str) -> tuple[np.ndarray | Strings, np.ndarray | None]:
+def _values(arr: pa.Array, dtype: str, numbers: bool) -> tuple[np.ndarray | Strings, np.ndarray | None]:
+    """Values and validity of a scalar column. ``numbers``: the column holds numbers (label, dense), not keys:
+    unsigned 64-bit values are then converted to float64 by value (2**64 - 1 stays 1.8e19), whereas keys keep
+    their 64 bits as int64."""
     if pa.types.is_dictionary(arr.type):
         arr = _decode_dictionary(arr)
     if dtype == "string":
@@ -144,6 +147,8 @@ def _values(arr: pa.Array, dtype: str) -> tuple[np.ndarray | Strings, np.ndarray
     want = np.int64 if dtype == "int64" else np.float64
     np_type = t.to_pandas_dtype()
     values = np.frombuffer(arr.buffers()[1], np_type)[arr.offset : arr.offset + len(arr)]
+    if numbers and values.dtype == np.uint64:
+        return values.astype(np.float64), _valid(arr)
     return values.astype(want, copy=False), _valid(arr)
 
 
@@ -161,17 +166,17 @@ def column_from_arrow(arr: pa.Array | pa.ChunkedArray, spec: ColumnSpec) -> Colu
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.combine_chunks() if arr.num_chunks != 1 else arr.chunk(0)
     if not spec.is_list:
-        values, valid = _values(arr, spec.dtype)
+        values, valid = _values(arr, spec.dtype, numbers=spec.role in ("label", "dense"))
         return Column(values, valid)
     if arr.null_count:
         arr = arr.fill_null(pa.scalar([], arr.type))
     if len(arr) == 0:
-        values, valid = _values(arr.values.slice(0, 0), spec.dtype)
+        values, valid = _values(arr.values.slice(0, 0), spec.dtype, numbers=False)
         return Column(values, valid, np.zeros(1, np.int64))
     off_type = np.int64 if pa.types.is_large_list(arr.type) else np.int32
     offsets = np.frombuffer(arr.buffers()[1], off_type)[arr.offset : arr.offset + len(arr) + 1].astype(np.int64)
     child = arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
-    values, valid = _values(child, spec.dtype)
+    values, valid = _values(child, spec.dtype, numbers=False)
     return Column(values, valid, offsets - offsets[0])
 
 

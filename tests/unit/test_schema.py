@@ -168,3 +168,11 @@ def test_boolean_width_rejected(tmp_path):
     with pytest.raises(SpecError) as ei:
         load_schema(p)
     assert ei.value.field == "columns[1] (x).width"
+
+
+@pytest.mark.parametrize("name", ["../../../escaped_vocab", "a/b", "a\\b", ".hidden", "nul\0byte"])
+def test_column_names_that_would_leave_a_directory_are_refused(name: str) -> None:
+    doc = {"name": "s", "columns": [{"name": "label", "role": "label", "dtype": "int64"},
+                                    {"name": name, "role": "categorical", "dtype": "string", "encoding": "hex"}]}
+    with pytest.raises(SpecError, match="column name"):
+        parse_schema(doc, "<test>")

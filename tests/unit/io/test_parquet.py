@@ -173,3 +173,27 @@ def test_list_shards_follows_symlinks_and_refuses_dangling_ones(tmp_path: Path) 
     os.mkfifo(d / "part-00002.parquet")
     with pytest.raises(InputError, match="part-00002.parquet: not a regular file"):
         list_shards(d)
+
+
+def test_unsigned_64_bit_numbers_keep_their_value_and_keys_their_bits() -> None:
+    big = [2**64 - 1, 2**63, 5, None]
+    arr = pa.array(big, pa.uint64())
+    dense = parquet.column_from_arrow(arr, ColumnSpec("I1", "dense", "int64", None))
+    assert dense.array.dtype == np.float64
+    assert dense.array[:3].tolist() == [float(2**64 - 1), float(2**63), 5.0] and dense.valid.tolist() == [True] * 3 + [False]
+    keys = parquet.column_from_arrow(arr, ColumnSpec("C1", "categorical", "int64", "int"))
+    assert keys.array[:3].view(np.uint64).tolist() == big[:3]
+
+
+def test_unsigned_64_bit_dense_value_through_the_dlrm_transform() -> None:
+    """2**64 - 1 in a dense column becomes ln(1 + 1.8e19) = 44.36..., not a wrapped -1 clamped to 0."""
+    pipe = Pipeline.from_file(REPO / "pipelines/criteo_hash.yaml")
+    schema = pipe.output_schema()
+    cols: dict[str, pa.Array] = {"label": pa.array([1], pa.int64())}
+    for name in pipe.schema.by_role("dense"):
+        cols[name] = pa.array([2**64 - 1], pa.uint64())
+    for name in pipe.schema.by_role("categorical"):
+        cols[name] = pa.array(["0000abcd"], pa.string())
+    out = pipe.transform_table(pa.table(cols))
+    assert schema.names == out.schema.names
+    assert out["I1"][0].as_py() == pytest.approx(np.log1p(float(2**64 - 1)), rel=1e-6)

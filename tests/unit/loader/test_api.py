@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import sys
+import threading
+import time
 import types
 from pathlib import Path
 
 import pytest
 import torch
 
+from etl.errors import ConfigError
 from etl.loader import Loader, LoaderBatch
 from etl.schema import load_schema
 from etl.synth import generate
@@ -91,3 +94,46 @@ def test_a_cuda_device_without_cuda_is_a_clear_error(tmp_path) -> None:
     generate(load_schema(REPO / "schemas/criteo.yaml"), 100, 1, tmp_path, seed=0)
     with pytest.raises(ValueError, match="sees no CUDA device"):
         Loader(tmp_path, pipeline=REPO / "pipelines/criteo_hash.yaml", device="cuda")
+
+
+@pytest.mark.parametrize("kw", [{"batch_size": 0}, {"num_workers": 0}, {"prefetch": 0}, {"transform_on": "gpu"},
+                                {"rank": 2, "world_size": 2}, {"rank": 0}])  # fmt: skip
+def test_settings_that_cannot_work_are_config_errors(raw: Path, kw: dict) -> None:
+    with pytest.raises(ConfigError):
+        Loader(raw, pipeline=REPO / "pipelines/criteo_hash.yaml", **kw)
+
+
+def test_source_and_state_mismatches_are_config_errors(raw: Path) -> None:
+    with pytest.raises(ConfigError):
+        Loader(raw)
+    with pytest.raises(ConfigError):
+        Loader(raw, pipeline=REPO / "pipelines/criteo.yaml")
+    a = Loader(raw, pipeline=REPO / "pipelines/criteo_hash.yaml", batch_size=500)
+    b = Loader(raw, pipeline=REPO / "pipelines/criteo_hash.yaml", batch_size=500, seed=1)
+    with pytest.raises(ConfigError, match="seed"):
+        b.load_state_dict(a.state_dict())
+
+
+def _loader_threads(baseline: int, timeout: float = 5.0) -> int:
+    """How many loader threads are alive once they are down to ``baseline`` or ``timeout`` passed (pool threads
+    exit asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while (alive := sum(t.name.startswith("etl-") for t in threading.enumerate())) > baseline and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return alive
+
+
+def test_a_dropped_loader_stops_its_threads(raw: Path) -> None:
+    """No thread of a pass refers to the loader, so dropping it (and its iterators) ends every pass it started,
+    including the next epoch's, which runs in the background after a whole pass."""
+    baseline = _loader_threads(0)
+    loader = Loader(raw, pipeline=REPO / "pipelines/criteo_hash.yaml", batch_size=500, shuffle=True)
+    assert sum(len(b) for b in loader) == 3000
+    assert loader._ahead is not None and loader._ahead.thread.is_alive()
+    del loader
+    assert _loader_threads(baseline) <= baseline
+    loader = Loader(raw, pipeline=REPO / "pipelines/criteo_hash.yaml", batch_size=500, prefetch=1)
+    it = iter(loader)
+    next(it)
+    del loader, it
+    assert _loader_threads(baseline) <= baseline

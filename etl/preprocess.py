@@ -29,7 +29,6 @@ from etl.io.lock import locked
 from etl.io.parquet import batch_from_arrow, open_shard
 from etl.io.processed import (
     ARTIFACTS,
-    MANIFEST,  # noqa: F401 - etl.loader.api imports it from here
     QUARANTINE,
     Manifest,
     ManifestEntry,
@@ -86,8 +85,10 @@ def check_apart(out_dir: Path, inputs: list[Path]) -> None:
 
 
 def _remove_stale(out_dir: Path, previous: dict[str, ManifestEntry], keep: set[str]) -> None:
-    """Remove the files of the earlier run's entries that the new run does not make (it has fewer shards): only
-    names this module makes (a shard name, its quarantine name), so a tampered manifest cannot point elsewhere."""
+    """Remove the files of the earlier run's entries that this run does not keep as they are: outputs it no
+    longer makes (fewer shards) and outputs it redoes, with their quarantine files (a redone shard may quarantine
+    nothing now). Only names this module makes (a shard name, its quarantine name), so a tampered manifest cannot
+    point elsewhere. Called before the new manifest replaces the old one, which is the proof the files are ours."""
     for e in previous.values():
         if e.output in keep or not is_shard_name(e.output):
             continue
@@ -253,8 +254,8 @@ def _preprocess(
             save_manifest()
 
     t1 = time.perf_counter()
+    _remove_stale(out_dir, previous, set(entries))
     save_manifest()
-    _remove_stale(out_dir, previous, {o.name for o in outputs})
     run_workers(todo, workers, work)
     seconds = time.perf_counter() - t1
     totals = Totals.of(list(entries.values()))

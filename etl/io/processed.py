@@ -209,9 +209,15 @@ def _readable_parts(directory: Path, manifest: Manifest) -> list[Path]:
         seen.add(e.output)
         if e.quarantine is not None and e.quarantine != quarantine_name(e.output):
             raise InputError(str(path), f"{where}: quarantine {json.dumps(e.quarantine)}, expected {quarantine_name(e.output)!r}")
+        if min(e.rows_in, e.rows_out, e.rows_quarantined) < 0 or e.rows_in != e.rows_out + e.rows_quarantined:
+            raise InputError(str(path), f"{where}: rows_in {e.rows_in} is not rows_out {e.rows_out} + rows_quarantined {e.rows_quarantined}")
         part = directory / e.output
-        if not part.resolve().is_relative_to(root):
-            raise InputError(str(path), f"{where}: the file resolves to {part.resolve()}, outside {root}")
+        try:
+            resolved = part.resolve()
+        except (OSError, RuntimeError) as err:  # a symlink loop
+            raise InputError(str(path), f"{where}: the file cannot be resolved: {err}") from None
+        if not resolved.is_relative_to(root):
+            raise InputError(str(path), f"{where}: the file resolves to {resolved}, outside {root}")
         rows = _footer_rows(part, path, where)
         if rows != e.rows_out:
             raise InputError(str(path), f"{where}: the file holds {rows} rows, the manifest says rows_out {e.rows_out}")

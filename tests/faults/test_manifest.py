@@ -70,6 +70,14 @@ def rows_out(doc: dict[str, Any]) -> None:
     set_totals_from_files(doc)
 
 
+def accounting(rows_in: int, rows_out: int, rows_quarantined: int) -> Callable[[dict[str, Any]], None]:
+    def change(doc: dict[str, Any]) -> None:
+        doc["files"][1].update(rows_in=rows_in, rows_out=rows_out, rows_quarantined=rows_quarantined)
+        set_totals_from_files(doc)
+
+    return change
+
+
 def quarantine(doc: dict[str, Any]) -> None:
     doc["files"][1]["quarantine"] = "../elsewhere/part-00001.parquet"
 
@@ -86,6 +94,8 @@ TAMPERINGS: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
     "totals rows_quarantined": (totals("rows_quarantined"), "totals .* differ"),
     "rows_out not the footer's": (rows_out, "holds 7 rows, the manifest says rows_out 8"),
     "quarantine elsewhere": (quarantine, "quarantine"),
+    "rows_in not out + quarantined": (accounting(9, 7, 0), "rows_in 9 is not rows_out 7 \\+ rows_quarantined 0"),
+    "negative rows_quarantined": (accounting(6, 7, -1), "rows_in 6 is not rows_out 7 \\+ rows_quarantined -1"),
 }
 
 
@@ -116,6 +126,13 @@ def test_part_linked_outside_the_directory_is_refused(output: Path) -> None:
     (output / "part-00001.parquet").rename(outside)
     (output / "part-00001.parquet").symlink_to(outside)
     with pytest.raises(InputError, match=r'files\[1\] \("part-00001.parquet"\): the file resolves to .*, outside'):
+        open_processed(output)
+
+
+def test_part_in_a_symlink_loop_is_refused(output: Path) -> None:
+    (output / "part-00001.parquet").unlink()
+    (output / "part-00001.parquet").symlink_to("part-00001.parquet")
+    with pytest.raises(InputError, match=r'files\[1\] \("part-00001.parquet"\): the file cannot be resolved'):
         open_processed(output)
 
 

@@ -18,8 +18,7 @@ from etl.io import files
 from etl.io.files import ExclusiveParquetWriter, HashingFile, atomic_write_bytes, atomic_write_parquet, open_exclusive
 from etl.io.lock import LOCK_NAME, locked
 from etl.schema import load_schema
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.conftest import REPO
 
 
 def _plant(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
@@ -341,3 +340,29 @@ def test_convert_into_its_input_directory_exits_2(tmp_path: Path) -> None:
     r = _run_cli("convert", str(src), "--schema", str(tmp_path / "schema.yaml"), "--out", str(tmp_path))
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert src.read_text() == "1\n2\n"
+
+
+def test_rerun_of_a_fixed_shard_removes_its_old_quarantine_file(tmp_path: Path) -> None:
+    """A shard whose rows were quarantined, fixed and rerun, quarantines nothing now: its old quarantine file
+    goes (it is listed by the old manifest and would otherwise sit beside an entry that names no quarantine)."""
+    import pyarrow.parquet as pq
+
+    from etl.io.processed import read_manifest
+    from etl.pipeline import Pipeline
+    from etl.preprocess import preprocess
+    from tests.conftest import criteo_table
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    table = criteo_table(200, seed=4)
+    pq.write_table(table, raw / "part-00000.parquet")
+    bad = table.set_column(table.schema.get_field_index("C1"), "C1", pa.array(["zz"] + table["C1"].to_pylist()[1:], pa.string()))
+    pq.write_table(bad, raw / "part-00001.parquet")
+    out = tmp_path / "out"
+    shards = sorted(raw.iterdir())
+    preprocess(Pipeline.from_file(REPO / "pipelines/criteo_hash.yaml"), shards, out, on_error="quarantine")
+    assert (out / "quarantine" / "part-00001.parquet").exists()
+    pq.write_table(table.slice(0, 150), raw / "part-00001.parquet")  # fixed (and other bytes)
+    preprocess(Pipeline.from_file(REPO / "pipelines/criteo_hash.yaml"), shards, out, on_error="quarantine")
+    assert not (out / "quarantine" / "part-00001.parquet").exists()
+    assert [e.quarantine for e in read_manifest(out).files] == [None, None]

@@ -5,9 +5,11 @@ input shard (input order) with one row group per input row group; the quarantine
 with _row (row number in the source), _column and _reason.
 
 Every file is written under a temporary name and renamed when complete; the manifest is rewritten (atomically)
-after each shard. A rerun skips the shards whose manifest entry still matches (same source size, same fitted
-artifacts, output present with the recorded checksum), so a run killed at any point and rerun ends with the same
-bytes as an uninterrupted run. Rows are accounted exactly: rows_in = rows_out + rows_quarantined.
+after each shard. A rerun skips the shards whose manifest entry still matches (``_reusable``: the same source
+file by path, size, modification time and footer checksum, the same fitted artifacts, the output present with
+the recorded checksum, and no quarantined row when the rerun's ``on_error`` is "raise"), so a run killed at any
+point and rerun ends with the same bytes as an uninterrupted run. Rows are accounted exactly:
+rows_in = rows_out + rows_quarantined.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import pyarrow.parquet as pq
 from etl.errors import InputError, OutputError
 from etl.io.files import ExclusiveParquetWriter, HashingFile, is_shard_name, remove_temporaries, sha256_file, temporary_path
 from etl.io.lock import locked
-from etl.io.parquet import batch_from_arrow, open_shard
+from etl.io.parquet import batch_from_arrow, footer_sha256, open_shard
 from etl.io.processed import (
     ARTIFACTS,
     QUARANTINE,
@@ -70,6 +72,24 @@ def _previous_entries(out_dir: Path) -> dict[str, ManifestEntry]:
         return {e.output: e for e in read_manifest(out_dir).files}
     except InputError:
         return {}
+
+
+def _reusable(e: ManifestEntry, source: Path, out: Path, artifacts_sha: str, on_error: OnError) -> bool:
+    """Whether the earlier run's entry ``e`` stands for what this run would write to ``out`` from ``source``: the
+    same source file (path, size, modification time, footer checksum), the same fitted artifacts, the output
+    present with its recorded checksum, and a rerun with ``on_error="raise"`` only over a shard that quarantined
+    nothing (otherwise the shard is redone, and its first invalid row raises)."""
+    stat = source.stat()
+    return (
+        e.source == str(source.resolve())
+        and e.source_bytes == stat.st_size
+        and e.source_mtime_ns == stat.st_mtime_ns
+        and e.source_footer_sha256 == footer_sha256(source)
+        and e.artifacts_sha256 == artifacts_sha
+        and (on_error == "quarantine" or e.rows_quarantined == 0)
+        and out.exists()
+        and sha256_file(out) == e.sha256
+    )
 
 
 def check_apart(out_dir: Path, inputs: list[Path]) -> None:
@@ -127,6 +147,8 @@ def process_shard(
     loader), without column statistics (nothing reads them; computing them cost ~5 % of the write), and
     ``compression`` (none by default; zstd or snappy trade write speed for size). The checksum is computed while
     the file is written."""
+    stat = source.stat()
+    footer = footer_sha256(source)
     shard = open_shard(source, pipeline.schema)
     schema = pipeline.output_schema()
     rows_in = rows_out = rows_q = 0
@@ -162,7 +184,9 @@ def process_shard(
     return ManifestEntry(
         output=out.name,
         source=str(source.resolve()),
-        source_bytes=source.stat().st_size,
+        source_bytes=stat.st_size,
+        source_mtime_ns=stat.st_mtime_ns,
+        source_footer_sha256=footer,
         rows_in=rows_in,
         rows_out=rows_out,
         rows_quarantined=rows_q,
@@ -227,14 +251,7 @@ def _preprocess(
     todo: list[int] = []
     for i, (src, out) in enumerate(zip(shards, outputs)):
         e = previous.get(out.name)
-        if (
-            e is not None
-            and e.source == str(src.resolve())
-            and e.source_bytes == src.stat().st_size
-            and e.artifacts_sha256 == artifacts_sha
-            and out.exists()
-            and sha256_file(out) == e.sha256
-        ):
+        if e is not None and _reusable(e, src, out, artifacts_sha, on_error):
             entries[out.name] = e
         else:
             todo.append(i)

@@ -14,6 +14,7 @@ The batches hold the same values either way; only the speed differs.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +64,24 @@ def _shard_file(p: Path) -> Path:
     if p.exists():
         raise InputError(str(p), "not a regular file")
     raise InputError(str(p), "no such file or directory")
+
+
+def footer_sha256(path: Path) -> str:
+    """The sha256 of a Parquet file's footer (its metadata, the metadata's length and the closing magic): a cheap
+    fingerprint of the file's content, which changes with any edit that changes a row group's size, offset, row
+    count or statistics. For a file too short to hold a footer, or without the closing magic, it is the sha256 of
+    the last 8 bytes (such a file is refused when it is opened)."""
+    with open(path, "rb") as f:
+        size = f.seek(0, os.SEEK_END)
+        tail = min(size, 8)
+        f.seek(size - tail)
+        trailer = f.read(tail)
+        if trailer[4:] == b"PAR1":
+            length = int.from_bytes(trailer[:4], "little")
+            if length <= size - 12:
+                tail = 8 + length
+        f.seek(size - tail)
+        return hashlib.sha256(f.read(tail)).hexdigest()
 
 
 def _is_type(t: pa.DataType, dtype: str) -> bool:

@@ -42,9 +42,11 @@ QUARANTINE = "quarantine"
 @dataclass(frozen=True)
 class ManifestEntry:
     """One output file: ``output`` and ``quarantine`` are paths relative to the directory (``quarantine`` is None
-    when no row was rejected); ``source`` is the absolute path of the input shard and ``source_bytes`` its size;
-    ``rows_in = rows_out + rows_quarantined``; ``sha256`` is the checksum of the output file and
-    ``artifacts_sha256`` that of the artifacts' pipeline.json it was transformed with."""
+    when no row was rejected); ``source`` is the absolute path of the input shard, ``source_bytes`` its size,
+    ``source_mtime_ns`` its modification time and ``source_footer_sha256`` the checksum of its Parquet footer
+    (``etl.io.parquet.footer_sha256``), all taken before it was read; ``rows_in = rows_out + rows_quarantined``;
+    ``sha256`` is the checksum of the output file and ``artifacts_sha256`` that of the artifacts' pipeline.json it
+    was transformed with. The fields that default to None are absent from manifests written before they existed."""
 
     output: str
     source: str
@@ -55,6 +57,8 @@ class ManifestEntry:
     quarantine: str | None
     sha256: str
     artifacts_sha256: str | None = None
+    source_mtime_ns: int | None = None
+    source_footer_sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -245,8 +249,10 @@ _ENTRY_TYPES: dict[str, type | tuple[type, ...]] = {
     "quarantine": (str, type(None)),
     "sha256": str,
     "artifacts_sha256": (str, type(None)),
+    "source_mtime_ns": (int, type(None)),
+    "source_footer_sha256": (str, type(None)),
 }
-_ENTRY_OPTIONAL = ("artifacts_sha256",)
+_ENTRY_OPTIONAL = ("artifacts_sha256", "source_mtime_ns", "source_footer_sha256")
 
 
 def _entry(doc: Any, path: Path, where: str) -> ManifestEntry:

@@ -366,3 +366,111 @@ def test_rerun_of_a_fixed_shard_removes_its_old_quarantine_file(tmp_path: Path) 
     preprocess(Pipeline.from_file(REPO / "pipelines/criteo_hash.yaml"), shards, out, on_error="quarantine")
     assert not (out / "quarantine" / "part-00001.parquet").exists()
     assert [e.quarantine for e in read_manifest(out).files] == [None, None]
+
+
+def _criteo_shards(tmp_path: Path, bad_first_c1: bool) -> tuple[list[Path], pa.Table]:
+    """Two raw Criteo shards of 200 rows; the second has a malformed C1 in its first row when ``bad_first_c1``."""
+    import pyarrow.parquet as pq
+
+    from tests.conftest import criteo_table
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    table = criteo_table(200, seed=4)
+    pq.write_table(table, raw / "part-00000.parquet")
+    second = table
+    if bad_first_c1:
+        second = table.set_column(table.schema.get_field_index("C1"), "C1", pa.array(["zz"] + table["C1"].to_pylist()[1:], pa.string()))
+    pq.write_table(second, raw / "part-00001.parquet")
+    return sorted(raw.iterdir()), table
+
+
+def test_rerun_with_on_error_raise_over_a_quarantined_shard_raises(tmp_path: Path) -> None:
+    """The manifest's entry of a shard with quarantined rows does not stand for a run that must raise on them:
+    the shard is redone, and its bad row raises; a shard that quarantined nothing is reused."""
+    from etl.errors import RowError
+    from etl.pipeline import Pipeline
+    from etl.preprocess import preprocess
+
+    shards, _ = _criteo_shards(tmp_path, bad_first_c1=True)
+    out = tmp_path / "out"
+    spec = REPO / "pipelines/criteo_hash.yaml"
+    preprocess(Pipeline.from_file(spec), shards, out, on_error="quarantine")
+    with pytest.raises(RowError, match="part-00001.parquet.*C1"):
+        preprocess(Pipeline.from_file(spec), shards, out, on_error="raise")
+    summary = preprocess(Pipeline.from_file(spec), shards[:1], out, on_error="raise")
+    assert summary.files_skipped == 1
+
+
+def test_rerun_with_on_error_raise_over_a_quarantined_shard_exits_2(tmp_path: Path) -> None:
+    shards, _ = _criteo_shards(tmp_path, bad_first_c1=True)
+    out = tmp_path / "out"
+    args = ("preprocess", "--pipeline", str(REPO / "pipelines/criteo_hash.yaml"), "--input", str(tmp_path / "raw"), "--out", str(out))
+    assert _run_cli(*args, "--on-error", "quarantine").returncode == 0
+    r = _run_cli(*args, "--on-error", "raise")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "row 0, column 'C1'" in r.stderr, r.stderr
+
+
+def test_resume_redoes_a_shard_whose_modification_time_changed(tmp_path: Path) -> None:
+    from etl.pipeline import Pipeline
+    from etl.preprocess import preprocess
+
+    shards, _ = _criteo_shards(tmp_path, bad_first_c1=False)
+    out = tmp_path / "out"
+    spec = REPO / "pipelines/criteo_hash.yaml"
+    preprocess(Pipeline.from_file(spec), shards, out)
+    st = shards[1].stat()
+    os.utime(shards[1], ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    assert preprocess(Pipeline.from_file(spec), shards, out).files_skipped == 1
+    assert preprocess(Pipeline.from_file(spec), shards, out).files_skipped == 2
+
+
+def test_resume_redoes_a_shard_edited_with_the_same_size_and_modification_time(tmp_path: Path) -> None:
+    """An edit that keeps the size and the modification time (a copy with ``cp -p``, a clock step) but changes the
+    content: the footer checksum differs, so the stale output is not kept."""
+    import pyarrow.parquet as pq
+
+    from etl.io.processed import read_manifest
+    from etl.pipeline import Pipeline
+    from etl.preprocess import preprocess
+
+    shards, table = _criteo_shards(tmp_path, bad_first_c1=False)
+    plain = {"compression": "none", "use_dictionary": False}  # sizes that depend on the widths only
+    pq.write_table(table, shards[1], **plain)
+    out = tmp_path / "out"
+    spec = REPO / "pipelines/criteo_hash.yaml"
+    preprocess(Pipeline.from_file(spec), shards, out)
+    before = read_manifest(out).files[1]
+    st = shards[1].stat()
+    dense = table.schema.get_field_index("I1")
+    edited = table.set_column(dense, "I1", pa.array([v + 1 if v is not None else None for v in table["I1"].to_pylist()], pa.int64()))
+    edited_path = tmp_path / "edited.parquet"
+    pq.write_table(edited, edited_path, **plain)
+    assert edited_path.stat().st_size == st.st_size  # same widths, other values (and statistics)
+    os.replace(edited_path, shards[1])
+    os.utime(shards[1], ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert preprocess(Pipeline.from_file(spec), shards, out).files_skipped == 1
+    after = read_manifest(out).files[1]
+    assert after.sha256 != before.sha256 and after.source_footer_sha256 != before.source_footer_sha256
+
+
+def test_resume_redoes_shards_of_a_manifest_without_source_fingerprints(tmp_path: Path) -> None:
+    """A manifest written before entries held the modification time and footer checksum proves nothing about the
+    source's content: its shards are redone (and the output is the same bytes)."""
+    import json
+
+    from etl.io.processed import MANIFEST
+    from etl.pipeline import Pipeline
+    from etl.preprocess import preprocess
+
+    shards, _ = _criteo_shards(tmp_path, bad_first_c1=False)
+    out = tmp_path / "out"
+    spec = REPO / "pipelines/criteo_hash.yaml"
+    preprocess(Pipeline.from_file(spec), shards, out)
+    parts = {p.name: p.read_bytes() for p in out.glob("part-*")}
+    doc = json.loads((out / MANIFEST).read_text())
+    for e in doc["files"]:
+        del e["source_mtime_ns"], e["source_footer_sha256"]
+    (out / MANIFEST).write_text(json.dumps(doc))
+    assert preprocess(Pipeline.from_file(spec), shards, out).files_skipped == 0
+    assert {p.name: p.read_bytes() for p in out.glob("part-*")} == parts

@@ -3,6 +3,7 @@ the in-place string views (InlineStrings) behave as Strings."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -197,3 +198,20 @@ def test_unsigned_64_bit_dense_value_through_the_dlrm_transform() -> None:
     out = pipe.transform_table(pa.table(cols))
     assert schema.names == out.schema.names
     assert out["I1"][0].as_py() == pytest.approx(np.log1p(float(2**64 - 1)), rel=1e-6)
+
+
+def test_footer_sha256_is_the_checksum_of_the_footer(tmp_path: Path) -> None:
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"x": [1, 2, 3]}), path)
+    data = path.read_bytes()
+    length = int.from_bytes(data[-8:-4], "little")
+    assert parquet.footer_sha256(path) == hashlib.sha256(data[-8 - length:]).hexdigest()
+    pq.write_table(pa.table({"x": [1, 2, 4]}), path)  # same size, other statistics
+    assert len(path.read_bytes()) == len(data) and parquet.footer_sha256(path) != hashlib.sha256(data[-8 - length:]).hexdigest()
+
+
+@pytest.mark.parametrize("content", [b"", b"PAR1", b"not a parquet file at all", b"\xff\xff\xff\x7fPAR1"])
+def test_footer_sha256_of_a_file_without_a_footer_hashes_its_last_bytes(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "bad.parquet"
+    path.write_bytes(content)
+    assert parquet.footer_sha256(path) == hashlib.sha256(content[-8:]).hexdigest()

@@ -39,6 +39,8 @@ def entry(i: int, rows_in: int, quarantined: int = 0) -> ManifestEntry:
         quarantine=f"quarantine/{name}" if quarantined else None,
         sha256=f"{i:064x}",
         artifacts_sha256="ab" * 32,
+        source_mtime_ns=1_700_000_000_000_000_000 + i,
+        source_footer_sha256="cd" * 32,
     )
 
 
@@ -56,6 +58,8 @@ MANIFEST_DOC = {
             "sha256": f"{0:064x}",
             "source": "/data/raw/0.parquet",
             "source_bytes": 1000,
+            "source_footer_sha256": "cd" * 32,
+            "source_mtime_ns": 1_700_000_000_000_000_000,
         },
         {
             "artifacts_sha256": "ab" * 32,
@@ -67,6 +71,8 @@ MANIFEST_DOC = {
             "sha256": f"{1:064x}",
             "source": "/data/raw/1.parquet",
             "source_bytes": 1001,
+            "source_footer_sha256": "cd" * 32,
+            "source_mtime_ns": 1_700_000_000_000_000_001,
         },
     ],
     "format": "etl-manifest",
@@ -108,11 +114,12 @@ def test_round_trip(tmp_path: Path, manifest: Manifest) -> None:
     assert read_manifest(tmp_path) == complete
 
 
-def test_entry_without_artifacts_checksum_reads_as_none(tmp_path: Path) -> None:
+@pytest.mark.parametrize("key", ["artifacts_sha256", "source_mtime_ns", "source_footer_sha256"])
+def test_entry_without_an_optional_field_reads_it_as_none(tmp_path: Path, key: str) -> None:
     doc = json.loads(json.dumps(MANIFEST_DOC))
-    del doc["files"][0]["artifacts_sha256"]
+    del doc["files"][0][key]
     write_doc(tmp_path, doc)
-    assert read_manifest(tmp_path).files[0] == replace(entry(0, 10), artifacts_sha256=None)
+    assert read_manifest(tmp_path).files[0] == replace(entry(0, 10), **{key: None})
 
 
 def test_open_processed_paths(tmp_path: Path, manifest: Manifest) -> None:

@@ -1,12 +1,16 @@
 """The lock that gives one run at a time an output directory.
 
-The lock is a file named ``LOCK_NAME`` in the directory, created with O_CREAT | O_EXCL (atomic: of two runs, one
-wins) and holding ``<pid> <host>`` of its holder. A lock whose holder is on this host and no longer alive is
-stale: it is taken over, with a note on stderr. The lock is removed when the holder ends, on error too.
+The lock is a file named ``LOCK_NAME`` in the directory, holding ``<pid> <host>`` of its holder, on which the
+holder keeps an exclusive ``flock`` for as long as it runs. The kernel releases a ``flock`` when its process
+ends, however it ends, so the lock of a run that died (kill -9, power loss) is free for the next run, and of two
+runs taking over the same leftover file only one gets it. A file whose ``flock`` is free but which names a live
+process on this host, or a process on another host (a file system where ``flock`` does not reach the other
+host), is still held. The holder removes the file when it ends, on error too.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
 import sys
@@ -19,12 +23,12 @@ from etl.errors import OutputError
 LOCK_NAME = ".etl.lock"
 
 
-def _holder(lock: Path) -> tuple[int, str] | None:
-    """The (pid, host) written in ``lock``; None when it cannot be read or parsed (or is gone)."""
+def _holder(text: str) -> tuple[int, str] | None:
+    """The (pid, host) written in a lock file's ``text``; None when it cannot be parsed."""
     try:
-        pid, host = lock.read_text().split(maxsplit=1)
+        pid, host = text.split(maxsplit=1)
         return int(pid), host.strip()
-    except (OSError, ValueError):
+    except ValueError:
         return None
 
 
@@ -39,15 +43,40 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _create(lock: Path) -> bool:
-    """Create ``lock`` holding this process's pid and host; False when it already exists."""
-    try:
-        fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    except FileExistsError:
-        return False
-    with os.fdopen(fd, "w") as f:
-        f.write(f"{os.getpid()} {socket.gethostname()}\n")
-    return True
+def _in_use(directory: Path, lock: Path, holder: tuple[int, str] | None) -> OutputError:
+    who = f"process {holder[0]} on {holder[1]}" if holder else "another run"
+    return OutputError(f"{directory}: in use by {who} (lock file {lock}; remove it if no run is active)")
+
+
+def _acquire(directory: Path, lock: Path) -> int:
+    """Open ``lock`` (created if missing, never through a symlink), take its ``flock`` and write this process's
+    pid and host into it; returns the descriptor, which holds the lock until closed."""
+    for _ in range(10):
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise _in_use(directory, lock, _holder(os.pread(fd, 4096, 0).decode(errors="replace"))) from None
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(lock, follow_symlinks=False))
+            except FileNotFoundError:
+                same = False
+            if not same:  # the holder before us removed (or replaced) the file after we opened it: open it again
+                os.close(fd)
+                continue
+            holder = _holder(os.pread(fd, 4096, 0).decode(errors="replace"))
+            if holder is not None:
+                if holder[1] != socket.gethostname() or _alive(holder[0]):
+                    raise _in_use(directory, lock, holder)
+                print(f"note: {directory}: taking over the stale lock of process {holder[0]} (no longer running)", file=sys.stderr)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+            return fd
+        except BaseException:
+            os.close(fd)
+            raise
+    raise OutputError(f"{directory}: could not take the lock file {lock}: it keeps being replaced")
 
 
 @contextmanager
@@ -55,16 +84,9 @@ def locked(directory: Path) -> Iterator[None]:
     """Hold ``directory``'s lock for the duration of the block; raises OutputError naming the holder when
     another live run holds it."""
     lock = directory / LOCK_NAME
-    if not _create(lock):
-        holder = _holder(lock)
-        if holder is None or holder[1] != socket.gethostname() or _alive(holder[0]):
-            who = f"process {holder[0]} on {holder[1]}" if holder else "an unknown process"
-            raise OutputError(f"{directory}: in use by {who} (lock file {lock}; remove it if no run is active)")
-        print(f"note: {directory}: taking over the stale lock of process {holder[0]} (no longer running)", file=sys.stderr)
-        lock.unlink(missing_ok=True)
-        if not _create(lock):
-            raise OutputError(f"{directory}: in use by another run (lock file {lock})")
+    fd = _acquire(directory, lock)
     try:
         yield
     finally:
-        lock.unlink(missing_ok=True)
+        lock.unlink(missing_ok=True)  # before the flock goes, so no run takes a lock that is then removed
+        os.close(fd)

@@ -146,6 +146,46 @@ def test_stale_lock_is_taken_over_and_removed_at_the_end(raw: Path, tmp_path: Pa
     assert (out / "part-00001.parquet").exists()
 
 
+_CONTENDER = """
+import sys, time
+from pathlib import Path
+from etl.errors import OutputError
+from etl.io.lock import locked
+directory, start, log = Path(sys.argv[1]), float(sys.argv[2]), Path(sys.argv[3])
+while time.time() < start:
+    pass
+try:
+    with locked(directory):
+        t0 = time.monotonic()
+        time.sleep(0.3)
+        t1 = time.monotonic()
+    with open(log, "a") as f:
+        f.write(f"{t0} {t1}\\n")
+except OutputError:
+    pass
+"""
+
+
+def test_runs_taking_over_one_stale_lock_at_once_never_hold_it_together(tmp_path: Path) -> None:
+    """Eight processes find the same stale lock at the same moment: the holders' times never overlap (one takes
+    it over; the others are refused, or take it after the first is done)."""
+    import time
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    for attempt in range(3):
+        (tmp_path / LOCK_NAME).write_text(f"{dead.pid} {socket.gethostname()}\n")
+        log = tmp_path / f"held-{attempt}.txt"
+        start = time.time() + 1.5
+        procs = [subprocess.Popen([sys.executable, "-c", _CONTENDER, str(tmp_path), str(start), str(log)], cwd=REPO) for _ in range(8)]
+        for p in procs:
+            assert p.wait(timeout=60) == 0
+        held = sorted(tuple(map(float, line.split())) for line in log.read_text().splitlines())
+        assert held
+        assert all(a[1] <= b[0] for a, b in zip(held, held[1:])), held
+        assert not (tmp_path / LOCK_NAME).exists()
+
+
 def test_lock_is_removed_on_error(tmp_path: Path) -> None:
     out = tmp_path / "out"
     with pytest.raises(EtlError):

@@ -310,6 +310,46 @@ def test_disk_full_is_one_line_exit_2_and_leaves_no_lock_or_temporaries(tiny_fs:
     assert not [p for p in out.rglob("*") if files.is_temporary(p.name)]
 
 
+def test_write_error_inside_a_part_file_leaves_no_final_name_and_the_rerun_is_identical(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, raw: Path
+) -> None:
+    """The disk fills up in the middle of the second part file: the error names that file's temporary, no file
+    appears under its final name, the manifest lists the first part only, and once there is room again the
+    rerun ends with the bytes of an undisturbed run."""
+    from etl.io.parquet import list_shards
+    from etl.io.processed import read_manifest
+    from etl.pipeline import Pipeline
+    from etl.preprocess import preprocess
+
+    spec = REPO / "pipelines" / "movielens.yaml"
+    shards = list_shards(raw)
+    undisturbed = tmp_path / "undisturbed"
+    preprocess(Pipeline.from_file(spec), shards, undisturbed)
+    real_write = files._NamedWriter.write
+    writes = {"n": 0}
+
+    def full_disk(self: files._NamedWriter, data: object) -> int:
+        if self.path.name.startswith(".part-00001.parquet"):
+            writes["n"] += 1
+            if writes["n"] == 3:
+                raise self._named(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))  # as a real write reports it
+        return real_write(self, data)
+
+    monkeypatch.setattr(files._NamedWriter, "write", full_disk)
+    out = tmp_path / "out"
+    with pytest.raises(OSError) as e:
+        preprocess(Pipeline.from_file(spec), shards, out)
+    assert e.value.errno == errno.ENOSPC and Path(e.value.filename).name.startswith(".part-00001.parquet")
+    assert not (out / "part-00001.parquet").exists() and (out / "part-00000.parquet").exists()
+    assert [f.output for f in read_manifest(out).files] == ["part-00000.parquet"]
+    assert not (out / LOCK_NAME).exists()
+    monkeypatch.setattr(files._NamedWriter, "write", real_write)
+    assert preprocess(Pipeline.from_file(spec), shards, out).files_skipped == 1
+    assert not [p for p in out.rglob("*") if files.is_temporary(p.name)]
+    for part in sorted(undisturbed.rglob("*.parquet")):
+        assert (out / part.relative_to(undisturbed)).read_bytes() == part.read_bytes(), part
+
+
 # --- resume ------------------------------------------------------------------------------------------------------
 
 def test_rerun_with_fewer_shards_removes_the_stale_outputs_the_old_manifest_lists(tmp_path: Path) -> None:

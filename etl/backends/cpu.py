@@ -103,8 +103,9 @@ def clamp(values: np.ndarray, lo: float | None, hi: float | None) -> np.ndarray:
 
 
 def log1p(values: np.ndarray) -> np.ndarray:
-    """float64 ln(1 + x)."""
-    return np.log1p(values.astype(np.float64, copy=False))
+    """float64 ln(1 + x): -inf at -1, NaN below (no warning: the output check rejects those rows)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.log1p(values.astype(np.float64, copy=False))
 
 
 def normalize(values: np.ndarray, mean: float, std: float) -> np.ndarray:

@@ -94,6 +94,37 @@ def convert(
     console.print(f"wrote {len(paths)} shard(s), {rows:,} rows, to {out}")
 
 
+schema_app = typer.Typer(no_args_is_help=True, help="Schemas: guess one from data.")
+app.add_typer(schema_app, name="schema")
+
+
+@schema_app.command("infer")
+def schema_infer(
+    inputs: list[Path] = typer.Argument(..., help="Delimited text (CSV/TSV, optionally .gz) or Parquet files of one layout."),
+    out: Path | None = typer.Option(None, help="Write the schema here (default: print schema and pipeline)."),
+    pipeline: Path | None = typer.Option(None, help="Write the starter pipeline here (needs --out: it names the schema file)."),
+    rows: int = typer.Option(10_000, min=1, help="Rows read from the start of each input."),
+) -> None:
+    """Guess a schema and a starter pipeline from a sample; every guess is explained in a YAML comment."""
+    import os
+
+    from etl.infer import infer
+
+    with user_errors():
+        if pipeline is not None and out is None:
+            raise EtlError("--pipeline needs --out: the pipeline names its schema file")
+        guess = infer(list(inputs), rows=rows)
+        if out is None:
+            typer.echo(guess.schema_yaml() + "---\n" + guess.pipeline_yaml("schema.yaml"), nl=False)
+            return
+        out.write_text(guess.schema_yaml())
+        if pipeline is None:
+            typer.echo(guess.pipeline_yaml(os.path.relpath(out)), nl=False)
+            return
+        pipeline.write_text(guess.pipeline_yaml(os.path.relpath(out.resolve(), pipeline.resolve().parent)))
+    console.print(f"wrote {out} ({len(guess.columns)} columns) and {pipeline}", highlight=False)
+
+
 @app.command()
 def generate(
     schema: Path = typer.Option(..., help="Schema YAML."),

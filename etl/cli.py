@@ -81,15 +81,22 @@ def convert(
     schema: Path = typer.Option(..., help="Schema YAML describing the columns and the text layout."),
     out: Path = typer.Option(..., help="Output directory for Parquet shards."),
     rows_per_file: int = typer.Option(1_000_000, help="Rows per output shard."),
+    join: Path | None = typer.Option(None, help="A side table (delimited text with a header) left-joined onto every row on --on."),
+    on: str | None = typer.Option(None, help="The join key: a schema column in the inputs and the side table."),
 ) -> None:
     """Convert delimited text (e.g. Criteo TSV) into Parquet shards in the raw layout."""
+    from etl.errors import ConfigError
+    from etl.io.join import SideTable
     from etl.io.text import convert as run
     from etl.schema import load_schema
 
     with user_errors():
         s = load_schema(schema)
+        if (join is None) != (on is None):
+            raise ConfigError("--join and --on go together: the side table and the key to join it on")
+        side = SideTable.read(join, on, s) if join is not None and on is not None else None
         with progress_bar("convert", None) as advance:
-            paths = run(list(inputs), s, out, rows_per_file=rows_per_file, progress=advance)
+            paths = run(list(inputs), s, out, rows_per_file=rows_per_file, progress=advance, side=side)
     rows = sum(pq.ParquetFile(p).metadata.num_rows for p in paths)
     console.print(f"wrote {len(paths)} shard(s), {rows:,} rows, to {out}")
 

@@ -405,7 +405,7 @@ def _criteo_layout(kinds: list[Values]) -> bool:
 
 
 def _present(values: list[Any], nulls: set[str]) -> list[Any]:
-    return [v for v in values if v is not None and v not in nulls]
+    return [v for v in values if v is not None and (isinstance(v, list) or v not in nulls)]
 
 
 def _null_token(columns: list[list[str | None]]) -> tuple[str, str]:

@@ -381,8 +381,9 @@ def convert(
         raise ValueError(f"the side table {side.path} was read for schema {side.schema.path}, not {schema.path}")
     read_schema = schema if side is None else side.input_schema
     read_arrow = raw_arrow_schema(read_schema)
-    for path in paths if side is not None else []:
-        side.check_input(path)
+    if side is not None:
+        for path in paths:
+            side.check_input(path)
     with ShardSetWriter(Path(out_dir), raw_arrow_schema(schema)) as shards:
         sharder = _Sharder(shards, rows_per_file, progress)
         try:

@@ -451,11 +451,17 @@ def _keyed(spec: ColumnSpec, v: Values, why: str) -> InferredColumn:
 
 
 def _kind(values: list[Any], source: Source) -> Values:
-    """``summarise`` for one column; a Parquet integer column stays integer whatever its range (uint64 included)."""
+    """``summarise`` for one column. A Parquet number column keeps its kind whatever its values: integers of any
+    range (uint64 included), floats with NaN or infinities (which ``FillMissing`` then reports), or none at all."""
     if source.startswith("list"):
         return Values("string")
+    if source == "float":
+        finite = [f for f in map(float, values) if math.isfinite(f)]
+        return Values("float", len(values), len(set(values)), minimum=min(finite, default=0.0), example=values[0] if values else "")
     v = summarise(values)
-    return Values("int", v.count, v.distinct, minimum=0.0, example=v.example) if v.kind == "bigint" and source == "int" else v
+    if source == "int" and v.kind != "int":
+        return Values("int", v.count, v.distinct, minimum=min(map(int, values), default=0), example=v.example)  # uint64, or no value
+    return v
 
 
 def _element_spec(name: str, elements: list[str], sep: str, source: Source) -> tuple[ColumnSpec, str]:
@@ -534,7 +540,7 @@ def infer(paths: Sequence[str | Path], rows: int = 10_000) -> Inference:
         fixed_label = next((i for i, k in enumerate(kinds) if k.kind == "int" and k.binary), None)
     label_at, label_why = None, ""
     for i, (n, k) in enumerate(zip(names, kinds)):
-        why = _is_label_name(n, k) if fixed_label is None else None
+        why = _is_label_name(n, k) if fixed_label is None and first.sources[i] != "string" else None
         if fixed_label == i:
             why = _CRITEO_WHY if layout else "guessed: the first 0/1 column of a file without a header"
         if why:

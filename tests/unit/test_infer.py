@@ -225,6 +225,22 @@ def test_parquet_types(tmp_path):
     assert out.column("label").to_pylist() == [float(i % 2) for i in range(n)]
 
 
+def test_parquet_columns_keep_their_type_whatever_the_values(tmp_path):
+    t = pa.table({
+        "label": pa.array(["0", "1"] * 5),  # text: not a label, whatever its name
+        "price": pa.array([float("nan"), 2.5] * 5),
+        "count": pa.array([None] * 10, pa.int64()),
+    })  # fmt: skip
+    pq.write_table(t, tmp_path / "p.parquet")
+    assert specs(infer([tmp_path / "p.parquet"])) == [
+        ColumnSpec("label", "categorical", "string", "int"),
+        ColumnSpec("price", "dense", "float64"),
+        ColumnSpec("count", "dense", "int64"),
+    ]
+    pq.write_table(t.slice(0, 0), tmp_path / "empty.parquet")
+    assert specs(infer([tmp_path / "empty.parquet"]))[1:] == [ColumnSpec("price", "dense", "float64"), ColumnSpec("count", "dense", "int64")]
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # errors
 

@@ -81,17 +81,55 @@ def convert(
     schema: Path = typer.Option(..., help="Schema YAML describing the columns and the text layout."),
     out: Path = typer.Option(..., help="Output directory for Parquet shards."),
     rows_per_file: int = typer.Option(1_000_000, help="Rows per output shard."),
+    join: Path | None = typer.Option(None, help="A side table (delimited text with a header) left-joined onto every row on --on."),
+    on: str | None = typer.Option(None, help="The join key: a schema column in the inputs and the side table."),
 ) -> None:
     """Convert delimited text (e.g. Criteo TSV) into Parquet shards in the raw layout."""
+    from etl.errors import ConfigError
+    from etl.io.join import SideTable
     from etl.io.text import convert as run
     from etl.schema import load_schema
 
     with user_errors():
         s = load_schema(schema)
+        if (join is None) != (on is None):
+            raise ConfigError("--join and --on go together: the side table and the key to join it on")
+        side = SideTable.read(join, on, s) if join is not None and on is not None else None
         with progress_bar("convert", None) as advance:
-            paths = run(list(inputs), s, out, rows_per_file=rows_per_file, progress=advance)
+            paths = run(list(inputs), s, out, rows_per_file=rows_per_file, progress=advance, side=side)
     rows = sum(pq.ParquetFile(p).metadata.num_rows for p in paths)
     console.print(f"wrote {len(paths)} shard(s), {rows:,} rows, to {out}")
+
+
+schema_app = typer.Typer(no_args_is_help=True, help="Schemas: guess one from data.")
+app.add_typer(schema_app, name="schema")
+
+
+@schema_app.command("infer")
+def schema_infer(
+    inputs: list[Path] = typer.Argument(..., help="Delimited text (CSV/TSV, optionally .gz) or Parquet files of one layout."),
+    out: Path | None = typer.Option(None, help="Write the schema here (default: print schema and pipeline)."),
+    pipeline: Path | None = typer.Option(None, help="Write the starter pipeline here (needs --out: it names the schema file)."),
+    rows: int = typer.Option(10_000, min=1, help="Rows read from the start of each input."),
+) -> None:
+    """Guess a schema and a starter pipeline from a sample; every guess is explained in a YAML comment."""
+    import os
+
+    from etl.infer import infer
+
+    with user_errors():
+        if pipeline is not None and out is None:
+            raise EtlError("--pipeline needs --out: the pipeline names its schema file")
+        guess = infer(list(inputs), rows=rows)
+        if out is None:
+            typer.echo(guess.schema_yaml() + "---\n" + guess.pipeline_yaml("schema.yaml"), nl=False)
+            return
+        out.write_text(guess.schema_yaml())
+        if pipeline is None:
+            typer.echo(guess.pipeline_yaml(os.path.relpath(out)), nl=False)
+            return
+        pipeline.write_text(guess.pipeline_yaml(os.path.relpath(out.resolve(), pipeline.resolve().parent)))
+    console.print(f"wrote {out} ({len(guess.columns)} columns) and {pipeline}", highlight=False)
 
 
 @app.command()

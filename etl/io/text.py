@@ -27,6 +27,7 @@ import os
 import re
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -38,7 +39,10 @@ from etl.errors import InputError, OutputError
 from etl.io.files import ExclusiveParquetWriter, is_shard_name, is_temporary, shard_name, temporary_path
 from etl.schema import ColumnSpec, Schema
 
-__all__ = ["ROW_GROUP_ROWS", "raw_arrow_schema", "convert", "ShardSetWriter"]
+if TYPE_CHECKING:
+    from etl.io.join import SideTable
+
+__all__ = ["ROW_GROUP_ROWS", "raw_arrow_schema", "convert", "read_text", "header_names", "ShardSetWriter"]
 
 #: Largest row group written by ``convert`` and ``etl.synth.generate``.
 ROW_GROUP_ROWS = 131_072
@@ -230,7 +234,7 @@ _COL_RE = re.compile(r"In CSV column #(\d+): ")
 _FIELDS_RE = re.compile(r"Expected (\d+) columns, got (\d+): (.*)", re.DOTALL)
 
 
-def _header_names(path: Path, schema: Schema) -> list[str] | None:
+def header_names(path: Path, schema: Schema) -> list[str] | None:
     """Column names of the file's header line (header files only), as pyarrow numbers them."""
     if not schema.text.header:
         return schema.names
@@ -253,7 +257,7 @@ def _explain(path: Path, schema: Schema, err: Exception, *, single_threaded: boo
     """
     msg = str(err)
     if isinstance(err, KeyError) or "in include_columns does not exist" in msg:
-        names = _header_names(path, schema) or []
+        names = header_names(path, schema) or []
         missing = [n for n in schema.names if n not in names]
         col = missing[0] if missing else None
         return InputError(str(path), f"the header lacks column(s) {missing}; it has {names}", column=col)
@@ -266,7 +270,7 @@ def _explain(path: Path, schema: Schema, err: Exception, *, single_threaded: boo
     column = None
     m = _COL_RE.search(msg)
     if m:
-        names = _header_names(path, schema) or []
+        names = header_names(path, schema) or []
         i = int(m.group(1))
         column = names[i] if i < len(names) else f"#{i}"
         msg = msg[: m.start()] + msg[m.end():]
@@ -312,7 +316,7 @@ def _split_one(text: pa.Array, c: ColumnSpec, path: Path, first_line: int) -> pa
                          column=c.name) from None
 
 
-def _read_file(path: Path, schema: Schema, arrow_schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+def read_text(path: Path, schema: Schema, arrow_schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     """Stream ``path`` as raw-layout record batches (one CSV block at a time)."""
     try:
         reader = _open_csv(path, schema, use_threads=True)
@@ -338,6 +342,7 @@ def convert(
     out_dir: Path,
     rows_per_file: int = 1_000_000,
     progress: Callable[[int], None] | None = None,
+    side: SideTable | None = None,
 ) -> list[Path]:
     """Convert delimited text files to raw-layout Parquet shards in ``out_dir``; return the shard paths in order.
 
@@ -361,6 +366,10 @@ def convert(
 
     ``progress`` (optional) is called with the number of rows of each row group written.
 
+    ``side`` (optional, ``etl.io.join.SideTable``): a side table left-joined onto every row; the inputs then hold
+    the schema's columns but the side table's (``side.input_schema``), and an input's header may not name a side
+    column.
+
     Raises ``InputError`` for a missing input, a line with the wrong number of fields, an unparsable number or a
     missing header column; the message names the file and, where known, the line (1-based, counting the header)
     and the column.
@@ -368,13 +377,19 @@ def convert(
     if not isinstance(rows_per_file, int) or rows_per_file < 1:
         raise ValueError(f"rows_per_file must be a positive integer, got {rows_per_file!r}")
     paths = _check_inputs(inputs)
-    arrow_schema = raw_arrow_schema(schema)
-    with ShardSetWriter(Path(out_dir), arrow_schema) as shards:
+    if side is not None and side.schema is not schema:
+        raise ValueError(f"the side table {side.path} was read for schema {side.schema.path}, not {schema.path}")
+    read_schema = schema if side is None else side.input_schema
+    read_arrow = raw_arrow_schema(read_schema)
+    if side is not None:
+        for path in paths:
+            side.check_input(path)
+    with ShardSetWriter(Path(out_dir), raw_arrow_schema(schema)) as shards:
         sharder = _Sharder(shards, rows_per_file, progress)
         try:
             for path in paths:
-                for batch in _read_file(path, schema, arrow_schema):
-                    sharder.add(batch)
+                for batch in read_text(path, read_schema, read_arrow):
+                    sharder.add(batch if side is None else side.attach(batch))
             sharder.finish()
         finally:
             if sharder._writer is not None:  # error mid-shard: close the handle so abort() can remove it

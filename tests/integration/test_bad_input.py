@@ -136,3 +136,20 @@ def test_bad_pipeline_names_field(tmp_path: Path) -> None:
     p = write(criteo_table(10), tmp_path / "in" / "a.parquet")
     proc = run_etl("preprocess", "--pipeline", pipe, "--input", p.parent, "--out", tmp_path / "out", check=False)
     assert proc.returncode == 2 and "ops[0].op" in proc.stderr and "Frobnicate" in proc.stderr
+
+
+def test_convert_join_errors(tmp_path: Path) -> None:
+    ratings, movies = tmp_path / "ratings.csv", tmp_path / "movies.csv"
+    ratings.write_text("userId,movieId,rating,timestamp\n1,1,4.0,964982703\n")
+    movies.write_text("movieId,title,genres\n1,A,Drama\n2,B,Comedy\n1,C,Crime\n")
+    schema = REPO / "schemas/movielens.yaml"
+    cases = [
+        (["--join", movies, "--on", "movieId"], f"{movies}, column 'movieId': key 1 appears on lines 2 and 4: the side table's keys must be unique"),
+        (["--join", movies], "--join and --on go together"),
+        (["--join", movies, "--on", "title"], "--on title: the schema"),
+    ]
+    for extra, fragment in cases:
+        proc = run_etl("convert", ratings, "--schema", schema, "--out", tmp_path / "raw", *extra, check=False)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        assert fragment in " ".join(proc.stderr.split()), proc.stderr
+    assert not (tmp_path / "raw").exists()

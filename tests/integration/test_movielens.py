@@ -1,14 +1,16 @@
-"""MovieLens ratings enriched with genres (a multi-hot list column) through convert, preprocess and the loader
-(host and device placement)."""
+"""MovieLens ratings enriched with genres (a multi-hot list column): the README's commands (convert with
+--join, preprocess, inspect), checked against a polars join, then the loader (host and device placement)."""
 
 from __future__ import annotations
 
-import csv
 import json
+import re
+import shlex
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pyarrow.parquet as pq
 import torch
 
@@ -17,17 +19,14 @@ from etl.loader import Loader
 from tests.conftest import REPO, run_etl
 
 
-def build_joined_csv(root: Path, dest: Path) -> list[dict[str, str]]:
-    """ratings.csv joined with movies.csv on movieId: userId,movieId,rating,timestamp,genres."""
-    with open(root / "movies.csv", newline="", encoding="utf-8") as f:
-        genres = {r["movieId"]: r["genres"] for r in csv.DictReader(f)}
-    with open(root / "ratings.csv", newline="") as f:
-        rows = [dict(r, genres=genres[r["movieId"]]) for r in csv.DictReader(f)]
-    with open(dest, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["userId", "movieId", "rating", "timestamp", "genres"])
-        w.writeheader()
-        w.writerows(rows)
-    return rows
+def readme_commands(section: str) -> list[list[str]]:
+    """The ``etl`` command lines of the first bash block under the README heading ``section``."""
+    text = (REPO / "README.md").read_text()
+    body = text[text.index(f"## {section}\n"):]
+    block = re.search(r"```bash\n(.*?)```", body, re.DOTALL)
+    assert block, f"no bash block under {section!r}"
+    lines = block.group(1).replace("\\\n", " ").splitlines()
+    return [shlex.split(ln) for ln in lines if ln.startswith("etl ")]
 
 
 def vocab_ids(values: list, key=lambda v: v) -> dict:
@@ -36,12 +35,22 @@ def vocab_ids(values: list, key=lambda v: v) -> dict:
     return {v: 3 + i for i, v in enumerate(ordered)}  # 0 pad, 1 null, 2 OOV
 
 
-def test_movielens_genres_multi_hot(movielens: Path, tmp_path: Path) -> None:
-    joined = tmp_path / "ratings_genres.csv"
-    rows = build_joined_csv(movielens, joined)
-    raw, out = tmp_path / "raw", tmp_path / "out"
-    run_etl("convert", joined, "--schema", REPO / "schemas/movielens.yaml", "--out", raw, "--rows-per-file", 40_000)
-    run_etl("preprocess", "--pipeline", REPO / "pipelines/movielens.yaml", "--input", raw, "--out", out)
+def test_movielens_readme_commands(movielens: Path, tmp_path: Path) -> None:
+    commands = readme_commands("Using it on MovieLens")
+    assert [c[:2] for c in commands] == [["etl", "convert"], ["etl", "preprocess"], ["etl", "inspect"]]
+    for command in commands:
+        args = [a.replace("ml-latest-small/", f"{movielens}/").replace("data/ml/", f"{tmp_path}/ml/") for a in command[1:]]
+        run_etl(*args)
+    raw, out = tmp_path / "ml" / "raw", tmp_path / "ml" / "processed"
+
+    # reference: a polars left join of ratings.csv and movies.csv on movieId, in ratings.csv order
+    ratings = pl.read_csv(movielens / "ratings.csv")
+    movies = pl.read_csv(movielens / "movies.csv")
+    joined = ratings.join(movies.select("movieId", "genres"), on="movieId", how="left", maintain_order="left")
+    assert joined.height == ratings.height
+    rows = joined.to_dicts()
+    got = pq.read_table(raw).to_pylist()
+    assert got == [dict(r, genres=None if r["genres"] is None else r["genres"].split("|")) for r in rows]
 
     manifest = json.loads((out / "manifest.json").read_text())
     table = pq.read_table([out / f["output"] for f in manifest["files"]])

@@ -15,6 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("ETL_SHARED_DATA", REPO.parent / "shared" / "data"))
 CRITEO_8K = DATA / "criteo-kaggle-8k"
 MOVIELENS = DATA / "movielens-ml-latest-small"
+MOVIELENS_SAMPLE = DATA / "deepctr-samples" / "movielens_sample.txt"
 
 
 def run_etl(*args: str, check: bool = True, cwd: Path = REPO) -> subprocess.CompletedProcess:
@@ -37,6 +38,14 @@ def movielens() -> Path:
     if not (MOVIELENS / "ratings.csv").is_file():
         pytest.skip(f"MovieLens sample not found at {MOVIELENS}")
     return MOVIELENS
+
+
+@pytest.fixture(scope="session")
+def movielens_sample() -> Path:
+    """DeepCTR's MovieLens-1M sample: 200 joined rows (CSV with header)."""
+    if not MOVIELENS_SAMPLE.is_file():
+        pytest.skip(f"MovieLens sample not found at {MOVIELENS_SAMPLE}")
+    return MOVIELENS_SAMPLE
 
 
 def criteo_table(n: int, seed: int = 0) -> pa.Table:

@@ -72,7 +72,8 @@ class Op:
     #: (raw or number), before any op writes it
     reads: ClassVar[str | None] = "number"
     writes: ClassVar[str | None] = "number"
-    #: a kind the op also accepts and leaves as it is (Decode: columns that already hold keys), or None
+    #: a kind the op also accepts in the columns earlier ops create, and leaves as it is (Decode: the key columns
+    #: of DateParts), or None
     keeps: ClassVar[str | None] = None
 
     def __init__(self, columns: list[str], **params: Any):

@@ -166,7 +166,7 @@ class Pipeline:
                     if c in written:
                         problem = f"column '{c}' is written by an earlier op; {op.name} reads it as the schema declares it (put {op.name} first)"
                         raise SpecError(self.path, where, problem)
-                elif op.reads is not None and kind[c] not in (op.reads, op.keeps):
+                elif op.reads is not None and kind[c] != op.reads and not (kind[c] == op.keeps and c not in self.schema.names):
                     hint = " (put a Decode op before it)" if kind[c] == "raw" else ""
                     raise SpecError(self.path, where, f"column '{c}' holds {kind[c]} values, the op needs {op.reads}{hint}")
             for c in op.outputs:

@@ -46,6 +46,7 @@ class Decode(Op):
         for c in self.columns:
             col = batch[c]
             if xp.is_keys(col.values):
+                out[c] = col
                 continue
             spec = self.specs[c]
             keys, raw, bad = _decode(col, spec, xp)

@@ -94,7 +94,8 @@ class DateFormat:
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(template, starts, widths, defaults) as int64 numpy arrays, for kernels."""
-        return tuple(np.array(x, np.int64) for x in (self.template, self.starts, self.widths, DEFAULTS))  # type: ignore[return-value]
+        template, starts, widths, defaults = (np.array(x, np.int64) for x in (self.template, self.starts, self.widths, DEFAULTS))
+        return template, starts, widths, defaults
 
 
 def compile_format(text: object) -> DateFormat:

@@ -217,8 +217,8 @@ class Pipeline:
         every op that reads raw values (decoding text needs the variable-length bytes, which stay on the host) or
         the columns as the schema declares them (DateParts); the device part is the rest (dense ops, Hash,
         Categorify, crosses, ops on decoded lists), each part in pipeline order. The host part then the device
-        part gives the same result as every op in order: an op of the host part never reads a column that an op
-        of the device part writes."""
+        part gives the same result as every op in order: an op of the host part never reads a column that an
+        earlier op of the device part writes."""
         kind = _schema_kinds(self.schema)
         host: list[Op] = []
         device: list[Op] = []

@@ -150,7 +150,7 @@ def test_invalid_values_are_the_rows_datetime_refuses(dtype: str, fmt: str, valu
     check(values + [None], dtype, fmt, ["hour"] if fmt.startswith("%H") else ["year"])
 
 
-def test_missing_stays_missing_and_the_source_is_untouched() -> None:
+def test_missing_stays_missing_and_the_new_columns_are_categorical_int_keys() -> None:
     s = spec("t", "string")
     col = column_from_arrow(pa.array(["2014-10-21", None], pa.string()), s)
     op = DateParts(["t"], format="%Y-%m-%d", parts=["weekday"])

@@ -16,6 +16,7 @@ DATA = Path(os.environ.get("ETL_SHARED_DATA", REPO.parent / "shared" / "data"))
 CRITEO_8K = DATA / "criteo-kaggle-8k"
 MOVIELENS = DATA / "movielens-ml-latest-small"
 DEEPCTR = DATA / "deepctr-samples"
+MOVIELENS_SAMPLE = DEEPCTR / "movielens_sample.txt"
 
 
 def run_etl(*args: str, check: bool = True, cwd: Path = REPO) -> subprocess.CompletedProcess:
@@ -45,6 +46,14 @@ def deepctr() -> Path:
     if not (DEEPCTR / "criteo_sample.txt").is_file():
         pytest.skip(f"DeepCTR samples not found at {DEEPCTR}")
     return DEEPCTR
+
+
+@pytest.fixture(scope="session")
+def movielens_sample() -> Path:
+    """DeepCTR's MovieLens-1M sample: 200 joined rows (CSV with header)."""
+    if not MOVIELENS_SAMPLE.is_file():
+        pytest.skip(f"MovieLens sample not found at {MOVIELENS_SAMPLE}")
+    return MOVIELENS_SAMPLE
 
 
 def criteo_table(n: int, seed: int = 0) -> pa.Table:

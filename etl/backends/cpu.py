@@ -17,6 +17,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 from numpy.typing import DTypeLike
 
+from etl.backends.dates import MAX_SECONDS, MIN_SECONDS, PARTS, SECONDS_PER_DAY, DateFormat
 from etl.backends.hashing import C1, C2, FNV_OFFSET, FNV_PRIME, check_buckets, seed_word
 from etl.batch import InlineStrings, Strings, gather_ranges, take_values
 from etl.ids import FIRST, MISSING
@@ -393,6 +394,152 @@ def decode_string(s: Strings, valid: np.ndarray | None) -> np.ndarray:
 def decode_int(values: np.ndarray) -> np.ndarray:
     """int64 values → the same bits as uint64 keys (zero copy)."""
     return values.astype(np.int64, copy=False).view(np.uint64)
+
+
+# ---------------------------------------------------------------- dates (see etl.backends.dates)
+
+
+@_jit
+def _days_from_civil(y, m, d):
+    """Day number (days since 1970-01-01) of the proleptic Gregorian date y-m-d (Hinnant)."""
+    y -= 1 if m <= 2 else 0
+    era = y // 400
+    yoe = y - era * 400
+    doy = (153 * (m + (-3 if m > 2 else 9)) + 2) // 5 + d - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    return era * 146097 + doe - 719468
+
+
+@_jit
+def _civil_from_days(z):
+    """(year, month, day) of day number ``z`` (Hinnant)."""
+    z += 719468
+    era = z // 146097
+    doe = z - era * 146097
+    yoe = (doe - doe // 1460 + doe // 36524 - doe // 146096) // 365
+    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
+    mp = (5 * doy + 2) // 153
+    d = doy - (153 * mp + 2) // 5 + 1
+    m = mp + 3 if mp < 10 else mp - 9
+    return yoe + era * 400 + (1 if m <= 2 else 0), m, d
+
+
+@_jit
+def _month_days(y, m):
+    if m == 2:
+        return 29 if (y % 4 == 0 and (y % 100 != 0 or y % 400 == 0)) else 28
+    return 30 if m == 4 or m == 6 or m == 9 or m == 11 else 31
+
+
+@_jit
+def _put_fields(f, short_year, out, i):
+    """Check the fields ``f`` (year, month, day, hour, minute, second) of row ``i`` and write its parts into
+    ``out``; False when they are not a date."""
+    y = f[0] + ((2000 if f[0] < 69 else 1900) if short_year else 0)
+    m, d = f[1], f[2]
+    if not (1 <= y <= 9999 and 1 <= m <= 12 and 1 <= d and f[3] <= 23 and f[4] <= 59 and f[5] <= 59):
+        return False
+    if d > _month_days(y, m):
+        return False
+    out[0, i], out[1, i], out[2, i], out[3, i], out[4, i] = y, m, d, f[3], f[4]
+    out[5, i] = (_days_from_civil(y, m, d) + 3) % 7
+    return True
+
+
+@_jit
+def _dates_from_text(data, starts, ends, valid, template, fstarts, widths, defaults, short_year, out, bad):
+    n_fields = len(widths)
+    f = np.empty(n_fields, np.int64)
+    nbad = 0
+    for i in range(len(starts)):
+        if valid is not None and not valid[i]:
+            continue
+        s = starts[i]
+        ok = ends[i] - s == len(template)
+        if ok:
+            for j in range(len(template)):
+                b = np.int64(data[s + j])
+                t = template[j]
+                if (t >= 0 and b != t) or (t < 0 and (b < 48 or b > 57)):
+                    ok = False
+                    break
+        if ok:
+            for k in range(n_fields):
+                v = defaults[k]
+                if widths[k]:
+                    v = 0
+                    for j in range(fstarts[k], fstarts[k] + widths[k]):
+                        v = v * 10 + np.int64(data[s + j]) - 48
+                f[k] = v
+            ok = _put_fields(f, short_year, out, i)
+        if not ok:
+            bad[i] = True
+            nbad += 1
+    return nbad
+
+
+@_jit
+def _dates_from_ints(values, valid, length, fstarts, widths, defaults, short_year, out, bad):
+    n_fields = len(widths)
+    f = np.empty(n_fields, np.int64)
+    limit = np.int64(10) ** length
+    nbad = 0
+    for i in range(len(values)):
+        if valid is not None and not valid[i]:
+            continue
+        v = np.int64(values[i])
+        ok = 0 <= v < limit
+        if ok:
+            for k in range(n_fields):
+                f[k] = defaults[k]
+                if widths[k]:
+                    f[k] = (v // np.int64(10) ** (length - fstarts[k] - widths[k])) % np.int64(10) ** widths[k]
+            ok = _put_fields(f, short_year, out, i)
+        if not ok:
+            bad[i] = True
+            nbad += 1
+    return nbad
+
+
+@_jit
+def _dates_from_seconds(seconds, valid, out, bad):
+    nbad = 0
+    for i in range(len(seconds)):
+        if valid is not None and not valid[i]:
+            continue
+        t = np.int64(seconds[i])
+        if bad[i] or t < MIN_SECONDS or t > MAX_SECONDS:  # bad already: malformed integer text
+            bad[i] = True
+            nbad += 1
+            continue
+        z = t // SECONDS_PER_DAY
+        r = t - z * SECONDS_PER_DAY
+        y, m, d = _civil_from_days(z)
+        out[0, i], out[1, i], out[2, i], out[3, i], out[4, i], out[5, i] = y, m, d, r // 3600, (r // 60) % 60, (z + 3) % 7
+    return nbad
+
+
+def date_parts(values: np.ndarray | Strings, valid: np.ndarray | None, fmt: DateFormat) -> tuple[np.ndarray, np.ndarray | None]:
+    """The parts of each present value read with ``fmt``: int64 [len(PARTS), n] (row j: ``PARTS[j]``; 0 under
+    missing values and values that are not a date), and bad: the present values that are not a date in ``fmt`` (None when there are none).
+    ``values``: text, or integers (int64)."""
+    n = len(values)
+    out = np.zeros((len(PARTS), n), np.int64)
+    bad = np.zeros(n, np.bool_)
+    if fmt.unix:
+        if isinstance(values, Strings):
+            seconds, text_bad = decode_int_text(values, valid)
+            if text_bad is not None:
+                bad |= text_bad
+            values = seconds.view(np.int64)
+        nbad = _dates_from_seconds(values, valid, out, bad)
+    else:
+        template, fstarts, widths, defaults = fmt.arrays()
+        if isinstance(values, Strings):
+            nbad = _dates_from_text(values.data, values.starts, values.ends, valid, template, fstarts, widths, defaults, fmt.short_year, out, bad)
+        else:
+            nbad = _dates_from_ints(values, valid, fmt.length, fstarts, widths, defaults, fmt.short_year, out, bad)
+    return out, (bad if nbad else None)
 
 
 # ---------------------------------------------------------------- hash and cross

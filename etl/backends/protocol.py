@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from etl.backends.dates import DateFormat
 from etl.batch import Array, Strings
 
 
@@ -132,6 +133,13 @@ class Backend(Protocol):
     def encode_hex(self, keys: Array, valid: Array | None, width: int) -> tuple[np.ndarray, np.ndarray]:
         """The inverse of ``decode_hex``: ``width`` lowercase hex digits per present key, as numpy Arrow string
         buffers (int32 offsets, bytes)."""
+        ...
+
+    # ---- dates
+    def date_parts(self, values: Array | Strings, valid: Array | None, fmt: DateFormat) -> tuple[Array, Array | None]:
+        """The calendar parts (``etl.backends.dates.PARTS``) of text or int64 ``values`` read with ``fmt``, as an
+        int64 [len(PARTS), n] array (0 under missing values and values that are not a date), and bad: the present
+        values that are not a date in ``fmt`` (None when there are none)."""
         ...
 
     # ---- keys → ids

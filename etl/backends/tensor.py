@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from etl.backends import cpu
+from etl.backends.dates import DEFAULTS, MAX_SECONDS, MIN_SECONDS, SECONDS_PER_DAY, DateFormat
 from etl.backends.hashing import C1, C2, FNV_OFFSET, FNV_PRIME, check_buckets, seed_word
 from etl.batch import Batch, Column, Strings
 from etl.ids import FIRST, MISSING
@@ -462,6 +463,117 @@ def encode_hex(keys: torch.Tensor | np.ndarray, valid: torch.Tensor | np.ndarray
     ``4 * width`` bits); missing keys take no bytes. Returns numpy Arrow string buffers (int32 offsets, bytes),
     made by ``etl.backends.cpu.encode_hex``."""
     return cpu.encode_hex(np.asarray(to_numpy(keys)).view(np.uint64), to_numpy(valid), width)
+
+
+# ---------------------------------------------------------------- dates (see etl.backends.dates)
+
+
+def _floordiv(x: torch.Tensor, d: int) -> torch.Tensor:
+    return torch.div(x, d, rounding_mode="floor")
+
+
+def _days_from_civil(y: torch.Tensor, m: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """Day numbers (days since 1970-01-01) of proleptic Gregorian dates (Hinnant), int64."""
+    y = y - (m <= 2).to(torch.int64)
+    era = _floordiv(y, 400)
+    yoe = y - era * 400
+    doy = _floordiv(153 * torch.where(m > 2, m - 3, m + 9) + 2, 5) + d - 1
+    doe = yoe * 365 + _floordiv(yoe, 4) - _floordiv(yoe, 100) + doy
+    return era * 146097 + doe - 719468
+
+
+def _civil_from_days(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(year, month, day) of day numbers ``z`` (Hinnant), int64."""
+    z = z + 719468
+    era = _floordiv(z, 146097)
+    doe = z - era * 146097
+    yoe = _floordiv(doe - _floordiv(doe, 1460) + _floordiv(doe, 36524) - _floordiv(doe, 146096), 365)
+    doy = doe - (365 * yoe + _floordiv(yoe, 4) - _floordiv(yoe, 100))
+    mp = _floordiv(5 * doy + 2, 153)
+    d = doy - _floordiv(153 * mp + 2, 5) + 1
+    m = torch.where(mp < 10, mp + 3, mp - 9)
+    return yoe + era * 400 + (m <= 2).to(torch.int64), m, d
+
+
+def _month_days(y: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    leap = ((y % 4 == 0) & ((y % 100 != 0) | (y % 400 == 0))).to(torch.int64)
+    short = (m == 4) | (m == 6) | (m == 9) | (m == 11)
+    return torch.where(m == 2, 28 + leap, torch.where(short, 30, 31))
+
+
+def _parts_of_fields(f: list[torch.Tensor], short_year: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Parts [len(PARTS), n] of the fields ``f`` (year, month, day, hour, minute, second), and which rows are
+    not a date."""
+    y, m, d, hour, minute, second = f
+    if short_year:
+        y = y + torch.where(y < 69, 2000, 1900)
+    ok = (y >= 1) & (y <= 9999) & (m >= 1) & (m <= 12) & (d >= 1) & (hour <= 23) & (minute <= 59) & (second <= 59)
+    ok &= d <= _month_days(y, m)
+    weekday = (_days_from_civil(y, m.clamp(1, 12), d) + 3) % 7
+    return torch.stack([y, m, d, hour, minute, weekday]), ~ok
+
+
+@functools.lru_cache(maxsize=64)
+def _template(template: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """A format's template as an int64 tensor on ``device`` (copied there once)."""
+    return _resident(torch.tensor(template, dtype=torch.int64, device=device))
+
+
+def _fields_of_text(s: Strings, fmt: DateFormat) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The fields of text in ``fmt`` (int64 each), and which rows do not match its template."""
+    starts, ends = _bounds(s)
+    template = _template(fmt.template, starts.device)
+    chars = _byte_matrix(s.data, starts[:, None] + torch.arange(fmt.length, dtype=torch.int64, device=starts.device))
+    digit = (chars >= 48) & (chars <= 57)
+    bad = ~torch.where(template >= 0, chars == template, digit).all(1) | (ends - starts != fmt.length)
+    digits = chars - 48
+    fields = []
+    for start, width, default in zip(fmt.starts, fmt.widths, DEFAULTS):
+        v = torch.full_like(starts, default if not width else 0)
+        for j in range(start, start + width):
+            v = v * 10 + digits[:, j]
+        fields.append(v)
+    return fields, bad
+
+
+def _fields_of_ints(values: torch.Tensor, fmt: DateFormat) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The fields of integers read as ``fmt.length`` zero-padded digits, and which rows are out of range."""
+    v = values.to(torch.int64)
+    bad = (v < 0) | (v >= 10**fmt.length)
+    fields = []
+    for start, width, default in zip(fmt.starts, fmt.widths, DEFAULTS):
+        fields.append((_floordiv(v, 10 ** (fmt.length - start - width)) % 10**width) if width else torch.full_like(v, default))
+    return fields, bad
+
+
+def _parts_of_seconds(seconds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Parts [len(PARTS), n] of Unix seconds, and which rows are beyond years 1-9999."""
+    t = seconds.to(torch.int64)
+    bad = (t < MIN_SECONDS) | (t > MAX_SECONDS)
+    z = _floordiv(t, SECONDS_PER_DAY)
+    r = t - z * SECONDS_PER_DAY
+    y, m, d = _civil_from_days(z)
+    return torch.stack([y, m, d, _floordiv(r, 3600), _floordiv(r, 60) % 60, (z + 3) % 7]), bad
+
+
+def date_parts(values: torch.Tensor | Strings, valid: torch.Tensor | None, fmt: DateFormat) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The parts of each present value read with ``fmt``: int64 [len(PARTS), n] (row j: ``PARTS[j]``; 0 under
+    missing values and values that are not a date), and bad: the present values that are not a date in ``fmt``
+    (None when there are none; synchronises: it is an error check). ``values``: text, or integers."""
+    if fmt.unix:
+        text_bad = None
+        if isinstance(values, Strings):
+            values, text_bad = decode_int_text(values, valid)
+        parts, bad = _parts_of_seconds(values)
+        if text_bad is not None:
+            bad |= text_bad
+    else:
+        fields, bad = _fields_of_text(values, fmt) if isinstance(values, Strings) else _fields_of_ints(values, fmt)
+        parts, not_date = _parts_of_fields(fields, fmt.short_year)
+        bad |= not_date
+    zero = bad if valid is None else bad | ~valid
+    parts.masked_fill_(zero, 0)
+    return parts, _bad_or_none(bad, valid)
 
 
 # ---------------------------------------------------------------- hash and cross

@@ -1,7 +1,8 @@
 """Transformed rows in the shape training wants, between the pipeline's output and the loader's ring.
 
 A ``Layout`` maps a pipeline's output columns to batch fields: ``label`` [n] float32, ``dense`` [n, D] float32
-(dense columns in output order), ``sparse`` [n, S] ids (single-valued id columns in output order; int32 when every
+(dense columns in output order), ``sparse`` [n, S] ids (single-valued id columns in output order: the schema's, in
+schema order, then those ops create, such as HashedCross and DateParts columns, in pipeline order; int32 when every
 cardinality fits, else int64), and ``lists``: one (values, offsets) pair per multi-hot column.
 """
 

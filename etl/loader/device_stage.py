@@ -1,7 +1,7 @@
 """Transforming after the host→device copy: ``Loader(transform_on="device")``.
 
 The pipeline is cut in two (``Pipeline.split``). Loader workers read shards and run only the host part (the label
-check and decoding raw text into uint64 keys) and lay the result out as fixed-width **inputs**; the assembler
+check, decoding raw text into uint64 keys, DateParts) and lay the result out as fixed-width **inputs**; the assembler
 shuffles and batches them into the ring's pinned slots; after a slot's host→device copy, on the same side
 stream, the device part (dense ops, Hash, Categorify, crosses...) runs with the torch backend
 (``etl.backends.tensor``, vocabularies resident on the device) and writes the batch the training loop gets
@@ -12,7 +12,8 @@ Inputs of one slot (``Inputs.fields``):
 - ``in_label`` float64 [B];
 - ``in_numbers`` float64 [B, N] and ``in_numbers_valid`` bool [B, N]: the columns that hold numbers after the host
   part (the dense columns), missing values marked invalid;
-- ``in_keys`` int64 [B, K] and ``in_keys_valid`` bool [B, K]: single-valued key columns, the uint64 keys' bits;
+- ``in_keys`` int64 [B, K] and ``in_keys_valid`` bool [B, K]: single-valued key columns (DateParts' included), the
+  uint64 keys' bits;
 - list columns travel beside the ring as (values int64 keys, valid bool, offsets int64);
 - ``origin`` (host only, never copied): ``(row group number in the loader's list) << 32 | row within the row
   group`` of every row, so that a value found invalid on the device is reported with its file, row group and row.

@@ -2,11 +2,13 @@
 
 from etl.ops.base import InvalidRows, Op
 from etl.ops.categorical import Categorify, Decode, Hash, HashedCross
+from etl.ops.dates import DateParts
 from etl.ops.dense import Bucketize, Clamp, FillMissing, Log1p, Normalize
 from etl.ops.lists import FirstX
 
 REGISTRY: dict[str, type[Op]] = {
-    cls.name: cls for cls in (FillMissing, Clamp, Log1p, Normalize, Bucketize, Decode, Hash, Categorify, HashedCross, FirstX)
+    cls.name: cls
+    for cls in (FillMissing, Clamp, Log1p, Normalize, Bucketize, Decode, Hash, Categorify, HashedCross, FirstX, DateParts)
 }
 
 __all__ = ["REGISTRY", "InvalidRows", "Op"] + list(REGISTRY)

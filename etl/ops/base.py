@@ -68,9 +68,13 @@ class Op:
     name: ClassVar[str]
     fittable: ClassVar[bool] = False
     #: kind of values the op reads and writes: "number", "raw" (undecoded text/ints), "keys" (uint64), "ids";
-    #: None means any kind, passed through unchanged
+    #: None means any kind, passed through unchanged. ``reads = "source"``: the column as the schema declares it
+    #: (raw or number), before any op writes it
     reads: ClassVar[str | None] = "number"
     writes: ClassVar[str | None] = "number"
+    #: a kind the op also accepts in the columns earlier ops create, and leaves as it is (Decode: the key columns
+    #: of DateParts), or None
+    keeps: ClassVar[str | None] = None
 
     def __init__(self, columns: list[str], **params: Any):
         self.columns = list(columns)
@@ -85,6 +89,11 @@ class Op:
     def outputs(self) -> list[str]:
         """Columns this op writes (by default, in place: the columns it reads)."""
         return self.columns
+
+    def new_columns(self) -> dict[str, ColumnSpec]:
+        """Columns this op creates that later ops select by role (``"@categorical"``) and bind like schema columns,
+        with their specs (none by default)."""
+        return {}
 
     def transform(self, batch: Batch, xp: Backend) -> dict[str, Column]:
         raise NotImplementedError

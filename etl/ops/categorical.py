@@ -34,15 +34,20 @@ class Decode(Op):
       (optional sign, up to 19 digits) → the same.
     - ``string``: any text → ``string_key`` = fmix64(FNV-1a-64(UTF-8 bytes)).
 
-    Missing values stay missing (``valid`` is kept)."""
+    Missing values stay missing (``valid`` is kept). A column that already holds keys (one written by
+    DateParts) is left as it is."""
 
     name = "Decode"
     reads, writes = "raw", "keys"
+    keeps = "keys"
 
     def transform(self, batch: Batch, xp: Backend) -> dict[str, Column]:
         out = {}
         for c in self.columns:
             col = batch[c]
+            if xp.is_keys(col.values):
+                out[c] = col
+                continue
             spec = self.specs[c]
             keys, raw, bad = _decode(col, spec, xp)
             if bad is not None:

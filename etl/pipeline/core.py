@@ -11,10 +11,11 @@ A pipeline file (YAML)::
       - {op: Decode, columns: "@categorical"}
       - {op: Categorify, columns: "@categorical", freq_threshold: 3}
 
-``columns`` is a list of column names, or ``"@role"`` (every schema column of that role), or a list mixing both.
-Every categorical and list column must end as ids (Decode, then Hash or Categorify). The output holds every schema
-column, in schema order, then the columns ops create: label and dense as float32, ids as int32 (int64 when an
-op's cardinality needs it), lists as list<id>.
+``columns`` is a list of column names, or ``"@role"`` (every schema column of that role, then the columns of that
+role created by earlier ops: DateParts creates categorical ones), or a list mixing both. Every categorical and list
+column must end as ids (Decode, then Hash or Categorify). The output holds every schema column, in schema order,
+then the columns ops create, in pipeline order: label and dense as float32, ids as int32 (int64 when an op's
+cardinality needs it), lists as list<id>.
 
 Fitting over shards is in ``etl.pipeline.fit``, saving and loading the fitted state in ``etl.pipeline.artifacts``;
 ``Pipeline.fit``, ``save`` and ``load`` call them.
@@ -39,7 +40,7 @@ from etl.io.parquet import batch_from_arrow
 from etl.ops import REGISTRY, InvalidRows, Op
 from etl.pipeline import artifacts
 from etl.pipeline.fit import fit_shards
-from etl.schema import Schema, load_schema, read_yaml
+from etl.schema import ColumnSpec, Schema, load_schema, read_yaml
 
 #: What to do with a row holding an invalid value: raise ``RowError``, or leave the row out and list it.
 OnError = Literal["raise", "quarantine"]
@@ -78,14 +79,16 @@ class Transformed:
         return sum(len(r.rows) for r in self.rejected)
 
 
-def _resolve(selector: Any, schema: Schema, path: str, where: str) -> list[str]:
+def _resolve(selector: Any, schema: Schema, created: dict[str, ColumnSpec], path: str, where: str) -> list[str]:
+    """The column names ``selector`` names; ``@role`` takes the schema's columns of that role, then those of
+    ``created`` (columns earlier ops create)."""
     items = selector if isinstance(selector, list) else [selector]
     out: list[str] = []
     for s in items:
         if not isinstance(s, str):
             raise SpecError(path, where, f"expected a column name or @role, got {s!r}")
         if s.startswith("@"):
-            names = schema.by_role(s[1:])
+            names = schema.by_role(s[1:]) + [c.name for c in created.values() if c.role == s[1:]]
             if not names:
                 raise SpecError(path, where, f"the schema has no column with role '{s[1:]}'")
             out.extend(names)
@@ -108,6 +111,7 @@ class Pipeline:
         if not isinstance(raw_ops, list) or not raw_ops:
             raise SpecError(path, "ops", "expected a non-empty list of ops")
         specs = {c.name: c for c in schema.columns}
+        created: dict[str, ColumnSpec] = {}
         for i, raw in enumerate(raw_ops):
             where = f"ops[{i}]"
             if not isinstance(raw, dict) or "op" not in raw:
@@ -119,14 +123,15 @@ class Pipeline:
             if "columns" not in raw:
                 raise SpecError(path, f"{where}.columns", "missing")
             params = {k: v for k, v in raw.items() if k not in ("op", "columns")}
-            columns = _resolve(raw["columns"], schema, path, f"{where}.columns")
+            columns = _resolve(raw["columns"], schema, created, path, f"{where}.columns")
             try:
                 op = cls(columns, **params)
+                op.bind(specs | created)
             except TypeError as e:
                 raise SpecError(path, where, f"bad parameters: {e}") from None
             except ValueError as e:
                 raise SpecError(path, where, str(e)) from None
-            op.bind(specs)
+            created |= {c: spec for c, spec in op.new_columns().items() if c not in specs}
             self.ops.append(op)
         self.output_columns = self._check_flow()
 
@@ -150,19 +155,30 @@ class Pipeline:
         """Follow each column's kind (raw → keys → ids; numbers) through the ops; return the output columns."""
         kind = _schema_kinds(self.schema)
         order = list(kind)
+        written: set[str] = set()
+        categorical = [c.name for c in self.schema.columns if c.role in ("categorical", "list")]
         for i, op in enumerate(self.ops):
             where = f"ops[{i}] ({op.name}).columns"
             for c in op.columns:
                 if c not in kind:
                     raise SpecError(self.path, where, f"no column named '{c}'")
-                if op.reads is not None and kind[c] != op.reads:
+                if op.reads == "source":
+                    if c in written:
+                        problem = f"column '{c}' is written by an earlier op; {op.name} reads it as the schema declares it (put {op.name} first)"
+                        raise SpecError(self.path, where, problem)
+                elif op.reads is not None and kind[c] != op.reads and not (kind[c] == op.keeps and c not in self.schema.names):
                     hint = " (put a Decode op before it)" if kind[c] == "raw" else ""
                     raise SpecError(self.path, where, f"column '{c}' holds {kind[c]} values, the op needs {op.reads}{hint}")
+            for c in op.outputs:
+                if c not in op.columns and c in kind:
+                    raise SpecError(self.path, f"ops[{i}] ({op.name})", f"creates column '{c}', which already exists")
             order.extend(c for c in op.outputs if c not in kind)
+            categorical.extend(c for c, spec in op.new_columns().items() if spec.role == "categorical")
+            written.update(op.outputs)
             _follow(kind, op)
-        for spec in self.schema.columns:
-            if spec.role in ("categorical", "list") and kind[spec.name] != "ids":
-                problem = f"categorical column '{spec.name}' is not turned into ids (add Decode, then Hash or Categorify)"
+        for c in categorical:
+            if kind[c] != "ids":
+                problem = f"categorical column '{c}' is not turned into ids (add Decode, then Hash or Categorify)"
                 raise SpecError(self.path, "ops", problem)
         return order
 
@@ -198,15 +214,16 @@ class Pipeline:
     # ------------------------------------------------------------------ host / device parts
     def split(self) -> tuple[list[Op], list[Op]]:
         """The ops as (host part, device part), for transforming after the host→device copy. The host part is
-        every op that reads raw values (decoding text needs the variable-length bytes, which stay on the host);
-        the device part is the rest (dense ops, Hash, Categorify, crosses, ops on decoded lists), each part in
-        pipeline order. The host part then the device part gives the same result as every op in order: an op
-        on raw values never reads a column that an op of the device part writes."""
+        every op that reads raw values (decoding text needs the variable-length bytes, which stay on the host) or
+        the columns as the schema declares them (DateParts); the device part is the rest (dense ops, Hash,
+        Categorify, crosses, ops on decoded lists), each part in pipeline order. The host part then the device
+        part gives the same result as every op in order: an op of the host part never reads a column that an
+        earlier op of the device part writes."""
         kind = _schema_kinds(self.schema)
         host: list[Op] = []
         device: list[Op] = []
         for op in self.ops:
-            on_raw = op.reads == "raw" or (op.reads is None and all(kind.get(c) == "raw" for c in op.columns))
+            on_raw = op.reads in ("raw", "source") or (op.reads is None and all(kind.get(c) == "raw" for c in op.columns))
             (host if on_raw else device).append(op)
             _follow(kind, op)
         return host, device

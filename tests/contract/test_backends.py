@@ -24,6 +24,7 @@ from etl.batch import Batch, Column, Strings
 from etl.io.parquet import batch_from_arrow, column_from_arrow
 from etl.ops import REGISTRY, InvalidRows, Op
 from etl.ops.categorical import Categorify, Decode, Hash, HashedCross
+from etl.ops.dates import DateParts
 from etl.ops.dense import Bucketize, Clamp, FillMissing, Log1p, Normalize
 from etl.ops.lists import FirstX
 from etl.pipeline import Pipeline
@@ -355,6 +356,68 @@ def test_lists(device: str, n: int) -> None:
     assert_same(Hash(["g"], num_buckets=97), batch, device)
 
 
+# ---------------------------------------------------------------- dates
+
+
+def date_parts_op(fmt: str, s: ColumnSpec, parts: list[str] | None = None) -> DateParts:
+    op = DateParts([s.name], format=fmt, parts=parts or ["year", "month", "day", "hour", "minute", "weekday"])
+    op.bind({s.name: s})
+    return op
+
+
+def assert_same_dates(op: DateParts, batch: Batch, device: str) -> None:
+    """``assert_same`` for a batch of dates only."""
+    assert not isinstance(run(op, batch, None), InvalidRows)
+    assert_same(op, batch, device)
+
+
+def random_seconds(n: int, seed: int) -> list:
+    rng = random.Random(seed)
+    edges = [-62_135_596_800, 253_402_300_799, 0, -1, 86_399, 86_400, 951_782_400]
+    return [None if rng.random() < 0.1 else (rng.choice(edges) if rng.random() < 0.2 else rng.randint(-62_135_596_800, 253_402_300_799))
+            for _ in range(n)]  # fmt: skip
+
+
+@covers(DateParts)
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n", ROWS)
+@pytest.mark.parametrize("typ", [pa.string(), pa.large_string(), pa.string_view()])
+def test_date_parts_of_text(device: str, n: int, typ: pa.DataType) -> None:
+    s = spec("t", encoding="string")
+    texts = []
+    for t in random_seconds(n, 30):
+        d = None if t is None else divmod(t, 86_400)
+        texts.append(None if d is None else (np.datetime64(d[0], "D").astype(str).rjust(10, "0") + f" {d[1] // 3600:02d}:{d[1] // 60 % 60:02d}"))
+    assert_same_dates(date_parts_op("%Y-%m-%d %H:%M", s), Batch({"t": arrow_col(texts, s, typ)}, n), device)
+    seconds = [None if t is None else str(t) for t in random_seconds(n, 31)]
+    assert_same_dates(date_parts_op("unix", s), Batch({"t": arrow_col(seconds, s, typ)}, n), device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n", ROWS)
+def test_date_parts_of_integers(device: str, n: int) -> None:
+    s = spec("t", dtype="int64", encoding="int")
+    rng = random.Random(32)
+    hours = [int(f"{rng.randrange(100):02d}{rng.randint(1, 12):02d}{rng.randint(1, 28):02d}{rng.randrange(24):02d}") for _ in range(n)]
+    hours = [None if rng.random() < 0.1 else h for h in hours]
+    op = date_parts_op("%y%m%d%H", s, ["hour", "weekday", "day", "month", "year"])
+    assert_same_dates(op, Batch({"t": arrow_col(hours, s, pa.int64())}, n), device)
+    assert_same_dates(date_parts_op("unix", s), Batch({"t": arrow_col(random_seconds(n, 33), s, pa.int64())}, n), device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_date_parts_report_the_same_invalid_rows(device: str) -> None:
+    text = spec("t", encoding="string")
+    texts = ["2014-10-21 00:00", "2014-02-30 00:00", None, "2014-13-01 00:00", "2014-10-21 24:00", "", "2014-10-21T00:00", "2016-02-29 23:59"]
+    assert_same(date_parts_op("%Y-%m-%d %H:%M", text), Batch({"t": arrow_col(texts, text, pa.string())}, len(texts)), device)
+    seconds = ["0", "-62135596801", "253402300800", "1e9", None, "+5", "9223372036854775808"]
+    assert_same(date_parts_op("unix", text), Batch({"t": arrow_col(seconds, text, pa.string())}, len(seconds)), device)
+    ints = spec("t", dtype="int64", encoding="int")
+    values = [14102100, 14023000, -1, 100000000, None, 14022923, 2**63 - 1, -(2**63)]
+    assert_same(date_parts_op("%y%m%d%H", ints, ["hour"]), Batch({"t": arrow_col(values, ints, pa.int64())}, len(values)), device)
+    assert_same(date_parts_op("unix", ints, ["hour"]), Batch({"t": arrow_col(values[:6] + [253402300800], ints, pa.int64())}, 7), device)
+
+
 # ---------------------------------------------------------------- whole pipelines on the real Criteo sample
 
 
@@ -389,6 +452,32 @@ def test_real_criteo_pipelines(criteo_raw: pa.Table, name: str, device: str, tmp
             else:
                 assert w.dtype == g.dtype, c
                 np.testing.assert_array_equal(w, g, err_msg=c)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_real_movielens_sample_pipeline(movielens_sample: Path, device: str, tmp_path: Path) -> None:
+    """DateParts on Unix seconds, its columns categorified with the others, a list column and Normalize: every op
+    on the host, versus the host part then the device part, versus every op on the torch backend (bit for bit:
+    no Log1p here)."""
+    raw = tmp_path / "raw"
+    run_etl("convert", movielens_sample, "--schema", REPO / "schemas/movielens_sample.yaml", "--out", raw)
+    shards = sorted(raw.glob("*.parquet"))
+    pipe = Pipeline.from_file(REPO / "pipelines/movielens_sample.yaml")
+    pipe.fit(shards)
+    table = pq.read_table(shards[0])
+    batch = batch_from_arrow(table, pipe.schema, str(shards[0]))
+    want = pipe.to_arrow(pipe.transform(batch).batch)
+    host = pipe.transform(batch, part="host").batch
+    split = pipe.transform(tensor.batch_to(host, device), part="device", xp=tensor).batch
+    whole = pipe.transform(tensor.batch_to(batch, device), xp=tensor).batch
+    for got in (split, whole):
+        assert pipe.to_arrow(tensor_batch_to_numpy(got)).equals(want)
+
+
+def tensor_batch_to_numpy(batch: Batch) -> Batch:
+    """A transformed batch of the torch backend as numpy."""
+    cols = {c: Column(*(tensor.to_numpy(a) for a in (col.values, col.valid, col.offsets))) for c, col in batch.columns.items()}
+    return Batch(cols, batch.num_rows)
 
 
 def test_every_op_is_covered() -> None:

@@ -4,13 +4,17 @@ which test_hashing.py checks against an independent implementation)."""
 from __future__ import annotations
 
 import bisect
+import inspect
 import math
 import random
+import re
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
+import yaml
 
 from etl.backends import cpu, hashing
 from etl.batch import Batch, Column
@@ -81,7 +85,7 @@ def ref_hash_id(key: int, seed: int, n: int) -> int:
 
 def test_registry_has_every_op():
     assert set(REGISTRY) == {"FillMissing", "Clamp", "Log1p", "Normalize", "Bucketize", "Decode", "Hash",
-                             "Categorify", "HashedCross", "FirstX"}  # fmt: skip
+                             "Categorify", "HashedCross", "FirstX", "DateParts"}  # fmt: skip
     for name, cls in REGISTRY.items():
         assert cls.name == name
 
@@ -616,3 +620,23 @@ def test_bind_keeps_only_schema_columns():
     sa = spec("a")
     op.bind({"a": sa, "b": spec("b")})
     assert op.specs == {"a": sa}
+
+
+# ---------------------------------------------------------------- documentation
+
+
+def test_every_op_and_parameter_is_documented_with_a_valid_example():
+    """pipelines/README.md has a section per op naming each of its parameters, and every op line in it builds."""
+    text = (Path(__file__).resolve().parents[3] / "pipelines" / "README.md").read_text()
+    sections = dict(re.findall(r"^### (\w+)\n(.*?)(?=^##)", text + "\n##", flags=re.S | re.M))
+    assert set(sections) == set(REGISTRY)
+    for name, cls in REGISTRY.items():
+        params = [p.name for p in inspect.signature(cls.__init__).parameters.values()
+                  if p.name not in ("self", "columns") and p.kind != p.VAR_KEYWORD]  # fmt: skip
+        assert all(f"`{p}`" in sections[name] for p in params), name
+    examples = re.findall(r"^- (\{op: .*\})", text, flags=re.M)
+    assert {yaml.safe_load(e)["op"] for e in examples} == set(REGISTRY)
+    for e in examples:
+        doc = yaml.safe_load(e)
+        cols = doc.pop("columns")
+        REGISTRY[doc.pop("op")](cols if isinstance(cols, list) else [cols], **doc)

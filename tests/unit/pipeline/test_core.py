@@ -3,11 +3,14 @@ host/device parts."""
 
 from __future__ import annotations
 
+import datetime
 import math
 import shutil
+from collections import Counter
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
@@ -16,6 +19,7 @@ from etl.errors import RowError, SpecError
 from etl.io.parquet import batch_from_arrow, open_shard
 from etl.ops import Categorify, Clamp, Decode, FillMissing, FirstX, Hash, Log1p, Normalize
 from etl.pipeline import Pipeline
+from etl.schema import ColumnSpec
 from tests.unit.pipeline.conftest import (
     BAD_ROWS,
     CATS,
@@ -299,3 +303,144 @@ def test_host_part_then_device_part_is_the_whole_transform(fitted, criteo):
     assert parts.equals(whole)
     with pytest.raises(ValueError, match="part"):
         pipe.transform(b, part="gpu")
+
+
+# ---------------------------------------------------------------- DateParts in a pipeline
+
+CLICKS_SCHEMA = {
+    "name": "clicks",
+    "columns": [
+        {"name": "label", "role": "label", "dtype": "float64"},
+        {"name": "ts", "role": "dense", "dtype": "int64"},
+        {"name": "hour", "role": "categorical", "dtype": "int64", "encoding": "int"},
+        {"name": "day", "role": "categorical", "dtype": "string", "encoding": "string"},
+    ],
+}
+CLICKS_OPS = [
+    {"op": "DateParts", "columns": ["hour"], "format": "%y%m%d%H", "parts": ["hour", "weekday"]},
+    {"op": "DateParts", "columns": ["day"], "format": "%Y-%m-%d", "parts": ["month"]},
+    {"op": "DateParts", "columns": ["ts"], "format": "unix", "parts": ["year"]},
+    {"op": "Normalize", "columns": "@dense"},
+    {"op": "Decode", "columns": "@categorical"},
+    {"op": "Categorify", "columns": "@categorical"},
+]
+
+
+def clicks_pipeline(tmp_path, ops=None, path: str = "pipe.yaml"):
+    (tmp_path / "clicks.yaml").write_text(yaml.safe_dump(CLICKS_SCHEMA))
+    p = tmp_path / path
+    p.write_text(yaml.safe_dump({"name": "clicks", "schema": "clicks.yaml", "ops": CLICKS_OPS if ops is None else ops}))
+    return p
+
+
+def clicks_table() -> pa.Table:
+    rng = np.random.default_rng(5)
+    days = [datetime.date(2014, 10, 21) + datetime.timedelta(days=int(d)) for d in rng.integers(0, 60, 200)]
+    return pa.table({
+        "label": pa.array(rng.integers(0, 2, 200), pa.float64()),
+        "ts": pa.array(rng.integers(1_400_000_000, 1_500_000_000, 200), pa.int64()),
+        "hour": pa.array([None if i % 17 == 3 else int(d.strftime("%y%m%d")) * 100 + i % 24 for i, d in enumerate(days)], pa.int64()),
+        "day": pa.array([None if i % 13 == 5 else d.isoformat() for i, d in enumerate(days)], pa.string()),
+    })  # fmt: skip
+
+
+def test_dateparts_columns_are_selected_by_role_and_output_after_the_schema_columns(tmp_path):
+    p = Pipeline.from_file(clicks_pipeline(tmp_path, [CLICKS_OPS[1]] + CLICKS_OPS[4:]))
+    assert p.ops[1].columns == ["hour", "day", "day_month"] and p.ops[2].columns == p.ops[1].columns
+    ops = [{"op": "Decode", "columns": "@categorical"}, CLICKS_OPS[0]] + CLICKS_OPS[4:]
+    with pytest.raises(SpecError, match="'hour' is written by an earlier op"):  # DateParts reads hour as declared
+        Pipeline.from_file(clicks_pipeline(tmp_path, ops))
+    p = Pipeline.from_file(clicks_pipeline(tmp_path))
+    assert p.ops[4].columns == ["hour", "day", "hour_hour", "hour_weekday", "day_month", "ts_year"]
+    assert p.output_columns == ["label", "ts", "hour", "day", "hour_hour", "hour_weekday", "day_month", "ts_year"]
+    assert p.ops[5].specs["hour_hour"] == ColumnSpec("hour_hour", "categorical", "int64", "int")
+    host, device = p.split()
+    assert [op.name for op in host] == ["DateParts", "DateParts", "DateParts", "Decode"]
+    assert [op.name for op in device] == ["Normalize", "Categorify"]
+
+
+DATEPARTS_SPEC_CASES = {
+    "unsupported directive": ({**CLICKS_OPS[0], "format": "%Y%j"}, "ops[0] (DateParts)", "%j"),
+    "part the format lacks": ({**CLICKS_OPS[0], "parts": ["minute"]}, "ops[0] (DateParts)", "minute"),
+    "int column, text format": ({**CLICKS_OPS[0], "format": "%y-%m-%d %H"}, "ops[0] (DateParts)", "literal text"),
+    "float column": ({**CLICKS_OPS[0], "columns": ["label"], "format": "unix"}, "ops[0] (DateParts)", "int64"),
+    "no format": ({"op": "DateParts", "columns": ["hour"], "parts": ["hour"]}, "ops[0] (DateParts)", "format"),
+    "name taken": ({**CLICKS_OPS[0], "columns": ["day"], "format": "%Y-%m-%d", "parts": ["hour"]}, "ops[0] (DateParts)", "already"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(DATEPARTS_SPEC_CASES))
+def test_dateparts_spec_errors_name_the_field(case, tmp_path):
+    op, field, word = DATEPARTS_SPEC_CASES[case]
+    ops = [op] + CLICKS_OPS[3:]
+    if case == "name taken":  # day_hour would be a schema column
+        CLICKS = {**CLICKS_SCHEMA, "columns": CLICKS_SCHEMA["columns"] + [{"name": "day_hour", "role": "dense", "dtype": "int64"}]}
+        (tmp_path / "clicks.yaml").write_text(yaml.safe_dump(CLICKS))
+        p = tmp_path / "pipe.yaml"
+        p.write_text(yaml.safe_dump({"name": "clicks", "schema": "clicks.yaml", "ops": [{**op, "parts": ["month"]}] + ops[1:]}))
+        Pipeline.from_file(p)  # day_month is free
+        p.write_text(yaml.safe_dump({"name": "clicks", "schema": "clicks.yaml", "ops": [{**op, "format": "unix"}] + ops[1:]}))
+    else:
+        p = clicks_pipeline(tmp_path, ops)
+    with pytest.raises(SpecError) as ei:
+        Pipeline.from_file(p)
+    assert ei.value.field.startswith(field) and word in ei.value.problem, str(ei.value)
+
+
+def test_dateparts_columns_must_end_as_ids(tmp_path):
+    ops = CLICKS_OPS[:4] + [{"op": "Decode", "columns": ["hour", "day"]}, {"op": "Categorify", "columns": ["hour", "day"]}]
+    with pytest.raises(SpecError, match="'hour_hour' is not turned into ids"):
+        Pipeline.from_file(clicks_pipeline(tmp_path, ops))
+    ops = CLICKS_OPS + [{"op": "Decode", "columns": ["hour_hour"]}]  # Decode leaves keys alone, not ids
+    with pytest.raises(SpecError, match="'hour_hour' holds ids values"):
+        Pipeline.from_file(clicks_pipeline(tmp_path, ops))
+
+
+def test_dateparts_fit_transform_artifacts_against_datetime(tmp_path):
+    table = clicks_table()
+    shard = tmp_path / "clicks.parquet"
+    pq.write_table(table, shard, row_group_size=70)
+    p = Pipeline.from_file(clicks_pipeline(tmp_path))
+    p.fit([shard], workers=2)
+    out = p.to_arrow(p.transform(batch_from_arrow(table, p.schema, str(shard))).batch)
+    assert out.schema.names == p.output_columns and all(out.schema.field(c).type == pa.int32() for c in p.output_columns[2:])
+
+    hours = [None if h is None else datetime.datetime.strptime(f"{h:08d}", "%y%m%d%H") for h in table.column("hour").to_pylist()]
+    days = [None if d is None else datetime.datetime.strptime(d, "%Y-%m-%d") for d in table.column("day").to_pylist()]
+    for name, values in (("hour_hour", [None if h is None else h.hour for h in hours]),
+                         ("hour_weekday", [None if h is None else h.weekday() for h in hours]),
+                         ("day_month", [None if d is None else d.month for d in days]),
+                         ("ts_year", [datetime.datetime.fromtimestamp(t, datetime.UTC).year for t in table.column("ts").to_pylist()])):  # fmt: skip
+        counts = Counter(v for v in values if v is not None)
+        vocab = {v: 3 + i for i, v in enumerate(sorted(counts, key=lambda v: (-counts[v], v)))}  # 2: OOV
+        assert out.column(name).to_pylist() == [1 if v is None else vocab[v] for v in values], name
+        fitted = p.ops[5].vocab[name].to_pydict()
+        assert fitted["raw"] == [str(v) for v in vocab] and fitted["key"] == list(vocab)
+    assert out.column("hour").to_pylist()[:3] != out.column("hour_hour").to_pylist()[:3]  # the source column as well
+
+    p.save(tmp_path / "art")
+    loaded = Pipeline.load(tmp_path / "art")
+    assert loaded.output_columns == p.output_columns
+    assert loaded.to_arrow(loaded.transform(batch_from_arrow(table, loaded.schema)).batch).equals(out)
+    halves = p.transform(p.transform(batch_from_arrow(table, p.schema), part="host").batch, part="device").batch
+    assert p.to_arrow(halves).equals(out)
+
+
+def test_dateparts_invalid_dates_raise_or_are_quarantined(tmp_path):
+    table = clicks_table()
+    day = table.column("day").to_pylist()
+    day[7], day[150] = "2014-02-30", "2014-10-21T00"
+    table = table.set_column(3, "day", pa.array(day, pa.string()))
+    p = Pipeline.from_file(clicks_pipeline(tmp_path))
+    shard = tmp_path / "clicks.parquet"
+    pq.write_table(table, shard, row_group_size=70)
+    with pytest.raises(RowError) as ei:
+        p.fit([shard])
+    e = ei.value
+    assert (e.path, e.row_group, e.row, e.column) == (str(shard), 0, 7, "day")
+    assert str(e).endswith("column 'day': not a date in format '%Y-%m-%d': '2014-02-30'")
+    p.fit([shard], on_error="quarantine")
+    results = transform_file(p, shard, on_error="quarantine")
+    rejected = [(int(r), rej.column, rej.reason) for t in results for rej in t.rejected for r in rej.rows]
+    assert rejected == [(7, "day", "not a date in format '%Y-%m-%d'"), (150, "day", "not a date in format '%Y-%m-%d'")]
+    assert sum(t.batch.num_rows for t in results) == 198

@@ -38,13 +38,14 @@ from etl.errors import InputError, OutputError
 from etl.io.files import ExclusiveParquetWriter, is_shard_name, is_temporary, shard_name, temporary_path
 from etl.schema import ColumnSpec, Schema, TextLayout
 
-__all__ = ["ROW_GROUP_ROWS", "raw_arrow_schema", "convert", "ShardSetWriter"]
+__all__ = ["ROW_GROUP_ROWS", "ARROW_SCALAR", "raw_arrow_schema", "convert", "ShardSetWriter"]
 
 #: Largest row group written by ``convert`` and ``etl.synth.generate``.
 ROW_GROUP_ROWS = 131_072
 
 _BLOCK_SIZE = 16 << 20  # bytes of text per CSV block: bounds memory while streaming
-_ARROW_SCALAR = {"int64": pa.int64(), "float64": pa.float64(), "string": pa.string()}
+#: The Arrow type of each raw dtype (of a scalar column, or of a list column's elements).
+ARROW_SCALAR = {"int64": pa.int64(), "float64": pa.float64(), "string": pa.string()}
 
 
 def raw_arrow_schema(schema: Schema) -> pa.Schema:
@@ -55,7 +56,7 @@ def raw_arrow_schema(schema: Schema) -> pa.Schema:
     """
     fields = []
     for c in schema.columns:
-        t = _ARROW_SCALAR[c.dtype]
+        t = ARROW_SCALAR[c.dtype]
         fields.append(pa.field(c.name, pa.list_(pa.field("element", t)) if c.is_list else t, nullable=True))
     return pa.schema(fields)
 
@@ -231,7 +232,7 @@ def _open_csv(path: Path, schema: Schema, header: bool, *, use_threads: bool) ->
         column_names=None if header else schema.text_names,
     )
     parse = pacsv.ParseOptions(delimiter=t.delimiter)
-    types = {c.name: (pa.string() if _read_as_text(c) else _ARROW_SCALAR[c.dtype]) for c in schema.columns}
+    types = {c.name: (pa.string() if _read_as_text(c) else ARROW_SCALAR[c.dtype]) for c in schema.columns}
     conv = pacsv.ConvertOptions(
         column_types=types,
         null_values=sorted({"", t.null_value}),
@@ -352,12 +353,12 @@ def _finish_column(a: pa.Array, c: ColumnSpec, schema: Schema, own_nulls: bool, 
     if c.dtype == "string" or not _read_as_text(c):
         return a
     values = pc.utf8_trim_whitespace(a)  # as the CSV reader trims numbers
-    bad = _first_unconvertible(values, _ARROW_SCALAR[c.dtype])
+    bad = _first_unconvertible(values, ARROW_SCALAR[c.dtype])
     if bad is not None:
         value = a[bad].as_py()
         raise InputError(str(path), f"line {first_line + bad}: cannot convert to {c.dtype}: invalid value {value!r}"
                          f"{_int64_hint(value) if c.dtype == 'int64' else ''}", column=c.name)
-    return values.cast(_ARROW_SCALAR[c.dtype])
+    return values.cast(ARROW_SCALAR[c.dtype])
 
 
 def _first_unconvertible(values: pa.Array, target: pa.DataType) -> int | None:
@@ -389,7 +390,7 @@ def _split_one(text: pa.Array, c: ColumnSpec, path: Path, first_line: int) -> pa
     lists = pc.split_pattern(text, pattern=c.separator)
     if c.null_values is not None:
         lists = _drop_elements(lists, c.null_values)
-    target = pa.list_(pa.field("element", _ARROW_SCALAR[c.dtype]))
+    target = pa.list_(pa.field("element", ARROW_SCALAR[c.dtype]))
     values = pc.list_flatten(lists)
     bad = _first_unconvertible(values, target.value_type)
     if bad is not None:

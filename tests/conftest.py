@@ -15,6 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("ETL_SHARED_DATA", REPO.parent / "shared" / "data"))
 CRITEO_8K = DATA / "criteo-kaggle-8k"
 MOVIELENS = DATA / "movielens-ml-latest-small"
+DEEPCTR = DATA / "deepctr-samples"
 
 
 def run_etl(*args: str, check: bool = True, cwd: Path = REPO) -> subprocess.CompletedProcess:
@@ -37,6 +38,13 @@ def movielens() -> Path:
     if not (MOVIELENS / "ratings.csv").is_file():
         pytest.skip(f"MovieLens sample not found at {MOVIELENS}")
     return MOVIELENS
+
+
+@pytest.fixture(scope="session")
+def deepctr() -> Path:
+    if not (DEEPCTR / "avazu_sample.txt").is_file():
+        pytest.skip(f"DeepCTR samples not found at {DEEPCTR}")
+    return DEEPCTR
 
 
 def criteo_table(n: int, seed: int = 0) -> pa.Table:

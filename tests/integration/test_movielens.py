@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import torch
+import yaml
 
 from etl.backends.hashing import string_key
 from etl.loader import Loader
@@ -72,3 +74,31 @@ def test_movielens_genres_multi_hot(movielens: Path, tmp_path: Path) -> None:
     np.testing.assert_array_equal(torch.cat([x[0] for x in dev]).numpy(), table.column("rating").to_numpy())
     np.testing.assert_array_equal(torch.cat([x[2] for x in dev])[:, 0].numpy(), table.column("userId").to_numpy())
     assert sum(len(x[3]) for x in dev) == sum(len(gs) for gs in first3)
+
+
+def test_movielens_no_genres_listed_is_a_missing_list(movielens: Path, tmp_path: Path) -> None:
+    """``null_values: ["(no genres listed)"]`` on the genres list: that element is dropped, so those movies' rows
+    get a missing (empty) list, which no vocabulary counts; every other list is as before."""
+    joined = tmp_path / "ratings_genres.csv"
+    rows = build_joined_csv(movielens, joined)
+    doc = yaml.safe_load((REPO / "schemas/movielens.yaml").read_text())
+    doc["columns"][4]["null_values"] = ["(no genres listed)"]
+    (tmp_path / "schemas").mkdir()
+    (tmp_path / "schemas/movielens.yaml").write_text(yaml.safe_dump(doc))
+    (tmp_path / "pipelines").mkdir()
+    shutil.copy(REPO / "pipelines/movielens.yaml", tmp_path / "pipelines/movielens.yaml")
+    raw, out = tmp_path / "raw", tmp_path / "out"
+    run_etl("convert", joined, "--schema", tmp_path / "schemas/movielens.yaml", "--out", raw)
+    run_etl("preprocess", "--pipeline", tmp_path / "pipelines/movielens.yaml", "--input", raw, "--out", out)
+
+    none = [r["genres"] == "(no genres listed)" for r in rows]
+    assert 0 < sum(none) < len(rows)
+    assert pq.read_table(raw).column("genres").to_pylist() == [None if n else r["genres"].split("|") for r, n in zip(rows, none)]
+    table = pq.read_table(out / "part-00000.parquet")
+    first3 = [[] if n else r["genres"].split("|")[:3] for r, n in zip(rows, none)]
+    genre_ids = vocab_ids([g for gs in first3 for g in gs], key=lambda g: string_key(g.encode()))
+    assert "(no genres listed)" not in genre_ids
+    assert table.column("genres").to_pylist() == [[genre_ids[g] for g in gs] for gs in first3]
+    lists = [b.lists["genres"] for b in Loader(out, batch_size=len(rows))]
+    lengths = (lists[0][1][1:] - lists[0][1][:-1]).tolist()
+    assert lengths == [len(gs) for gs in first3] and lengths.count(0) == sum(none)

@@ -49,7 +49,10 @@ class Decode(Op):
             spec = self.specs[c]
             keys, raw, bad = _decode(col, spec, xp)
             if bad is not None:
-                want = {"hex": f"{spec.width} hex digits" if spec.width else "hex text", "int": "int text in [-2**63, 2**64 - 1]"}[spec.encoding]
+                if spec.encoding == "hex":
+                    want = f"{spec.width} hex digits" if spec.width else "hex text"
+                else:  # only hex and int text can be malformed
+                    want = "int text in [-2**63, 2**64 - 1]"
                 raise InvalidRows(c, rows_with_bad_elements(col, bad, xp), f"malformed value (expected {want})")
             out[c] = Column(keys, col.valid, col.offsets, raw)
         return out

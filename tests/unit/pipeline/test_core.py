@@ -335,19 +335,32 @@ def test_role_selector_with_exclude():
 
 
 DECODED = [{"op": "Decode", "columns": "@categorical"}, {"op": "Hash", "columns": "@categorical", "num_buckets": 10}]
+COLS = "ops[0] (Decode).columns"
+FILL = "ops[2] (FillMissing).columns"
+
+
+def decode(columns) -> list[dict]:
+    return [{"op": "Decode", "columns": columns}]
+
+
+def fill(columns) -> list[dict]:
+    return DECODED + [{"op": "FillMissing", "columns": columns, "value": 0}]
+
+
+CROSS = [DECODED[0], {"op": "HashedCross", "columns": ["a", "b"], "num_buckets": 5, "name": "n"}, DECODED[1]]
 SELECTOR_CASES = {
-    "exclude a column of another role": ([{"op": "Decode", "columns": {"role": "categorical", "exclude": ["d"]}}], "ops[0] (Decode).columns.exclude", "'d' is not a column of role categorical"),
-    "exclude every column": ([{"op": "Decode", "columns": {"role": "categorical", "exclude": ["a", "b", "c"]}}], "ops[0] (Decode).columns.exclude", "every column"),
-    "exclude not a list": ([{"op": "Decode", "columns": {"role": "categorical", "exclude": "a"}}], "ops[0] (Decode).columns.exclude", "list"),
-    "unknown selector field": ([{"op": "Decode", "columns": {"role": "categorical", "except": ["a"]}}], "ops[0] (Decode).columns.except", "role and exclude"),
-    "selector without role": ([{"op": "Decode", "columns": {"exclude": ["a"]}}], "ops[0] (Decode).columns.role", "role"),
-    "passthrough by role": (DECODED + [{"op": "FillMissing", "columns": "@passthrough", "value": 0}], "ops[2] (FillMissing).columns", "passthrough"),
-    "passthrough by role selector": (DECODED + [{"op": "FillMissing", "columns": {"role": "passthrough"}, "value": 0}], "ops[2] (FillMissing).columns", "passthrough"),
-    "passthrough by name": (DECODED + [{"op": "FillMissing", "columns": ["w"], "value": 0}], "ops[2] (FillMissing).columns", "passthrough column"),
-    "dropped column by name": (DECODED + [{"op": "FillMissing", "columns": ["note"], "value": 0}], "ops[2] (FillMissing).columns", "role drop"),
-    "dropped role": (DECODED + [{"op": "FillMissing", "columns": "@drop", "value": 0}], "ops[2] (FillMissing).columns", "not read"),
-    "writes a passthrough column": ([DECODED[0], {"op": "HashedCross", "columns": ["a", "b"], "num_buckets": 5, "name": "n"}, DECODED[1]], "ops[1] (HashedCross)", "passthrough"),
-}  # fmt: skip
+    "exclude another role's column": (decode({"role": "categorical", "exclude": ["d"]}), f"{COLS}.exclude", "'d' is not a column of role"),
+    "exclude every column": (decode({"role": "categorical", "exclude": ["a", "b", "c"]}), f"{COLS}.exclude", "every column"),
+    "exclude not a list": (decode({"role": "categorical", "exclude": "a"}), f"{COLS}.exclude", "list"),
+    "unknown selector field": (decode({"role": "categorical", "except": ["a"]}), f"{COLS}.except", "role and exclude"),
+    "selector without role": (decode({"exclude": ["a"]}), f"{COLS}.role", "role"),
+    "passthrough by role": (fill("@passthrough"), FILL, "passthrough"),
+    "passthrough by role selector": (fill({"role": "passthrough"}), FILL, "passthrough"),
+    "passthrough by name": (fill(["w"]), FILL, "passthrough column"),
+    "dropped column by name": (fill(["note"]), FILL, "role drop"),
+    "dropped role": (fill("@drop"), FILL, "not read"),
+    "writes a passthrough column": (CROSS, "ops[1] (HashedCross)", "passthrough"),
+}
 
 
 @pytest.mark.parametrize("case", sorted(SELECTOR_CASES))

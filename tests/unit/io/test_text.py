@@ -438,3 +438,16 @@ def test_int64_beyond_range_hints_at_string_ids(tmp_path):
     with pytest.raises(InputError) as e:
         convert([src], s, tmp_path / "out")
     assert e.value.column == "t" and "line 1" in str(e.value) and "dtype string and encoding int" in str(e.value)
+
+
+def test_list_null_values_on_integer_elements(tmp_path):
+    s = _schema([{"name": "t", "role": "list", "dtype": "int64", "separator": ";", "null_values": ["-1", "?"]}])
+    src = tmp_path / "l.txt"
+    src.write_text("3;-1;5\n-1\n?;-1\n7\n")
+    t = pq.read_table(convert([src], s, tmp_path / "out")[0])
+    assert t.schema.equals(raw_arrow_schema(s))
+    assert t.column("t").to_pylist() == [[3, 5], None, None, [7]]
+    src.write_text("3;-1\n4;x\n")
+    with pytest.raises(InputError) as e:
+        convert([src], s, tmp_path / "out")
+    assert e.value.column == "t" and "line 2" in str(e.value) and "'x'" in str(e.value)

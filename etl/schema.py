@@ -5,42 +5,60 @@ A schema file (YAML) looks like::
     name: criteo
     text:                      # how the raw delimited text is laid out (used by `etl convert`)
       delimiter: "\\t"
-      header: false
+      header: false            # true, false or auto
       null_value: ""
     columns:
       - {name: label, role: label, dtype: int64}
       - {name: I1, role: dense, dtype: int64}
       - {name: C1, role: categorical, dtype: string, encoding: hex, width: 8}
-      - {name: genres, role: list, dtype: string, encoding: string, separator: "|"}
+      - {name: genres, role: list, dtype: string, encoding: string, separator: "|", null_values: ["(no genres listed)"]}
+      - {name: id, role: passthrough, dtype: string}
+      - {name: comment, role: drop}
+
+Every field is documented, with examples, in ``schemas/README.md``.
 
 Roles: ``label`` (training target), ``dense`` (numeric feature), ``categorical`` (one value per row, turned into
-an embedding id) and ``list`` (multi-hot: a variable-length list of categorical values per row).
+an embedding id), ``list`` (multi-hot: a variable-length list of categorical values per row), ``passthrough``
+(copied from the raw data to the processed output unchanged, in its raw type; never an op input) and ``drop`` (a
+field of the text that is not read at all: it is skipped by ``etl convert`` and is not a column of the raw layout).
+
+``Schema.columns`` holds every column but the dropped ones: those of the raw layout. ``Schema.text_columns`` holds
+all of them in the order of a headerless text line, dropped ones included.
 
 Raw dtypes: ``int64``, ``float64``, ``string``. For a list column ``dtype`` is the element type.
 
 Encodings (categorical and list columns) say how a raw value becomes a uint64 key (see ``etl.ops.categorical.Decode``):
-``hex`` (hexadecimal text, ``width`` digits when given), ``int`` (an integer column, or integer text) and
-``string`` (any text, hashed).
+``hex`` (hexadecimal text, ``width`` digits when given), ``int`` (an integer column, or integer text; values in
+[-2**63, 2**64 - 1]) and ``string`` (any text, hashed).
+
+``null_values`` (per column) lists the texts that mean "missing" in that column; it replaces ``text.null_value``
+for the column (the empty field is always missing). For a list column they are matched against each element.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
 from etl.errors import SpecError
 
-ROLES = ("label", "dense", "categorical", "list")
+ROLES = ("label", "dense", "categorical", "list", "passthrough", "drop")
 DTYPES = ("int64", "float64", "string")
 ENCODINGS = ("hex", "int", "string")
+
+#: Where every schema field is documented (named in errors about unknown fields).
+SCHEMA_DOCS = "schemas/README.md"
+
+_COLUMN_FIELDS = ("name", "role", "dtype", "encoding", "width", "separator", "null_values")
 
 
 @dataclass(frozen=True)
 class ColumnSpec:
-    """One raw column. ``encoding``/``width`` apply to categorical and list columns, ``separator`` to lists."""
+    """One raw column. ``encoding``/``width`` apply to categorical and list columns, ``separator`` to lists;
+    ``null_values`` (None: the schema's ``text.null_value``) to every column read from text."""
 
     name: str
     role: str
@@ -48,6 +66,7 @@ class ColumnSpec:
     encoding: str | None = None
     width: int | None = None
     separator: str | None = None
+    null_values: tuple[str, ...] | None = None
 
     @property
     def is_list(self) -> bool:
@@ -56,29 +75,46 @@ class ColumnSpec:
 
 @dataclass(frozen=True)
 class TextLayout:
-    """How raw delimited text files are laid out."""
+    """How raw delimited text files are laid out. ``header``: True (the first line names the columns), False (it
+    is data) or ``"auto"`` (decided per file: a header when it equals the schema's column names, all in order)."""
 
     delimiter: str = ","
-    header: bool = False
+    header: bool | Literal["auto"] = False
     null_value: str = ""
 
 
 @dataclass(frozen=True)
 class Schema:
+    """A data set's columns. ``columns``: the columns of the raw layout (every role but ``drop``), in schema order;
+    ``text_columns``: every field of a headerless text line, in order, dropped ones included (default:
+    ``columns``)."""
+
     name: str
     columns: tuple[ColumnSpec, ...]
     text: TextLayout = field(default_factory=TextLayout)
     path: str = "<memory>"
+    text_columns: tuple[ColumnSpec, ...] = ()
 
     def __post_init__(self) -> None:
-        names = [c.name for c in self.columns]
+        if not self.text_columns:
+            object.__setattr__(self, "text_columns", self.columns)
+        if tuple(c for c in self.text_columns if c.role != "drop") != self.columns or any(c.role == "drop" for c in self.columns):
+            raise ValueError("columns must be the text columns whose role is not drop, in order")
+        names = [c.name for c in self.text_columns]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise SpecError(self.path, "columns", f"duplicate column names {dup}")
 
     @property
     def names(self) -> list[str]:
+        """Names of ``columns`` (the raw layout's)."""
         return [c.name for c in self.columns]
+
+    @property
+    def text_names(self) -> list[str]:
+        """Names of ``text_columns``: the fields of a headerless line, and a header line that ``header: auto``
+        recognises."""
+        return [c.name for c in self.text_columns]
 
     def column(self, name: str) -> ColumnSpec:
         for c in self.columns:
@@ -96,13 +132,25 @@ def _require(d: dict[str, Any], key: str, path: str, where: str) -> Any:
     return d[key]
 
 
+def _unknown(path: str, field: str) -> SpecError:
+    return SpecError(path, field, f"unknown field (every schema field is documented in {SCHEMA_DOCS})")
+
+
+def _parse_null_values(raw: Any, path: str, where: str) -> tuple[str, ...] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or not all(isinstance(v, str) for v in raw):
+        raise SpecError(path, f"{where}.null_values", f"expected a list of strings, got {raw!r}")
+    return tuple(raw)
+
+
 def _parse_column(raw: Any, path: str, i: int) -> ColumnSpec:
     where = f"columns[{i}]"
     if not isinstance(raw, dict):
         raise SpecError(path, where, f"expected a mapping, got {raw!r}")
-    unknown = set(raw) - {"name", "role", "dtype", "encoding", "width", "separator"}
+    unknown = set(raw) - set(_COLUMN_FIELDS)
     if unknown:
-        raise SpecError(path, f"{where}.{sorted(unknown)[0]}", "unknown field")
+        raise _unknown(path, f"{where}.{sorted(unknown)[0]}")
     name = _require(raw, "name", path, where)
     if not isinstance(name, str) or not name:
         raise SpecError(path, f"{where}.name", f"expected a non-empty string, got {name!r}")
@@ -112,6 +160,13 @@ def _parse_column(raw: Any, path: str, i: int) -> ColumnSpec:
     role = _require(raw, "role", path, where)
     if role not in ROLES:
         raise SpecError(path, f"{where}.role", f"{role!r} is not one of {list(ROLES)}")
+    if role == "drop":
+        extra = sorted(set(raw) - {"name", "role", "dtype"})
+        if extra:
+            raise SpecError(path, f"{where}.{extra[0]}", "a dropped column is not read: it has only a name (and optionally a dtype)")
+        if raw.get("dtype", "string") not in DTYPES:
+            raise SpecError(path, f"{where}.dtype", f"{raw['dtype']!r} is not one of {list(DTYPES)}")
+        return ColumnSpec(name, role, "string")
     dtype = _require(raw, "dtype", path, where)
     if dtype not in DTYPES:
         raise SpecError(path, f"{where}.dtype", f"{dtype!r} is not one of {list(DTYPES)}")
@@ -138,7 +193,8 @@ def _parse_column(raw: Any, path: str, i: int) -> ColumnSpec:
         raise SpecError(path, f"{where}.separator", "only list columns have a separator")
     if role in ("label", "dense") and dtype == "string":
         raise SpecError(path, f"{where}.dtype", f"a {role} column must be int64 or float64")
-    return ColumnSpec(name, role, dtype, encoding, width, separator)
+    null_values = _parse_null_values(raw.get("null_values"), path, where)
+    return ColumnSpec(name, role, dtype, encoding, width, separator, null_values)
 
 
 def parse_schema(doc: Any, path: str = "<memory>") -> Schema:
@@ -147,7 +203,7 @@ def parse_schema(doc: Any, path: str = "<memory>") -> Schema:
         raise SpecError(path, "<root>", "expected a mapping")
     unknown = set(doc) - {"name", "text", "columns", "description"}
     if unknown:
-        raise SpecError(path, sorted(unknown)[0], "unknown field")
+        raise _unknown(path, sorted(unknown)[0])
     name = _require(doc, "name", path, "<root>")
     cols = _require(doc, "columns", path, "<root>")
     if not isinstance(cols, list) or not cols:
@@ -157,14 +213,19 @@ def parse_schema(doc: Any, path: str = "<memory>") -> Schema:
         raise SpecError(path, "text", "expected a mapping")
     unknown = set(text_doc) - {"delimiter", "header", "null_value"}
     if unknown:
-        raise SpecError(path, f"text.{sorted(unknown)[0]}", "unknown field")
+        raise _unknown(path, f"text.{sorted(unknown)[0]}")
     text = TextLayout(**text_doc)
     if not isinstance(text.delimiter, str) or len(text.delimiter) != 1:
         raise SpecError(path, "text.delimiter", "expected one character")
-    if not isinstance(text.header, bool):
-        raise SpecError(path, "text.header", "expected true or false")
-    columns = tuple(_parse_column(c, path, i) for i, c in enumerate(cols))
-    return Schema(str(name), columns, text, path)
+    if not (isinstance(text.header, bool) or text.header == "auto"):
+        raise SpecError(path, "text.header", f"expected true, false or auto, got {text.header!r}")
+    if not isinstance(text.null_value, str):
+        raise SpecError(path, "text.null_value", f"expected a string, got {text.null_value!r}")
+    text_columns = tuple(_parse_column(c, path, i) for i, c in enumerate(cols))
+    columns = tuple(c for c in text_columns if c.role != "drop")
+    if not columns:
+        raise SpecError(path, "columns", "every column is dropped")
+    return Schema(str(name), columns, text, path, text_columns)
 
 
 def read_yaml(path: Path) -> Any:
@@ -185,11 +246,16 @@ def load_schema(path: str | Path) -> Schema:
 def schema_to_dict(schema: Schema) -> dict[str, Any]:
     """The inverse of ``parse_schema`` (used to embed the schema in artifacts)."""
     cols = []
-    for c in schema.columns:
+    for c in schema.text_columns:
+        if c.role == "drop":
+            cols.append({"name": c.name, "role": c.role})
+            continue
         d: dict[str, Any] = {"name": c.name, "role": c.role, "dtype": c.dtype}
         for k in ("encoding", "width", "separator"):
             if getattr(c, k) is not None:
                 d[k] = getattr(c, k)
+        if c.null_values is not None:
+            d["null_values"] = list(c.null_values)
         cols.append(d)
     t = schema.text
     return {"name": schema.name, "text": {"delimiter": t.delimiter, "header": t.header, "null_value": t.null_value}, "columns": cols}

@@ -20,6 +20,7 @@ Shape, per role (each column's parameters are a fixed function of its position i
   ``max_cardinality`` (see :func:`default_cardinalities`); on 2 M Criteo rows the largest column shows ~0.9 M distinct keys, the smallest 10.
   A rank becomes a key through a bijection of the key space (``bits``-bit xor-multiply-xorshift permutation salted by
   seed and column), so keys are scattered and distinct ranks give distinct keys.
+* passthrough: a row id, ``file · 2**32 + row within the file``, as int64, float64 or decimal text. Never null.
 * list: 0-6 elements (weights 5, 30, 25, 18, 12, 6, 4 %); length 0 is written as a null list, as ``convert`` does
   for empty text. Elements are Zipf (s = 1.1) over a small vocabulary of 10-1000 keys.
 
@@ -43,7 +44,7 @@ import pyarrow as pa
 
 from etl.backends.cpu import encode_hex
 from etl.errors import SpecError
-from etl.io.text import ROW_GROUP_ROWS, ShardSetWriter, raw_arrow_schema
+from etl.io.text import ARROW_SCALAR, ROW_GROUP_ROWS, ShardSetWriter, raw_arrow_schema
 from etl.schema import ColumnSpec, Schema
 from etl.workers import run_workers
 
@@ -139,7 +140,7 @@ class _Plan:
 
     index: int
     spec: ColumnSpec
-    kind: str  # label_int, label_float, dense_int, dense_float, cat, list
+    kind: str  # label_int, label_float, dense_int, dense_float, cat, list, passthrough
     key: int  # per (seed, column) stream key; files and purposes are mixed in later
     null_frac: float = 0.0
     neg_frac: float = 0.0
@@ -177,6 +178,8 @@ def _plans(schema: Schema, rows: int, seed: int, cardinalities: Mapping[str, int
                 null_frac=_DENSE_NULLS[j % len(_DENSE_NULLS)], neg_frac=0.03 if j % 3 == 1 else 0.0,
                 mu=0.5 + 6.0 * _unit(3, j), sigma=1.0 + 1.5 * _unit(4, j),
             ))
+        elif c.role == "passthrough":
+            plans.append(_Plan(i, c, "passthrough", key))
         else:
             k = cards[c.name]
             if c.role == "categorical":
@@ -377,6 +380,9 @@ def _column(p: _Plan, file: int, i0: int, n: int) -> pa.Array:
     if p.null_frac > 0.0:
         nvalid = _valid(_stream(p, file, 1), i0, n, p.null_frac, valid)
     vkey = _stream(p, file, 2)
+    if p.kind == "passthrough":
+        ids = np.arange(i0, i0 + n, dtype=np.int64) + (file << 32)
+        return pa.array(ids).cast(ARROW_SCALAR[p.spec.dtype])
     if p.kind == "label_int":
         out = np.empty(n, np.int64)
         _categorical_draw(vkey, i0, n, np.array([0.75, 1.0]), out)

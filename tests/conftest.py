@@ -43,7 +43,7 @@ def movielens() -> Path:
 
 @pytest.fixture(scope="session")
 def deepctr() -> Path:
-    if not (DEEPCTR / "criteo_sample.txt").is_file():
+    if not all((DEEPCTR / f"{name}_sample.txt").is_file() for name in ("criteo", "avazu", "movielens")):
         pytest.skip(f"DeepCTR samples not found at {DEEPCTR}")
     return DEEPCTR
 

@@ -31,6 +31,8 @@ _FNV_PRIME = np.uint64(FNV_PRIME)
 _S33 = np.uint64(33)
 _S32 = np.uint64(32)
 _INT64_MIN_MAGNITUDE = np.uint64(1 << 63)
+_UINT64_MAX_TENTH = np.uint64((2**64 - 1) // 10)  # 2**64 - 1 = 10 * this + 5
+_UINT64_MAX_LAST_DIGIT = np.uint64((2**64 - 1) % 10)
 
 
 @intrinsic
@@ -309,16 +311,20 @@ def _decode_int_text(data, starts, ends, valid, keys, bad):
         if s < e and (data[s] == 45 or data[s] == 43):
             neg = data[s] == 45
             s += 1
-        ok = 0 < e - s <= 19
-        mag = np.uint64(0)  # below 10**19 < 2**64: no overflow
+        ok = 0 < e - s <= 20
+        mag = np.uint64(0)
         if ok:
             for j in range(s, e):
                 c = data[j]
                 if c < 48 or c > 57:
                     ok = False
                     break
-                mag = mag * np.uint64(10) + np.uint64(c - 48)
-        if ok and mag > (_INT64_MIN_MAGNITUDE if neg else _INT64_MIN_MAGNITUDE - np.uint64(1)):
+                d = np.uint64(c - 48)
+                if mag > _UINT64_MAX_TENTH or (mag == _UINT64_MAX_TENTH and d > _UINT64_MAX_LAST_DIGIT):
+                    ok = False  # beyond 2**64 - 1
+                    break
+                mag = mag * np.uint64(10) + d
+        if ok and neg and mag > _INT64_MIN_MAGNITUDE:
             ok = False
         keys[i] = (np.uint64(0) - mag) if neg else mag
         if not ok:
@@ -376,8 +382,9 @@ def decode_hex(s: Strings, valid: np.ndarray | None, width: int | None) -> tuple
 
 
 def decode_int_text(s: Strings, valid: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None]:
-    """Decimal integer text (optional sign, at most 19 digits, within the int64 range) → its int64 value as a
-    uint64 word (two's complement). Anything else is marked bad."""
+    """Decimal integer text (optional sign, at most 20 digits, a value in [-2**63, 2**64 - 1]) → the value as a
+    uint64 word: a non-negative value itself, a negative one its two's complement (so -1 and 2**64 - 1 give the
+    same key). Anything else is marked bad."""
     keys = np.empty(len(s), np.uint64)
     bad = np.zeros(len(s), np.bool_)
     nbad = _decode_int_text(s.data, s.starts, s.ends, valid, keys, bad)

@@ -119,7 +119,8 @@ class Backend(Protocol):
         ...
 
     def decode_int_text(self, s: Strings, valid: Array | None) -> tuple[Array, Array | None]:
-        """Decimal integer text within the int64 range → its two's-complement bits as keys; (keys, bad)."""
+        """Decimal integer text (1-20 digits, a value in [-2**63, 2**64 - 1]) → the value's uint64 word as keys (a
+        negative value: its two's complement); (keys, bad)."""
         ...
 
     def decode_string(self, s: Strings, valid: Array | None) -> Array:

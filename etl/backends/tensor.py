@@ -49,7 +49,8 @@ from etl.ids import FIRST, MISSING
 
 _I64_MIN = -(1 << 63)
 _MAX_HEX_DIGITS = 16
-_MAX_DEC_DIGITS = 19
+_MAX_DEC_DIGITS = 20
+_LOW_MAX = 2**64 - 1 - 10**19  # the last 19 digits of 2**64 - 1
 #: a ``KeyCounter`` compacts once its pending parts hold more than 2 × max(distinct keys, this) keys
 COMPACT_MIN = 1 << 16
 
@@ -350,8 +351,10 @@ def _digits(base: int, device: torch.device) -> torch.Tensor:
 
 @functools.cache
 def _weights(base: int, columns: int, device: torch.device) -> torch.Tensor:
-    """int64 ``base ** (columns - 1 - j)`` for j < columns: the weights of a right-aligned digit matrix."""
-    return _resident(torch.tensor([base ** (columns - 1 - j) for j in range(columns)], dtype=torch.int64, device=device))
+    """``base ** (columns - 1 - j)`` for j < columns, as int64 bits (wrapped modulo 2**64: 10**19 does not fit in
+    an int64): the weights of a right-aligned digit matrix."""
+    weights = [(base ** (columns - 1 - j) + 2**63) % 2**64 - 2**63 for j in range(columns)]
+    return _resident(torch.tensor(weights, dtype=torch.int64, device=device))
 
 
 def _bounds(s: Strings) -> tuple[torch.Tensor, torch.Tensor]:
@@ -404,8 +407,9 @@ def decode_hex(s: Strings, valid: torch.Tensor | None, width: int | None) -> tup
 
 
 def decode_int_text(s: Strings, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Decimal integer text (optional sign, 1-19 digits, within the int64 range) → its int64 value. Anything else
-    is marked bad (bad is None when nothing is); a malformed value's key is unspecified. Missing → 0, never bad."""
+    """Decimal integer text (optional sign, 1-20 digits, a value in [-2**63, 2**64 - 1]) → the value's uint64 word
+    as int64 bits (a negative value: its two's complement). Anything else is marked bad (bad is None when nothing
+    is); a malformed value's key is unspecified. Missing → 0, never bad."""
     starts, ends = _bounds(s)
     lens = ends - starts
     first = _byte_matrix(s.data, starts)
@@ -414,10 +418,15 @@ def decode_int_text(s: Strings, valid: torch.Tensor | None) -> tuple[torch.Tenso
     nd = lens - signed.to(torch.int64)
     ok = (nd >= 1) & (nd <= _MAX_DEC_DIGITS)
     digits, nondigit = _right_aligned_digits(s, ends, nd, 10, _MAX_DEC_DIGITS)
+    lead = digits[:, 0].clone()  # the 20th digit from the right
     digits *= _weights(10, _MAX_DEC_DIGITS, starts.device)
-    mag = digits.sum(1)  # below 10**19 < 2**64: exact as uint64 bits (int64 addition wraps)
-    # as uint64: mag <= 2**63 - 1 (int64 mag >= 0), or mag == 2**63 (int64 min) for a negative value
-    out_of_range = (mag < 0) & ~(neg & (mag == _I64_MIN))
+    low = digits[:, 1:].sum(1)  # the last 19 digits: below 10**19 < 2**64, exact as uint64 bits
+    mag = digits.sum(1)  # exact modulo 2**64 (10**19 as wrapped bits)
+    # beyond 2**64 - 1 = 1 * 10**19 + _LOW_MAX: a 20th digit above 1, or 1 and the rest above _LOW_MAX (< 2**63,
+    # so the unsigned comparison is the signed one when low >= 0; low < 0 is above it)
+    over = (lead > 1) | ((lead == 1) & ((low < 0) | (low > _LOW_MAX)))
+    # a negative value's magnitude is at most 2**63: as int64 bits, >= 0 or int64 min
+    out_of_range = over | (neg & (mag < 0) & (mag != _I64_MIN))
     bad = ~ok | nondigit | out_of_range
     keys = torch.where(neg, -mag, mag)  # -(int64 min) wraps to itself: the bits of -2**63
     if valid is not None:

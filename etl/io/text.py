@@ -1,7 +1,7 @@
 """Delimited text (CSV/TSV, optionally gzip-compressed) → Parquet shards in the *raw layout*.
 
-The raw layout is what every other part of the package reads: one Parquet column per schema column, in schema order,
-with the Arrow types of :func:`raw_arrow_schema`:
+The raw layout is what every other part of the package reads: one Parquet column per schema column (every role but
+``drop``: dropped columns are not written), in schema order, with the Arrow types of :func:`raw_arrow_schema`:
 
 ==========================  ==========================================
 schema column               Arrow type
@@ -37,18 +37,19 @@ import pyarrow.parquet as pq
 
 from etl.errors import InputError, OutputError
 from etl.io.files import ExclusiveParquetWriter, is_shard_name, is_temporary, shard_name, temporary_path
-from etl.schema import ColumnSpec, Schema
+from etl.schema import ColumnSpec, Schema, TextLayout
 
 if TYPE_CHECKING:
     from etl.io.join import SideTable
 
-__all__ = ["ROW_GROUP_ROWS", "raw_arrow_schema", "convert", "read_text", "header_names", "ShardSetWriter"]
+__all__ = ["ROW_GROUP_ROWS", "ARROW_SCALAR", "raw_arrow_schema", "convert", "read_text", "header_names", "ShardSetWriter"]
 
 #: Largest row group written by ``convert`` and ``etl.synth.generate``.
 ROW_GROUP_ROWS = 131_072
 
 _BLOCK_SIZE = 16 << 20  # bytes of text per CSV block: bounds memory while streaming
-_ARROW_SCALAR = {"int64": pa.int64(), "float64": pa.float64(), "string": pa.string()}
+#: The Arrow type of each raw dtype (of a scalar column, or of a list column's elements).
+ARROW_SCALAR = {"int64": pa.int64(), "float64": pa.float64(), "string": pa.string()}
 
 
 def raw_arrow_schema(schema: Schema) -> pa.Schema:
@@ -59,7 +60,7 @@ def raw_arrow_schema(schema: Schema) -> pa.Schema:
     """
     fields = []
     for c in schema.columns:
-        t = _ARROW_SCALAR[c.dtype]
+        t = ARROW_SCALAR[c.dtype]
         fields.append(pa.field(c.name, pa.list_(pa.field("element", t)) if c.is_list else t, nullable=True))
     return pa.schema(fields)
 
@@ -207,22 +208,41 @@ def _check_inputs(inputs: Sequence[str | Path]) -> list[Path]:
     return paths
 
 
-def _open_csv(path: Path, schema: Schema, *, use_threads: bool) -> pacsv.CSVStreamingReader:
+def _own_nulls(schema: Schema) -> bool:
+    """Whether a column of ``schema`` has its own ``null_values``: missing texts are then applied by
+    ``_finish_column`` to every column read as text, as the reader applies one set of texts to all columns."""
+    return any(c.null_values is not None for c in schema.columns)
+
+
+def _read_as_text(c: ColumnSpec) -> bool:
+    """Whether the CSV reader gives column ``c`` as text (finished by ``_finish_column``): string and list columns,
+    and columns with their own ``null_values``."""
+    return c.is_list or c.dtype == "string" or c.null_values is not None
+
+
+def _missing_texts(c: ColumnSpec, text: TextLayout) -> list[str]:
+    """The whole-field texts that mean a missing value in column ``c``: the empty field, and the column's
+    ``null_values`` (a scalar column's) or else the schema's ``text.null_value``. A list column's own
+    ``null_values`` are matched per element instead (``_drop_elements``)."""
+    own = c.null_values if c.null_values is not None and not c.is_list else ()
+    return sorted({"", *own, *([text.null_value] if c.null_values is None else [])})
+
+
+def _open_csv(path: Path, schema: Schema, header: bool, *, use_threads: bool) -> pacsv.CSVStreamingReader:
     t = schema.text
-    text_cols = [c.name for c in schema.columns]
     read = pacsv.ReadOptions(
         use_threads=use_threads,
         block_size=_BLOCK_SIZE,
-        column_names=None if t.header else text_cols,
+        column_names=None if header else schema.text_names,
     )
     parse = pacsv.ParseOptions(delimiter=t.delimiter)
-    types = {c.name: (pa.string() if c.is_list else _ARROW_SCALAR[c.dtype]) for c in schema.columns}
+    types = {c.name: (pa.string() if _read_as_text(c) else ARROW_SCALAR[c.dtype]) for c in schema.columns}
     conv = pacsv.ConvertOptions(
         column_types=types,
         null_values=sorted({"", t.null_value}),
-        strings_can_be_null=True,
+        strings_can_be_null=not _own_nulls(schema),
         quoted_strings_can_be_null=True,
-        include_columns=text_cols,
+        include_columns=schema.names,  # dropped columns are never converted
     )
     # compression="detect": ".gz", ".bz2", ".zst", ... are decompressed while streaming.
     return pacsv.open_csv(pa.input_stream(str(path), compression="detect"), read_options=read,
@@ -232,12 +252,12 @@ def _open_csv(path: Path, schema: Schema, *, use_threads: bool) -> pacsv.CSVStre
 _ROW_RE = re.compile(r"Row #(\d+): ")
 _COL_RE = re.compile(r"In CSV column #(\d+): ")
 _FIELDS_RE = re.compile(r"Expected (\d+) columns, got (\d+): (.*)", re.DOTALL)
+_INT64_VALUE_RE = re.compile(r"to int64: invalid value '(\s*[+-]?\d+\s*)'")
 
 
-def header_names(path: Path, schema: Schema) -> list[str] | None:
-    """Column names of the file's header line (header files only), as pyarrow numbers them."""
-    if not schema.text.header:
-        return schema.names
+def _first_line(path: Path, schema: Schema) -> list[str] | None:
+    """The fields of the first line of ``path`` (split at the schema's delimiter, quotes removed); None for an empty
+    or unreadable file."""
     try:
         r = pacsv.open_csv(
             pa.input_stream(str(path), compression="detect"),
@@ -250,27 +270,61 @@ def header_names(path: Path, schema: Schema) -> list[str] | None:
         return None
 
 
-def _explain(path: Path, schema: Schema, err: Exception, *, single_threaded: bool) -> InputError:
+def _has_header(path: Path, schema: Schema) -> bool:
+    """Whether the first line of ``path`` is a header: ``text.header`` true or false, or with ``auto``, whether that
+    line equals the schema's column names (all of them, dropped ones included, in order)."""
+    if schema.text.header == "auto":
+        return _first_line(path, schema) == schema.text_names
+    return bool(schema.text.header)
+
+
+def header_names(path: Path, schema: Schema) -> list[str] | None:
+    """The names of the fields of ``path``'s lines: its header's (None for an empty or unreadable file) when it
+    has one (``text.header``, or ``auto`` and a first line equal to the column names), else the schema's."""
+    return _first_line(path, schema) if _has_header(path, schema) else schema.text_names
+
+
+def _check_header(path: Path, schema: Schema) -> None:
+    """Raise ``InputError`` unless the header of ``path`` names every column of the raw layout (in any order, among
+    other names); the message lists the expected and the found names and where they first differ."""
+    found = _first_line(path, schema)
+    if found is None:
+        return  # an empty file has no rows; an unreadable one fails when read
+    missing = [n for n in schema.names if n not in found]
+    if not missing:
+        return
+    expected = schema.text_names
+    i = next((i for i, (e, f) in enumerate(zip(expected, found)) if e != f), min(len(expected), len(found)))
+    first = f"field {i + 1}: expected {expected[i]!r}, found {found[i]!r}" if i < min(len(expected), len(found)) else (
+        f"the header ends after {len(found)} fields" if len(found) < len(expected) else f"field {i + 1}: {found[i]!r} is extra")
+    raise InputError(str(path), f"the header lacks column(s) {missing}: expected the schema's columns {expected}, found {found} "
+                                f"(first difference: {first})", column=missing[0])
+
+
+def _int64_hint(value: str) -> str:
+    """A hint for an integer ``value`` beyond the int64 range (empty for any other value)."""
+    if not re.fullmatch(r"\s*[+-]?\d+\s*", value):
+        return ""
+    return " (beyond the int64 range: integer ids up to 2**64 - 1 are read with dtype string and encoding int)"
+
+
+def _explain(path: Path, schema: Schema, err: Exception, header: bool, *, single_threaded: bool) -> InputError:
     """Turn a pyarrow CSV error into an InputError naming the file, line and column.
 
     Multi-threaded reading does not report line numbers, so the file is re-read single-threaded up to the error.
     """
     msg = str(err)
-    if isinstance(err, KeyError) or "in include_columns does not exist" in msg:
-        names = header_names(path, schema) or []
-        missing = [n for n in schema.names if n not in names]
-        col = missing[0] if missing else None
-        return InputError(str(path), f"the header lacks column(s) {missing}; it has {names}", column=col)
     if not single_threaded and isinstance(err, pa.ArrowInvalid) and ("CSV" in msg):
         try:
-            for _ in _open_csv(path, schema, use_threads=False):
+            for _ in _open_csv(path, schema, header, use_threads=False):
                 pass
         except (pa.ArrowException, OSError) as again:
-            return _explain(path, schema, again, single_threaded=True)
+            return _explain(path, schema, again, header, single_threaded=True)
+    first = _first_line(path, schema)
     column = None
     m = _COL_RE.search(msg)
     if m:
-        names = header_names(path, schema) or []
+        names = (first if header else schema.text_names) or []
         i = int(m.group(1))
         column = names[i] if i < len(names) else f"#{i}"
         msg = msg[: m.start()] + msg[m.end():]
@@ -284,55 +338,110 @@ def _explain(path: Path, schema: Schema, err: Exception, *, single_threaded: boo
         msg = f"{msg[:m.start()]}wrong number of fields: expected {m.group(1)}, got {m.group(2)}: {text!r}"
     elif len(msg) > 300:
         msg = msg[:300] + "..."
+    big = _INT64_VALUE_RE.search(msg)
+    if big:
+        msg += _int64_hint(big.group(1))
+    if not header and first == schema.text_names:
+        msg += "; the first line holds the schema's column names: set text.header to true or auto"
     return InputError(str(path), msg, column=column)
 
 
-def _split_lists(batch: pa.RecordBatch, schema: Schema, path: Path, arrow_schema: pa.Schema,
-                 first_line: int) -> pa.RecordBatch:
-    """Split list columns' text by their separator and cast to the raw layout (null or empty text → null list)."""
-    arrays = []
-    for i, c in enumerate(schema.columns):
-        a = batch.column(i)
-        if c.is_list:
-            a = _split_one(a, c, path, first_line)
-        arrays.append(a)
+def _finish(batch: pa.RecordBatch, schema: Schema, path: Path, arrow_schema: pa.Schema, first_line: int) -> pa.RecordBatch:
+    """A batch as the CSV reader gives it → the raw layout (``first_line``: the 1-based line of its first row)."""
+    own_nulls = _own_nulls(schema)
+    arrays = [_finish_column(batch.column(i), c, schema, own_nulls, path, first_line) for i, c in enumerate(schema.columns)]
     return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema)
 
 
+def _finish_column(a: pa.Array, c: ColumnSpec, schema: Schema, own_nulls: bool, path: Path, first_line: int) -> pa.Array:
+    """One column of ``_finish``: missing texts applied (when the schema has per-column ``null_values``), list text
+    split, text of a numeric column with its own ``null_values`` parsed."""
+    if own_nulls and _read_as_text(c):
+        a = pc.if_else(pc.is_in(a, value_set=pa.array(_missing_texts(c, schema.text), pa.string())), pa.scalar(None, pa.string()), a)
+    if c.is_list:
+        return _split_one(a, c, path, first_line)
+    if c.dtype == "string" or not _read_as_text(c):
+        return a
+    values = pc.utf8_trim_whitespace(a)  # as the CSV reader trims numbers
+    bad = _first_unconvertible(values, ARROW_SCALAR[c.dtype])
+    if bad is not None:
+        value = a[bad].as_py()
+        raise InputError(str(path), f"line {first_line + bad}: cannot convert to {c.dtype}: invalid value {value!r}"
+                         f"{_int64_hint(value) if c.dtype == 'int64' else ''}", column=c.name)
+    return values.cast(ARROW_SCALAR[c.dtype])
+
+
+def _first_unconvertible(values: pa.Array, target: pa.DataType) -> int | None:
+    """The position of the first value of ``values`` that does not cast to ``target`` (None if all do), found by
+    bisection: a few casts, whatever the length."""
+
+    def casts(a: pa.Array) -> bool:
+        try:
+            a.cast(target)
+            return True
+        except pa.ArrowInvalid:
+            return False
+
+    if casts(values):
+        return None
+    lo, hi = 0, len(values)  # values[lo:hi] holds the first bad value
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if casts(values.slice(lo, mid - lo)):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 def _split_one(text: pa.Array, c: ColumnSpec, path: Path, first_line: int) -> pa.Array:
-    lists = pc.split_pattern(text, pattern=c.separator)  # null text → null list; elements kept verbatim
-    target = pa.list_(pa.field("element", _ARROW_SCALAR[c.dtype]))
-    try:
-        return lists.cast(target)
-    except pa.ArrowInvalid as e:
-        values = pc.list_flatten(lists)
-        ok = pc.match_substring_regex(values, r"^[+-]?\d{1,18}$").to_numpy(zero_copy_only=False)
-        bad = np.flatnonzero(~ok)
-        if not bad.size:  # e.g. a 19-digit value out of int64 range
-            raise InputError(str(path), f"list element is not an int64: {e}", column=c.name) from None
-        row = int(pc.list_parent_indices(lists)[int(bad[0])].as_py())
-        value = values[int(bad[0])].as_py()
-        raise InputError(str(path), f"line {first_line + row}: list element {value!r} is not an integer",
-                         column=c.name) from None
+    """A list column's text split at its separator (null text → null list; elements kept verbatim but for those
+    in the column's ``null_values``, which are dropped) and cast to the element type."""
+    lists = pc.split_pattern(text, pattern=c.separator)
+    if c.null_values is not None:
+        lists = _drop_elements(lists, c.null_values)
+    target = pa.list_(pa.field("element", ARROW_SCALAR[c.dtype]))
+    values = pc.list_flatten(lists)
+    bad = _first_unconvertible(values, target.value_type)
+    if bad is not None:
+        row = int(pc.list_parent_indices(lists)[bad].as_py())
+        value = values[bad].as_py()
+        raise InputError(str(path), f"line {first_line + row}: list element {value!r} is not {'an' if c.dtype == 'int64' else 'a'} "
+                         f"{c.dtype}{_int64_hint(value) if c.dtype == 'int64' else ''}", column=c.name)
+    return lists.cast(target)
+
+
+def _drop_elements(lists: pa.ListArray, missing: tuple[str, ...]) -> pa.ListArray:
+    """``lists`` without the elements equal to one of ``missing``; a list left with no element is null."""
+    values = pc.list_flatten(lists)
+    keep = pc.invert(pc.is_in(values, value_set=pa.array(missing, pa.string())))
+    parents = pc.list_parent_indices(lists).to_numpy()
+    lengths = np.bincount(parents[keep.to_numpy(zero_copy_only=False)], minlength=len(lists))
+    offsets = np.zeros(len(lists) + 1, np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    return pa.ListArray.from_arrays(pa.array(offsets), values.filter(keep), mask=pa.array(lengths == 0))
 
 
 def read_text(path: Path, schema: Schema, arrow_schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     """Stream ``path`` as raw-layout record batches (one CSV block at a time)."""
+    header = _has_header(path, schema)
+    if header:
+        _check_header(path, schema)
     try:
-        reader = _open_csv(path, schema, use_threads=True)
-    except (pa.ArrowException, KeyError, OSError) as e:
+        reader = _open_csv(path, schema, header, use_threads=True)
+    except (pa.ArrowException, OSError) as e:
         if "Empty CSV file" in str(e):  # zero bytes (or an empty compressed stream): no rows
             return
-        raise _explain(path, schema, e, single_threaded=False) from None
-    line = 2 if schema.text.header else 1  # 1-based line of the next row (exact unless values hold newlines)
+        raise _explain(path, schema, e, header, single_threaded=False) from None
+    line = 2 if header else 1  # 1-based line of the next row (exact unless values hold newlines)
     while True:
         try:
             batch = reader.read_next_batch()
         except StopIteration:
             return
         except (pa.ArrowException, OSError) as e:
-            raise _explain(path, schema, e, single_threaded=False) from None
-        yield _split_lists(batch, schema, path, arrow_schema, line)
+            raise _explain(path, schema, e, header, single_threaded=False) from None
+        yield _finish(batch, schema, path, arrow_schema, line)
         line += batch.num_rows
 
 
@@ -346,16 +455,21 @@ def convert(
 ) -> list[Path]:
     """Convert delimited text files to raw-layout Parquet shards in ``out_dir``; return the shard paths in order.
 
-    Reading follows ``schema.text``: ``delimiter``; ``header`` (if true the first line names the columns, every
-    schema column must be among them, extra columns are dropped and the order may differ; if false each line has
-    exactly one field per schema column, in schema order); ``null_value`` (that token and the empty field are null).
-    Fields may be quoted with ``"``. Inputs ending in ``.gz``/``.bz2``/``.zst``/... are decompressed on the fly.
-    A zero-byte input contributes no rows.
+    Reading follows ``schema.text``: ``delimiter``; ``header``: true (the first line names the columns; every
+    column of the raw layout must be among them, other columns are left out and the order may differ; a header
+    lacking one raises InputError listing the expected and the found names), false (each line has exactly one field
+    per schema column, dropped ones included, in schema order) or ``auto`` (decided per file: the first line is a
+    header when it equals the schema's column names, all of them in order, else it is data); ``null_value`` (that
+    token and the empty field are null, unless a column has its own ``null_values``, which replace ``null_value``
+    for it). Fields may be quoted with ``"``. Inputs ending in ``.gz``/``.bz2``/``.zst``/... are decompressed on the
+    fly. A zero-byte input contributes no rows. Columns of role ``drop`` are skipped: they are not written.
 
-    Values: int64/float64 columns are parsed as such (an unparsable value is an error, never a silent null); string
-    columns are kept verbatim (hex keys such as ``"00000123"`` stay strings). A list column's text is split at its
-    ``separator``; elements are kept verbatim (``"a||b"`` → ``["a", "", "b"]``) and cast to the element type; empty
-    text or null → null list.
+    Values: int64/float64 columns are parsed as such (an unparsable value is an error, never a silent null; an
+    integer beyond the int64 range too: integer ids up to 2**64 - 1 are read with dtype string and ``encoding:
+    int``, and ``Decode`` turns their text into exact uint64 keys); string columns are kept verbatim (hex keys such as
+    ``"00000123"`` stay strings). A list column's text is split at its ``separator``; elements are kept verbatim
+    (``"a||b"`` → ``["a", "", "b"]``) but for those equal to one of the column's ``null_values``, which are dropped,
+    and cast to the element type; empty text, null, or a list whose every element was dropped → null list.
 
     Files are streamed in blocks of 16 MiB, so memory stays bounded by about one block plus one row group whatever
     the input size. Rows go to ``part-00000.parquet``, ``part-00001.parquet``, ... with at most ``rows_per_file`` rows
@@ -371,7 +485,8 @@ def convert(
     column.
 
     Raises ``InputError`` for a missing input, a line with the wrong number of fields, an unparsable number or a
-    missing header column; the message names the file and, where known, the line (1-based, counting the header)
+    missing header column (with ``header: false``, when the file's first line is the column names, the message
+    says to set ``header`` to true or auto); the message names the file and, where known, the line (1-based, counting the header)
     and the column.
     """
     if not isinstance(rows_per_file, int) or rows_per_file < 1:

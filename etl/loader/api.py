@@ -62,7 +62,11 @@ __all__ = ["Loader", "LoaderBatch", "LoaderStats"]
 @dataclass
 class LoaderBatch:
     """One batch: ``label`` [B] float32, ``dense`` [B, D] float32, ``sparse`` [B, S] ids (columns in the order of
-    ``Loader.layout``), ``lists``: multi-hot columns as (values, offsets[B + 1]), ``sparse_names`` their names."""
+    ``Loader.layout``), ``lists``: multi-hot columns as (values, offsets[B + 1]), ``sparse_names`` their names.
+
+    Passthrough columns (schema role ``passthrough``, such as a row id) are not in loader batches: the loader does
+    not read them from raw shards nor from a processed output. They serve the offline path: ``etl preprocess``
+    writes them, unchanged, beside the transformed columns of each row."""
 
     label: torch.Tensor
     dense: torch.Tensor

@@ -3,7 +3,8 @@
 A ``Layout`` maps a pipeline's output columns to batch fields: ``label`` [n] float32, ``dense`` [n, D] float32
 (dense columns in output order), ``sparse`` [n, S] ids (single-valued id columns in output order: the schema's, in
 schema order, then those ops create, such as HashedCross and DateParts columns, in pipeline order; int32 when every
-cardinality fits, else int64), and ``lists``: one (values, offsets) pair per multi-hot column.
+cardinality fits, else int64), and ``lists``: one (values, offsets) pair per multi-hot column. Passthrough columns
+are no batch field: they are left out of the loader's batches.
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ class Layout:
         labels = pipeline.schema.by_role("label")
         if len(labels) != 1:
             raise ValueError(f"the loader needs exactly one label column, the schema has {labels}")
-        lists = [f.name for f in schema if pa.types.is_list(f.type)]
-        sparse = [f.name for f in schema if pa.types.is_integer(f.type)]
-        dense = [f.name for f in schema if pa.types.is_floating(f.type) and f.name != labels[0]]
+        fields = [f for f in schema if f.name not in pipeline.passthrough]  # passthrough columns are not batch fields
+        lists = [f.name for f in fields if pa.types.is_list(f.type)]
+        sparse = [f.name for f in fields if pa.types.is_integer(f.type)]
+        dense = [f.name for f in fields if pa.types.is_floating(f.type) and f.name != labels[0]]
         wide = any(schema.field(c).type == pa.int64() for c in sparse)
         return cls(labels[0], dense, sparse, lists, torch.int64 if wide else torch.int32)
 

@@ -78,7 +78,7 @@ class HostReader(PieceReader):
     """A raw shard, transformed on the host by the whole pipeline."""
 
     def __init__(self, pipeline: Pipeline, layout: Layout, stats: LoaderStats):
-        super().__init__(pipeline.schema.names, stats)
+        super().__init__(pipeline.input_columns, stats)
         self.pipeline, self.layout = pipeline, layout
 
     def convert(self, table: pa.Table, piece: Piece) -> Chunk:
@@ -90,7 +90,7 @@ class DeviceInputReader(PieceReader):
     carries its origin (its row group's number in ``groups``)."""
 
     def __init__(self, pipeline: Pipeline, stage: DeviceStage, groups: list[RowGroup], stats: LoaderStats):
-        super().__init__(pipeline.schema.names, stats)
+        super().__init__(pipeline.input_columns, stats)
         self.pipeline, self.stage = pipeline, stage
         self.group_no = {g: i for i, g in enumerate(groups)}
 
@@ -101,9 +101,10 @@ class DeviceInputReader(PieceReader):
 
 
 def _raw_batch(table: pa.Table, pipeline: Pipeline, piece: Piece) -> Batch:
-    """A raw piece as a batch whose rows are numbered from the start of its file (for error messages)."""
+    """A raw piece (its transform's input columns: passthrough columns are not read) as a batch whose rows are
+    numbered from the start of its file (for error messages)."""
     g = piece.group
-    return batch_from_arrow(table, pipeline.schema, str(g.path), g.index, g.first_row + piece.start)
+    return batch_from_arrow(table, pipeline.schema, str(g.path), g.index, g.first_row + piece.start, pipeline.input_columns)
 
 
 def reader_for(pipeline: Pipeline, layout: Layout, *, processed: ProcessedOutput | None, stage: DeviceStage | None,

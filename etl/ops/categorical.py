@@ -31,7 +31,10 @@ class Decode(Op):
     - ``hex``: hexadecimal text (either case; exactly ``width`` digits when the schema gives a width, else 1-16)
       → its integer value, exactly (``"68fd1e64"`` → 0x68FD1E64). Anything else is invalid input.
     - ``int``: an int64 column → its two's-complement bits as uint64 (so -1 → 2**64 - 1); integer text
-      (optional sign, up to 19 digits) → the same.
+      (optional sign, 1-20 digits, a value in [-2**63, 2**64 - 1]) → the value itself when non-negative (exactly:
+      ``"10000169349117863715"`` → 10000169349117863715), its two's complement when negative (so ``"-1"`` and
+      ``"18446744073709551615"`` are the same key). Text outside that range is invalid input. Unsigned 64-bit ids
+      are therefore held as text (dtype string) in the raw layout.
     - ``string``: any text → ``string_key`` = fmix64(FNV-1a-64(UTF-8 bytes)).
 
     Missing values stay missing (``valid`` is kept). A column that already holds keys (one written by
@@ -51,7 +54,10 @@ class Decode(Op):
             spec = self.specs[c]
             keys, raw, bad = _decode(col, spec, xp)
             if bad is not None:
-                want = f"{spec.width} hex digits" if spec.encoding == "hex" and spec.width else f"{spec.encoding} text"
+                if spec.encoding == "hex":
+                    want = f"{spec.width} hex digits" if spec.width else "hex text"
+                else:  # only hex and int text can be malformed
+                    want = "int text in [-2**63, 2**64 - 1]"
                 raise InvalidRows(c, rows_with_bad_elements(col, bad, xp), f"malformed value (expected {want})")
             out[c] = Column(keys, col.valid, col.offsets, raw)
         return out

@@ -11,11 +11,21 @@ A pipeline file (YAML)::
       - {op: Decode, columns: "@categorical"}
       - {op: Categorify, columns: "@categorical", freq_threshold: 3}
 
-``columns`` is a list of column names, or ``"@role"`` (every schema column of that role, then the columns of that
-role created by earlier ops: DateParts creates categorical ones), or a list mixing both. Every categorical and list
-column must end as ids (Decode, then Hash or Categorify). The output holds every schema column, in schema order,
-then the columns ops create, in pipeline order: label and dense as float32, ids as int32 (int64 when an op's
-cardinality needs it), lists as list<id>.
+``columns`` selects the op's input columns. It is a column name, ``"@role"`` (every schema column of that role,
+then the columns of that role created by earlier ops: DateParts creates categorical ones), ``{role: R, exclude:
+[names]}`` (the same but the excluded ones, which must be of role R), or a list mixing these (a column selected
+twice is an error)::
+
+    - {op: Decode, columns: "@categorical"}
+    - {op: Categorify, columns: {role: categorical, exclude: [device_ip]}, freq_threshold: 2}
+    - {op: Hash, columns: [device_ip], num_buckets: 1000000}
+
+Columns of role ``passthrough`` are never op inputs: selecting one (by name or by role) is a SpecError. Every
+categorical and list column must end as ids (Decode, then Hash or Categorify). The output holds every schema
+column (dropped ones aside), in schema order, then the columns ops create, in pipeline order: label and dense as
+float32, ids as int32 (int64 when an op's cardinality needs it), lists as list<id>, passthrough columns unchanged
+in their raw-layout type (``etl.io.text.raw_arrow_schema``). Ops and their parameters are documented in
+``pipelines/README.md``.
 
 Fitting over shards is in ``etl.pipeline.fit``, saving and loading the fitted state in ``etl.pipeline.artifacts``;
 ``Pipeline.fit``, ``save`` and ``load`` call them.
@@ -31,12 +41,14 @@ from typing import Any, Literal, TypeAlias, get_args
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from etl.backends import cpu
 from etl.batch import Batch, Column, Strings
 from etl.errors import ArtifactError, RowError, SpecError
 from etl.ids import id_dtype
 from etl.io.parquet import batch_from_arrow
+from etl.io.text import raw_arrow_schema
 from etl.ops import REGISTRY, InvalidRows, Op
 from etl.pipeline import artifacts
 from etl.pipeline.fit import fit_shards
@@ -79,25 +91,54 @@ class Transformed:
         return sum(len(r.rows) for r in self.rejected)
 
 
+#: Where ops and their parameters are documented (named in errors about unknown ops and parameters).
+PIPELINE_DOCS = "pipelines/README.md"
+
+
 def _resolve(selector: Any, schema: Schema, created: dict[str, ColumnSpec], path: str, where: str) -> list[str]:
-    """The column names ``selector`` names; ``@role`` takes the schema's columns of that role, then those of
-    ``created`` (columns earlier ops create)."""
+    """The column names a ``columns`` selector names (see the module docstring); role selectors take the schema's
+    columns of that role, then those of ``created`` (columns earlier ops create)."""
     items = selector if isinstance(selector, list) else [selector]
     out: list[str] = []
     for s in items:
-        if not isinstance(s, str):
-            raise SpecError(path, where, f"expected a column name or @role, got {s!r}")
-        if s.startswith("@"):
-            names = schema.by_role(s[1:]) + [c.name for c in created.values() if c.role == s[1:]]
-            if not names:
-                raise SpecError(path, where, f"the schema has no column with role '{s[1:]}'")
-            out.extend(names)
-        else:
+        if isinstance(s, dict):
+            out.extend(_role_columns(s, schema, created, path, where))
+        elif isinstance(s, str) and s.startswith("@"):
+            out.extend(_role_columns({"role": s[1:]}, schema, created, path, where))
+        elif isinstance(s, str):
             out.append(s)
+        else:
+            raise SpecError(path, where, f"expected a column name, @role or {{role: R, exclude: [...]}}, got {s!r}")
     twice = sorted({c for c in out if out.count(c) > 1})
     if twice:
         raise SpecError(path, where, f"column '{twice[0]}' is selected more than once")
     return out
+
+
+def _role_columns(sel: dict[str, Any], schema: Schema, created: dict[str, ColumnSpec], path: str, where: str) -> list[str]:
+    """The columns of a role selector ``{role: R, exclude: [...]}``: every schema column of role R, in schema
+    order, then those of ``created`` (in creation order), but the excluded ones."""
+    unknown = sorted(set(sel) - {"role", "exclude"})
+    if unknown:
+        raise SpecError(path, f"{where}.{unknown[0]}", "unknown field of a role selector (it has role and exclude)")
+    role, exclude = sel.get("role"), sel.get("exclude", [])
+    if not isinstance(role, str):
+        raise SpecError(path, f"{where}.role", f"expected a role name, got {role!r}")
+    if role in ("passthrough", "drop"):
+        what = "copied to the output unchanged" if role == "passthrough" else "not read"
+        raise SpecError(path, where, f"columns of role {role} are {what}: no op reads them")
+    if not isinstance(exclude, list) or not all(isinstance(c, str) for c in exclude):
+        raise SpecError(path, f"{where}.exclude", f"expected a list of column names, got {exclude!r}")
+    names = schema.by_role(role) + [c.name for c in created.values() if c.role == role]
+    if not names:
+        raise SpecError(path, where, f"the schema has no column with role '{role}'")
+    stray = [c for c in exclude if c not in names]
+    if stray:
+        raise SpecError(path, f"{where}.exclude", f"'{stray[0]}' is not a column of role {role} ({names})")
+    kept = [c for c in names if c not in exclude]
+    if not kept:
+        raise SpecError(path, f"{where}.exclude", f"excludes every column of role {role}")
+    return kept
 
 
 class Pipeline:
@@ -118,7 +159,7 @@ class Pipeline:
                 raise SpecError(path, where, "expected a mapping with an 'op' key")
             cls = REGISTRY.get(raw["op"])
             if cls is None:
-                raise SpecError(path, f"{where}.op", f"unknown op {raw['op']!r}; known: {sorted(REGISTRY)}")
+                raise SpecError(path, f"{where}.op", f"unknown op {raw['op']!r}; known: {sorted(REGISTRY)} (see {PIPELINE_DOCS})")
             where = f"{where} ({raw['op']})"
             if "columns" not in raw:
                 raise SpecError(path, f"{where}.columns", "missing")
@@ -128,7 +169,7 @@ class Pipeline:
                 op = cls(columns, **params)
                 op.bind(specs | created)
             except TypeError as e:
-                raise SpecError(path, where, f"bad parameters: {e}") from None
+                raise SpecError(path, where, f"bad parameters: {e} (see {PIPELINE_DOCS})") from None
             except ValueError as e:
                 raise SpecError(path, where, str(e)) from None
             created |= {c: spec for c, spec in op.new_columns().items() if c not in specs}
@@ -161,7 +202,10 @@ class Pipeline:
             where = f"ops[{i}] ({op.name}).columns"
             for c in op.columns:
                 if c not in kind:
-                    raise SpecError(self.path, where, f"no column named '{c}'")
+                    dropped = " (the schema drops it: role drop)" if c in self.schema.text_names else ""
+                    raise SpecError(self.path, where, f"no column named '{c}'{dropped}")
+                if kind[c] == "passthrough":
+                    raise SpecError(self.path, where, f"column '{c}' is a passthrough column: copied to the output unchanged, never an op input")
                 if op.reads == "source":
                     if c in written:
                         problem = f"column '{c}' is written by an earlier op; {op.name} reads it as the schema declares it (put {op.name} first)"
@@ -172,6 +216,9 @@ class Pipeline:
             for c in op.outputs:
                 if c not in op.columns and c in kind:
                     raise SpecError(self.path, f"ops[{i}] ({op.name})", f"creates column '{c}', which already exists")
+            overwritten = [c for c in op.outputs if kind.get(c) == "passthrough"]
+            if overwritten:
+                raise SpecError(self.path, f"ops[{i}] ({op.name})", f"writes column '{overwritten[0]}', a passthrough column")
             order.extend(c for c in op.outputs if c not in kind)
             categorical.extend(c for c, spec in op.new_columns().items() if spec.role == "categorical")
             written.update(op.outputs)
@@ -181,6 +228,16 @@ class Pipeline:
                 problem = f"categorical column '{c}' is not turned into ids (add Decode, then Hash or Categorify)"
                 raise SpecError(self.path, "ops", problem)
         return order
+
+    @property
+    def passthrough(self) -> list[str]:
+        """The passthrough columns: in the output as they were read, never transformed."""
+        return self.schema.by_role("passthrough")
+
+    @property
+    def input_columns(self) -> list[str]:
+        """The raw columns the transform reads (every schema column but the passthrough ones), in schema order."""
+        return [c for c in self.schema.names if c not in self.passthrough]
 
     # ------------------------------------------------------------------ fit and artifacts
     @property
@@ -286,10 +343,11 @@ class Pipeline:
 
     def check_output(self, batch: Batch, xp: Backend | None = None) -> None:
         """Raise ``InvalidRows`` for the rows of a transformed batch holding, in an output column (the first such
-        column), a NaN or infinite value, or a finite value beyond the float32 range the output holds it in.
-        ``xp``: the backend (default: the pipeline's)."""
+        column; passthrough columns aside: they are not transformed), a NaN or infinite value, or a finite value beyond
+        the float32 range the output holds it in. ``xp``: the backend (default: the pipeline's)."""
         xp = xp or self.xp
-        names = [c for c in self.output_columns if not isinstance(batch[c].values, Strings)]
+        skip = set(self.passthrough)
+        names = [c for c in self.output_columns if c not in skip and not isinstance(batch[c].values, Strings)]
         found = xp.first_nonfinite([(xp.as_float32(batch[c].values), batch[c].valid) for c in names])
         if found is None:
             return
@@ -306,11 +364,15 @@ class Pipeline:
 
     # ------------------------------------------------------------------ output
     def output_schema(self) -> pa.Schema:
-        """Arrow schema of the output: float32 label/dense, int32/int64 ids by cardinality, list<id> lists."""
+        """Arrow schema of the output: float32 label/dense, int32/int64 ids by cardinality, list<id> lists,
+        passthrough columns in their raw-layout type (nullable)."""
         cards = self.cardinalities()
+        raw = raw_arrow_schema(self.schema)
         fields = []
         for c in self.output_columns:
-            if c in cards:
+            if c in self.passthrough:
+                fields.append(raw.field(c))
+            elif c in cards:
                 t = pa.from_numpy_dtype(id_dtype(cards[c]))
                 fields.append(pa.field(c, pa.list_(t) if self._is_list(c) else t, nullable=False))
             else:
@@ -327,7 +389,9 @@ class Pipeline:
         for f in schema:
             col = batch[f.name]
             mask = None if col.valid is None else ~col.valid
-            if col.is_list:
+            if f.name in self.passthrough:
+                arrays.append(_raw_array(col, f.type))
+            elif col.is_list:
                 values = pa.array(col.array.astype(f.type.value_type.to_pandas_dtype(), copy=False), mask=mask)
                 arrays.append(pa.ListArray.from_arrays(pa.array(col.list_offsets.astype(np.int32)), values, type=f.type))
             else:
@@ -335,9 +399,23 @@ class Pipeline:
         return pa.Table.from_arrays(arrays, schema=schema)
 
 
+def _raw_array(col: Column, t: pa.DataType) -> pa.Array:
+    """A column as read from the raw layout (numbers, or text) → an Arrow array of its raw type ``t``."""
+    if not isinstance(col.values, Strings):
+        return pa.array(col.array, t, mask=None if col.valid is None else ~col.valid)
+    text = col.values.take(np.arange(len(col.values)))  # contiguous: string i ends where string i + 1 starts
+    offsets = np.append(text.starts, text.ends[-1:]).astype(np.int64) if len(text) else np.zeros(1, np.int64)
+    arr = pa.Array.from_buffers(pa.large_string(), len(text), [None, pa.py_buffer(offsets), pa.py_buffer(np.ascontiguousarray(text.data))])
+    if col.valid is not None:
+        arr = pc.if_else(pa.array(col.valid), arr, pa.scalar(None, arr.type))
+    return arr.cast(t)
+
+
 def _schema_kinds(schema: Schema) -> dict[str, str]:
-    """The kind of each schema column before any op: label and dense columns hold numbers, the others raw values."""
-    return {c.name: ("number" if c.role in ("label", "dense") else "raw") for c in schema.columns}
+    """The kind of each schema column before any op: label and dense columns hold numbers, passthrough columns are
+    "passthrough" (no op reads them), the others raw values."""
+    kinds = {"label": "number", "dense": "number", "passthrough": "passthrough"}
+    return {c.name: kinds.get(c.role, "raw") for c in schema.columns}
 
 
 def _follow(kind: dict[str, str], op: Op) -> None:

@@ -225,6 +225,8 @@ def test_decode_int_and_text_and_strings(device: str, n: int) -> None:
     rng = random.Random(7)
     ints = [None if rng.random() < 0.1 else rng.choice([0, -1, 2**63 - 1, -(2**63), 2**32 - 1, rng.randint(-(2**63), 2**63 - 1)]) for _ in range(n)]
     int_texts = [None if v is None else (f"+{v}" if v >= 0 and rng.random() < 0.2 else str(v)) for v in ints]
+    unsigned = [2**64 - 1, 2**63, 10000169349117863715, rng.randint(2**63, 2**64 - 1)]  # integer text: up to 2**64 - 1
+    int_texts = [str(rng.choice(unsigned)) if t is not None and rng.random() < 0.2 else t for t in int_texts]
     words = [None if rng.random() < 0.1 else rng.choice(["", "a", "Ünïcødé ✓", "x" * 40, str(rng.random())]) for _ in range(n)]
     specs = {"i": spec("i", dtype="int64", encoding="int"), "t": spec("t", encoding="int"), "s": spec("s", encoding="string")}
     op = Decode(list(specs))
@@ -232,7 +234,7 @@ def test_decode_int_and_text_and_strings(device: str, n: int) -> None:
     columns = {"i": arrow_col(ints, specs["i"], pa.int64()), "t": arrow_col(int_texts, specs["t"], pa.string())}
     batch = Batch(columns | {"s": arrow_col(words, specs["s"], pa.string())}, n)
     assert_same(op, batch, device)
-    bad = ["9223372036854775808", "-9223372036854775809", "--1", "1e3", "", "12345678901234567890", "+", "-0"]
+    bad = ["18446744073709551616", "-9223372036854775809", "--1", "1e3", "", "99999999999999999999", "+", "-0", "1" + "0" * 20]
     one = Decode(["t"])
     one.bind(specs)
     assert_same(one, Batch({"t": arrow_col(bad, specs["t"], pa.string())}, len(bad)), device)

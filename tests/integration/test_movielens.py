@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import shutil
 from collections import Counter
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 import torch
+import yaml
 
 from etl.backends.hashing import string_key
 from etl.loader import Loader
@@ -35,6 +37,15 @@ def vocab_ids(values: list, key=lambda v: v) -> dict:
     return {v: 3 + i for i, v in enumerate(ordered)}  # 0 pad, 1 null, 2 OOV
 
 
+def joined_rows(movielens: Path) -> list[dict]:
+    """The reference: a polars left join of ratings.csv and movies.csv on movieId, in ratings.csv order."""
+    ratings = pl.read_csv(movielens / "ratings.csv")
+    movies = pl.read_csv(movielens / "movies.csv")
+    joined = ratings.join(movies.select("movieId", "genres"), on="movieId", how="left", maintain_order="left")
+    assert joined.height == ratings.height
+    return joined.to_dicts()
+
+
 def test_movielens_readme_commands(movielens: Path, tmp_path: Path) -> None:
     commands = readme_commands("Using it on MovieLens")
     assert [c[:2] for c in commands] == [["etl", "convert"], ["etl", "preprocess"], ["etl", "inspect"]]
@@ -43,12 +54,7 @@ def test_movielens_readme_commands(movielens: Path, tmp_path: Path) -> None:
         run_etl(*args)
     raw, out = tmp_path / "ml" / "raw", tmp_path / "ml" / "processed"
 
-    # reference: a polars left join of ratings.csv and movies.csv on movieId, in ratings.csv order
-    ratings = pl.read_csv(movielens / "ratings.csv")
-    movies = pl.read_csv(movielens / "movies.csv")
-    joined = ratings.join(movies.select("movieId", "genres"), on="movieId", how="left", maintain_order="left")
-    assert joined.height == ratings.height
-    rows = joined.to_dicts()
+    rows = joined_rows(movielens)
     got = pq.read_table(raw).to_pylist()
     assert got == [dict(r, genres=None if r["genres"] is None else r["genres"].split("|")) for r in rows]
 
@@ -81,3 +87,31 @@ def test_movielens_readme_commands(movielens: Path, tmp_path: Path) -> None:
     np.testing.assert_array_equal(torch.cat([x[0] for x in dev]).numpy(), table.column("rating").to_numpy())
     np.testing.assert_array_equal(torch.cat([x[2] for x in dev])[:, 0].numpy(), table.column("userId").to_numpy())
     assert sum(len(x[3]) for x in dev) == sum(len(gs) for gs in first3)
+
+
+def test_movielens_no_genres_listed_is_a_missing_list(movielens: Path, tmp_path: Path) -> None:
+    """``null_values: ["(no genres listed)"]`` on the genres list: that element is dropped, so those movies' rows
+    get a missing (empty) list, which no vocabulary counts; every other list is as before."""
+    rows = joined_rows(movielens)
+    doc = yaml.safe_load((REPO / "schemas/movielens.yaml").read_text())
+    doc["columns"][4]["null_values"] = ["(no genres listed)"]
+    (tmp_path / "schemas").mkdir()
+    (tmp_path / "schemas/movielens.yaml").write_text(yaml.safe_dump(doc))
+    (tmp_path / "pipelines").mkdir()
+    shutil.copy(REPO / "pipelines/movielens.yaml", tmp_path / "pipelines/movielens.yaml")
+    raw, out = tmp_path / "raw", tmp_path / "out"
+    run_etl("convert", movielens / "ratings.csv", "--join", movielens / "movies.csv", "--on", "movieId",
+            "--schema", tmp_path / "schemas/movielens.yaml", "--out", raw)
+    run_etl("preprocess", "--pipeline", tmp_path / "pipelines/movielens.yaml", "--input", raw, "--out", out)
+
+    none = [r["genres"] == "(no genres listed)" for r in rows]
+    assert 0 < sum(none) < len(rows)
+    assert pq.read_table(raw).column("genres").to_pylist() == [None if n else r["genres"].split("|") for r, n in zip(rows, none)]
+    table = pq.read_table(out / "part-00000.parquet")
+    first3 = [[] if n else r["genres"].split("|")[:3] for r, n in zip(rows, none)]
+    genre_ids = vocab_ids([g for gs in first3 for g in gs], key=lambda g: string_key(g.encode()))
+    assert "(no genres listed)" not in genre_ids
+    assert table.column("genres").to_pylist() == [[genre_ids[g] for g in gs] for gs in first3]
+    lists = [b.lists["genres"] for b in Loader(out, batch_size=len(rows))]
+    lengths = (lists[0][1][1:] - lists[0][1][:-1]).tolist()
+    assert lengths == [len(gs) for gs in first3] and lengths.count(0) == sum(none)

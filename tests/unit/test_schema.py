@@ -176,3 +176,74 @@ def test_column_names_that_would_leave_a_directory_are_refused(name: str) -> Non
                                     {"name": name, "role": "categorical", "dtype": "string", "encoding": "hex"}]}
     with pytest.raises(SpecError, match="column name"):
         parse_schema(doc, "<test>")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# roles passthrough and drop, header auto, null_values
+
+
+def test_drop_and_passthrough_roles():
+    s = parse_schema({"name": "t", "text": {"header": "auto"}, "columns": [
+        {"name": "id", "role": "passthrough", "dtype": "string"},
+        {"name": "comment", "role": "drop"},
+        {"name": "y", "role": "label", "dtype": "int64"},
+        {"name": "ts", "role": "drop", "dtype": "int64"},
+        {"name": "g", "role": "list", "dtype": "string", "separator": "|", "null_values": ["(no genres listed)"]},
+    ]})  # fmt: skip
+    assert s.names == ["id", "y", "g"]  # the raw layout: no dropped column
+    assert s.text_names == ["id", "comment", "y", "ts", "g"]
+    assert s.by_role("passthrough") == ["id"] and s.by_role("drop") == []
+    assert s.text.header == "auto" and s.column("g").null_values == ("(no genres listed)",)
+    with pytest.raises(KeyError):
+        s.column("comment")
+    again = parse_schema(schema_to_dict(s))
+    assert again.columns == s.columns and again.text_names == s.text_names and again.text == s.text
+
+
+def test_schema_to_dict_leaves_out_unset_fields():
+    doc = schema_to_dict(load_schema(ROOT / "schemas" / "criteo.yaml"))
+    assert doc["columns"][14] == {"name": "C1", "role": "categorical", "dtype": "string", "encoding": "hex", "width": 8}
+
+
+NEW_BAD = {
+    "encoding on passthrough": (dict(name="x", role="passthrough", dtype="string", encoding="int"), "columns[1] (x).encoding", "only"),
+    "passthrough without dtype": (dict(name="x", role="passthrough"), "columns[1] (x).dtype", "missing"),
+    "separator on drop": (dict(name="x", role="drop", separator="|"), "columns[1] (x).separator", "dropped"),
+    "bad dtype on drop": (dict(name="x", role="drop", dtype="int8"), "columns[1] (x).dtype", "int8"),
+    "null_values not a list": (dict(name="x", role="dense", dtype="int64", null_values="NA"), "columns[1] (x).null_values", "list"),
+    "null_values not strings": (dict(name="x", role="dense", dtype="int64", null_values=[-1]), "columns[1] (x).null_values", "list"),
+    "null_values on drop": (dict(name="x", role="drop", null_values=["NA"]), "columns[1] (x).null_values", "dropped"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(NEW_BAD))
+def test_bad_new_fields(case, tmp_path):
+    col, field, word = NEW_BAD[case]
+    with pytest.raises(SpecError) as ei:
+        load_schema(write(tmp_path, cols_doc(col)))
+    assert ei.value.field == field and word in str(ei.value)
+
+
+def test_unknown_fields_point_to_the_schema_docs(tmp_path):
+    for doc in (cols_doc(dict(name="x", role="dense", dtype="int64", scale=2)),
+                yaml.safe_dump({"name": "t", "version": 1, "columns": [{"name": "a", "role": "dense", "dtype": "int64"}]}),
+                yaml.safe_dump({"name": "t", "text": {"quote": "'"}, "columns": [{"name": "a", "role": "dense", "dtype": "int64"}]})):
+        with pytest.raises(SpecError, match="schemas/README.md"):
+            load_schema(write(tmp_path, doc))
+
+
+@pytest.mark.parametrize("header", ["yes", 1, None])
+def test_header_is_true_false_or_auto(header, tmp_path):
+    with pytest.raises(SpecError) as ei:
+        parse_schema({"name": "t", "text": {"header": header}, "columns": [{"name": "a", "role": "dense", "dtype": "int64"}]})
+    assert ei.value.field == "text.header" and "auto" in str(ei.value)
+
+
+def test_every_column_dropped_is_refused():
+    with pytest.raises(SpecError, match="every column is dropped"):
+        parse_schema({"name": "t", "columns": [{"name": "a", "role": "drop"}]})
+
+
+def test_duplicate_name_of_a_dropped_column():
+    with pytest.raises(SpecError, match="duplicate"):
+        parse_schema({"name": "t", "columns": [{"name": "a", "role": "drop"}, {"name": "a", "role": "dense", "dtype": "int64"}]})

@@ -202,3 +202,20 @@ def test_cli_max_cardinality(tmp_path):
     assert proc.returncode == 0, proc.stderr
     t = pq.read_table(out / "part-00000.parquet")
     assert max(pc.count_distinct(t[c], mode="only_valid").as_py() for c in t.column_names if c.startswith("C")) <= 40
+
+
+def test_passthrough_columns_are_row_ids_and_dropped_columns_absent(tmp_path):
+    s = parse_schema({"name": "t", "columns": [
+        {"name": "id", "role": "passthrough", "dtype": "string"},
+        {"name": "skip", "role": "drop"},
+        {"name": "y", "role": "label", "dtype": "int64"},
+        {"name": "k", "role": "passthrough", "dtype": "int64"},
+        {"name": "f", "role": "passthrough", "dtype": "float64"},
+    ]})  # fmt: skip
+    paths = generate(s, 5, 2, tmp_path / "g")
+    tables = [pq.read_table(p) for p in paths]
+    assert all(t.column_names == ["id", "y", "k", "f"] for t in tables)
+    want = [[f * 2**32 + i for i in range(n)] for f, n in enumerate([3, 2])]
+    assert [t.column("k").to_pylist() for t in tables] == want
+    assert [t.column("id").to_pylist() for t in tables] == [[str(v) for v in w] for w in want]
+    assert [t.column("f").to_pylist() for t in tables] == [[float(v) for v in w] for w in want]

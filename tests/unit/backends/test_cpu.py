@@ -63,12 +63,12 @@ def ref_hex(s: str, width: int | None) -> int | None:
 
 
 def ref_int_text(s: str) -> int | None:
-    """Documented decimal decode: optional sign then 1..19 digits, an int64 value → its uint64 word."""
+    """Documented decimal decode: optional sign then 1..20 digits, a value in [-2**63, 2**64 - 1] → its uint64 word."""
     body = s[1:] if s[:1] in ("+", "-") else s
-    if not 1 <= len(body) <= 19 or any(ch not in "0123456789" for ch in body):
+    if not 1 <= len(body) <= 20 or any(ch not in "0123456789" for ch in body):
         return None
     v = int(body) * (-1 if s[:1] == "-" else 1)
-    if not -(2**63) <= v < 2**63:
+    if not -(2**63) <= v < 2**64:
         return None
     return v % M64
 
@@ -147,7 +147,9 @@ def test_decode_hex_empty_string_is_bad():
 
 
 INT_TEXT = ["0", "-0", "+0", "1", "-1", "+17", "42", "-42", "9223372036854775807", "-9223372036854775807",
-            "-9223372036854775808", "0000000000000000001", "00000000000000000001", "", "+", "-", "1.5", "1e3",
+            "-9223372036854775808", "0000000000000000001", "00000000000000000001", "000000000000000000001", "", "+",
+            "-", "1.5", "1e3", "18446744073709551615", "18446744073709551616", "9223372036854775808", "10000169349117863715",
+            "-18446744073709551615", "99999999999999999999", "28446744073709551615", "18446744073709551620",
             " 1", "1 ", "--1", "+-1", "abc", "12a", None, "4294967295"]  # fmt: skip
 
 
@@ -161,16 +163,23 @@ def test_decode_int_text_vs_reference(large):
 
 def test_decode_int_text_random():
     rng = random.Random(9)
-    items = [None if rng.random() < 0.1 else str(rng.randrange(-(2**63), 2**63)) for _ in range(2000)]
+    items = [None if rng.random() < 0.1 else str(rng.randrange(-(2**63), 2**64)) for _ in range(2000)]
     s, valid = strings_arrow(items)
     keys, bad = cpu.decode_int_text(s, valid)
     check_decoded(keys, bad, items, ref_int_text)
 
 
-def test_decode_int_text_out_of_int64_range_is_bad():
-    items = ["9223372036854775808", "9999999999999999999", "-9999999999999999999", "-9223372036854775809"]
+def test_decode_int_text_unsigned_64_bit_range():
+    items = ["18446744073709551615", "9223372036854775808", "10000169349117863715", "-1", "-9223372036854775808"]
     keys, bad = cpu.decode_int_text(strings_direct(items), None)
-    assert bad is not None and bad.tolist() == [True, True, True, True]
+    assert bad is None
+    assert keys.tolist() == [2**64 - 1, 2**63, 10000169349117863715, 2**64 - 1, 2**63]  # negatives: two's complement
+
+
+def test_decode_int_text_out_of_range_is_bad():
+    items = ["18446744073709551616", "99999999999999999999", "-9999999999999999999", "-9223372036854775809", "1" + "0" * 20]
+    keys, bad = cpu.decode_int_text(strings_direct(items), None)
+    assert bad is not None and bad.tolist() == [True] * 5
 
 
 # ---------------------------------------------------------------- decode_string / decode_int

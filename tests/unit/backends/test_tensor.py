@@ -304,6 +304,8 @@ def int_text_items(rng: random.Random) -> list[str | None]:
     items += ["9" * 19, "-" + "9" * 19, "1" + "0" * 19, "0" * 18 + "1", "0" * 19 + "1", "-" + "0" * 19, "18446744073709551615"]
     items += ["", "+", "-", "--1", "+-1", "1-", " 1", "1 ", "12a4", "a", "1.5", "1e3", "٣", "0x10", "-" + "9" * 18 + "a"]
     items += ["12345678901234567/8", "922337203685477580:", "9223372036854775807x"]
+    items += [str(2**64 - 1), str(2**64), "1" + "9" * 19, "2" + "0" * 19, "1" + "0" * 20, "-" + str(2**64 - 1), "0" * 20]
+    items += [str(rng.randint(2**63, 2**64 - 1)) for _ in range(50)] + ["1844674407370955161" + d for d in "0123456789"]
     items += [None] * 30
     rng.shuffle(items)
     return items
@@ -314,9 +316,9 @@ def test_decode_int_text(dev):
     for valid, s in layouts(items):
         keys, bad = tb.decode_int_text(T(s, dev), T(valid, dev))
         assert_decoded_equal(keys, bad, *cpu.decode_int_text(s, valid))
-    ok = ["0", "-1", str(-(2**63)), str(2**63 - 1), "+42"]
+    ok = ["0", "-1", str(-(2**63)), str(2**63 - 1), "+42", str(2**64 - 1), str(2**63)]
     keys, bad = tb.decode_int_text(T(layouts(ok)[1][1], dev), None)
-    assert bad is None and N(keys).tolist() == [0, -1, -(2**63), 2**63 - 1, 42]
+    assert bad is None and N(keys).tolist() == [0, -1, -(2**63), 2**63 - 1, 42, -1, -(2**63)]  # uint64 words as int64 bits
     keys, bad = tb.decode_int_text(T(layouts([])[0][1], dev), None)
     assert len(keys) == 0 and bad is None
 

@@ -304,3 +304,150 @@ def test_bad_arguments(tmp_path):
         convert([], s, tmp_path / "out")
     with pytest.raises(ValueError):
         convert([tmp_path], s, tmp_path / "out", rows_per_file=0)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# header: auto, dropped columns, per-column null_values
+
+
+def _three(**text) -> Schema:
+    return _schema([
+        {"name": "y", "role": "label", "dtype": "int64"},
+        {"name": "note", "role": "drop"},
+        {"name": "c", "role": "categorical", "dtype": "string", "encoding": "hex", "width": 4},
+    ], delimiter=",", **text)
+
+
+def test_header_auto_decides_per_file(tmp_path):
+    s = _three(header="auto")
+    with_header, without = tmp_path / "a.csv", tmp_path / "b.csv"
+    with_header.write_text("y,note,c\n1,hello,00ff\n0,,abcd\n")
+    without.write_text("1,x,1234\n")
+    t = pq.read_table(convert([with_header, without], s, tmp_path / "out")[0])
+    assert t.column_names == ["y", "c"]  # the dropped column is not written
+    assert t.to_pydict() == {"y": [1, 0, 1], "c": ["00ff", "abcd", "1234"]}
+
+
+def test_header_auto_needs_every_name_in_order(tmp_path):
+    s = _three(header="auto")
+    src = tmp_path / "a.csv"
+    src.write_text("y,c,note\n1,00ff,x\n")  # a reordered header is not recognised: read as data, and 'y' is no int64
+    with pytest.raises(InputError) as e:
+        convert([src], s, tmp_path / "out")
+    assert e.value.column == "y" and "line 1" in str(e.value) and "'y'" in str(e.value)
+
+
+def test_header_auto_line_numbers_count_the_header(tmp_path):
+    s = _three(header="auto")
+    src = tmp_path / "a.csv"
+    src.write_text("y,note,c\n1,a,00ff\nzz,b,0000\n")
+    with pytest.raises(InputError) as e:
+        convert([src], s, tmp_path / "out")
+    assert "line 3" in str(e.value) and e.value.column == "y"
+
+
+def test_header_true_mismatch_lists_expected_and_found(tmp_path):
+    s = _three(header=True)
+    src = tmp_path / "a.csv"
+    src.write_text("y,note,cc\n1,a,00ff\n")
+    with pytest.raises(InputError) as e:
+        convert([src], s, tmp_path / "out")
+    msg = str(e.value)
+    assert e.value.path == str(src) and e.value.column == "c"
+    assert "['y', 'note', 'c']" in msg and "['y', 'note', 'cc']" in msg
+    assert "field 3: expected 'c', found 'cc'" in msg
+
+
+def test_header_true_tolerates_a_missing_dropped_column(tmp_path):
+    s = _three(header=True)
+    src = tmp_path / "a.csv"
+    src.write_text("c,y\n00ff,1\n")
+    assert pq.read_table(convert([src], s, tmp_path / "out")[0]).to_pydict() == {"y": [1], "c": ["00ff"]}
+
+
+def test_header_false_with_a_header_line_suggests_header(tmp_path):
+    s = _three(header=False)
+    src = tmp_path / "a.csv"
+    src.write_text("y,note,c\n1,a,00ff\n")
+    with pytest.raises(InputError) as e:
+        convert([src], s, tmp_path / "out")
+    assert "line 1" in str(e.value) and "text.header to true or auto" in str(e.value)
+    other = tmp_path / "b.csv"
+    other.write_text("1,a,00ff\nq,b,0000\n")
+    with pytest.raises(InputError) as e:
+        convert([other], s, tmp_path / "out")
+    assert "text.header" not in str(e.value)
+
+
+def test_dropped_column_in_headerless_text(tmp_path):
+    s = _three()
+    src = tmp_path / "a.csv"
+    src.write_text('1,"free, text",00ff\n0,,0001\n')
+    t = pq.read_table(convert([src], s, tmp_path / "out")[0])
+    assert t.schema.equals(raw_arrow_schema(s)) and t.to_pydict() == {"y": [1, 0], "c": ["00ff", "0001"]}
+    bad = tmp_path / "b.csv"
+    bad.write_text("1,00ff\n")  # a headerless line lists every column, the dropped one too
+    with pytest.raises(InputError, match="expected 3, got 2"):
+        convert([bad], s, tmp_path / "out")
+
+
+def test_column_null_values_override_the_schema_wide_one(tmp_path):
+    s = _schema([
+        {"name": "y", "role": "label", "dtype": "int64"},
+        {"name": "d", "role": "dense", "dtype": "float64", "null_values": ["-1", "?"]},
+        {"name": "e", "role": "dense", "dtype": "int64"},
+        {"name": "c", "role": "categorical", "dtype": "string", "null_values": ["unknown"]},
+        {"name": "s", "role": "categorical", "dtype": "string"},
+        {"name": "g", "role": "list", "dtype": "string", "separator": "|", "null_values": ["(none)", "?"]},
+        {"name": "h", "role": "list", "dtype": "string", "separator": "|"},
+    ], delimiter=",", null_value="NA")
+    src = tmp_path / "a.csv"
+    src.write_text(
+        "1,-1,NA,NA,NA,(none),NA\n"     # d: own missing text; c: 'NA' is a value there, the schema-wide null elsewhere
+        "0,3,5,unknown,unknown,a|(none)|b,a|NA\n"
+        "1,?,,,,?|(none),\n"
+        '0, 2.5 ,-1,"x",y,,(none)\n'
+    )
+    t = pq.read_table(convert([src], s, tmp_path / "out")[0])
+    assert t.schema.equals(raw_arrow_schema(s))
+    assert t.to_pydict() == {
+        "y": [1, 0, 1, 0],
+        "d": [None, 3.0, None, 2.5],
+        "e": [None, 5, None, -1],
+        "c": ["NA", None, None, "x"],
+        "s": [None, "unknown", None, "y"],
+        "g": [None, ["a", "b"], None, None],  # matching elements dropped; nothing left → missing list
+        "h": [None, ["a", "NA"], None, ["(none)"]],  # the schema-wide null_value applies to the whole field only
+    }
+    bad = tmp_path / "b.csv"
+    bad.write_text("1,2,3,a,b,c,d\n0,NA,3,a,b,c,d\n")  # 'NA' is no missing text of d: its null_values replace it
+    with pytest.raises(InputError) as e:
+        convert([bad], s, tmp_path / "out")
+    assert e.value.column == "d" and "line 2" in str(e.value) and "'NA'" in str(e.value)
+
+
+def test_int64_beyond_range_hints_at_string_ids(tmp_path):
+    s = _schema([{"name": "id", "role": "categorical", "dtype": "int64"},
+                 {"name": "t", "role": "list", "dtype": "int64", "separator": ";"}])
+    src = tmp_path / "a.csv"
+    src.write_text("1,2\n18446744073709551615,3\n")
+    with pytest.raises(InputError) as e:
+        convert([src], s, tmp_path / "out")
+    assert e.value.column == "id" and "line 2" in str(e.value) and "dtype string and encoding int" in str(e.value)
+    src.write_text("1,2;9223372036854775808\n")
+    with pytest.raises(InputError) as e:
+        convert([src], s, tmp_path / "out")
+    assert e.value.column == "t" and "line 1" in str(e.value) and "dtype string and encoding int" in str(e.value)
+
+
+def test_list_null_values_on_integer_elements(tmp_path):
+    s = _schema([{"name": "t", "role": "list", "dtype": "int64", "separator": ";", "null_values": ["-1", "?"]}])
+    src = tmp_path / "l.txt"
+    src.write_text("3;-1;5\n-1\n?;-1\n7\n")
+    t = pq.read_table(convert([src], s, tmp_path / "out")[0])
+    assert t.schema.equals(raw_arrow_schema(s))
+    assert t.column("t").to_pylist() == [[3, 5], None, None, [7]]
+    src.write_text("3;-1\n4;x\n")
+    with pytest.raises(InputError) as e:
+        convert([src], s, tmp_path / "out")
+    assert e.value.column == "t" and "line 2" in str(e.value) and "'x'" in str(e.value)

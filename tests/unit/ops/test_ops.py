@@ -284,6 +284,17 @@ def test_decode_int_column_and_int_text():
     assert ei.value.mask.tolist() == [False, True, False, True] and "int text" in ei.value.reason
 
 
+def test_decode_int_text_keeps_unsigned_64_bit_ids_exact():
+    s = spec("t", dtype="string", encoding="int")
+    op = bound(Decode(["t"]), s)
+    items = [str(2**64 - 1), str(2**63), "10000169349117863715", "-1", str(-(2**63)), None]
+    out = op.transform(batch_of(t=col_from(items, s)), XP)["t"]
+    assert [values_of(out, i) for i in range(6)] == [2**64 - 1, 2**63, 10000169349117863715, 2**64 - 1, 2**63, None]
+    with pytest.raises(InvalidRows) as ei:
+        op.transform(batch_of(t=col_from(["1", str(2**64), str(-(2**63) - 1), "7"], s)), XP)
+    assert ei.value.mask.tolist() == [False, True, True, False] and "[-2**63, 2**64 - 1]" in ei.value.reason
+
+
 def test_decode_string_keeps_raw():
     s = spec("g", encoding="string")
     items = ["Comedy", None, "Drama", "Comedy"]

@@ -444,3 +444,114 @@ def test_dateparts_invalid_dates_raise_or_are_quarantined(tmp_path):
     rejected = [(int(r), rej.column, rej.reason) for t in results for rej in t.rejected for r in rej.rows]
     assert rejected == [(7, "day", "not a date in format '%Y-%m-%d'"), (150, "day", "not a date in format '%Y-%m-%d'")]
     assert sum(t.batch.num_rows for t in results) == 198
+# ---------------------------------------------------------------- selectors and passthrough columns
+
+SELECTOR_SCHEMA = {"name": "s", "columns": [
+    {"name": "id", "role": "passthrough", "dtype": "string"},
+    {"name": "y", "role": "label", "dtype": "int64"},
+    {"name": "note", "role": "drop"},
+    {"name": "a", "role": "categorical", "dtype": "string", "encoding": "hex"},
+    {"name": "b", "role": "categorical", "dtype": "int64"},
+    {"name": "c", "role": "categorical", "dtype": "string"},
+    {"name": "w", "role": "passthrough", "dtype": "float64"},
+    {"name": "n", "role": "passthrough", "dtype": "int64"},
+    {"name": "d", "role": "dense", "dtype": "float64"},
+]}  # fmt: skip
+
+
+def selector_pipeline(ops: list[dict]) -> Pipeline:
+    from etl.schema import parse_schema
+
+    return Pipeline({"name": "s", "ops": ops}, parse_schema(SELECTOR_SCHEMA, "s.yaml"), "s.yaml")
+
+
+def test_role_selector_with_exclude():
+    p = selector_pipeline([
+        {"op": "Decode", "columns": "@categorical"},
+        {"op": "Categorify", "columns": {"role": "categorical", "exclude": ["b"]}},
+        {"op": "Hash", "columns": ["b"], "num_buckets": 10},
+        {"op": "FillMissing", "columns": {"role": "dense"}, "value": 0},
+    ])  # fmt: skip
+    assert p.ops[1].columns == ["a", "c"] and p.ops[2].columns == ["b"] and p.ops[3].columns == ["d"]
+    assert p.output_columns == ["id", "y", "a", "b", "c", "w", "n", "d"]  # passthrough columns kept in schema order
+    assert p.passthrough == ["id", "w", "n"] and p.input_columns == ["y", "a", "b", "c", "d"]
+
+
+DECODED = [{"op": "Decode", "columns": "@categorical"}, {"op": "Hash", "columns": "@categorical", "num_buckets": 10}]
+COLS = "ops[0] (Decode).columns"
+FILL = "ops[2] (FillMissing).columns"
+
+
+def decode(columns) -> list[dict]:
+    return [{"op": "Decode", "columns": columns}]
+
+
+def fill(columns) -> list[dict]:
+    return DECODED + [{"op": "FillMissing", "columns": columns, "value": 0}]
+
+
+CROSS = [DECODED[0], {"op": "HashedCross", "columns": ["a", "b"], "num_buckets": 5, "name": "n"}, DECODED[1]]
+SELECTOR_CASES = {
+    "exclude another role's column": (decode({"role": "categorical", "exclude": ["d"]}), f"{COLS}.exclude", "'d' is not a column of role"),
+    "exclude every column": (decode({"role": "categorical", "exclude": ["a", "b", "c"]}), f"{COLS}.exclude", "every column"),
+    "exclude not a list": (decode({"role": "categorical", "exclude": "a"}), f"{COLS}.exclude", "list"),
+    "unknown selector field": (decode({"role": "categorical", "except": ["a"]}), f"{COLS}.except", "role and exclude"),
+    "selector without role": (decode({"exclude": ["a"]}), f"{COLS}.role", "role"),
+    "passthrough by role": (fill("@passthrough"), FILL, "passthrough"),
+    "passthrough by role selector": (fill({"role": "passthrough"}), FILL, "passthrough"),
+    "passthrough by name": (fill(["w"]), FILL, "passthrough column"),
+    "dropped column by name": (fill(["note"]), FILL, "role drop"),
+    "dropped role": (fill("@drop"), FILL, "not read"),
+    "writes a passthrough column": (CROSS, "ops[1] (HashedCross)", "passthrough"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SELECTOR_CASES))
+def test_selector_errors(case):
+    ops, field, word = SELECTOR_CASES[case]
+    with pytest.raises(SpecError) as ei:
+        selector_pipeline(ops)
+    assert ei.value.field == field and word in ei.value.problem, str(ei.value)
+
+
+def test_unknown_ops_and_parameters_point_to_the_pipeline_docs():
+    for op in ({"op": "Log2", "columns": "@dense"}, {"op": "FillMissing", "columns": "@dense", "fill": 0}):
+        with pytest.raises(SpecError, match="pipelines/README.md"):
+            selector_pipeline(DECODED + [op])
+
+
+def test_passthrough_columns_are_copied_unchanged():
+    p = selector_pipeline(DECODED + [{"op": "FillMissing", "columns": "@dense", "value": 0}])
+    raw = pa.table({
+        "id": pa.array(["10000169349117863715", None, "x" * 30, "", "7"], pa.string()),
+        "y": pa.array([1, 0, None, 1, 0], pa.int64()),  # row 2: no label → quarantined
+        "a": pa.array(["ff", "zz", "01", None, "2"]),  # row 1: malformed hex → quarantined
+        "b": pa.array([1, 2, 3, 4, 5], pa.int64()),
+        "c": pa.array(["p", "q", "r", "s", "t"]),
+        "w": pa.array([float("nan"), 1.5, 2.0, None, float("inf")], pa.float64()),  # never checked: not transformed
+        "n": pa.array([-(2**63), 2**63 - 1, 0, None, 5], pa.int64()),
+        "d": pa.array([0.5, None, 1.0, 2.0, None], pa.float64()),
+    })  # fmt: skip
+    t = p.transform(batch_from_arrow(raw, p.schema, "raw.parquet"), on_error="quarantine")
+    assert sorted(int(r) for rej in t.rejected for r in rej.rows) == [1, 2]
+    out = p.to_arrow(t.batch)
+    schema = p.output_schema()
+    assert [schema.field(c).type for c in ("id", "w", "n")] == [pa.string(), pa.float64(), pa.int64()]
+    kept = [0, 3, 4]
+    for c in ("id", "w", "n"):
+        want = [raw.column(c)[i].as_py() for i in kept]
+        got = out.column(c).to_pylist()
+        assert [str(v) for v in got] == [str(v) for v in want], c  # str: nan == nan
+    assert out.column("d").to_pylist() == [0.5, 2.0, 0.0]
+    assert p.transform_table(raw.slice(3, 2)).column("id").to_pylist() == ["", "7"]
+
+
+def test_passthrough_text_from_string_views():
+    p = selector_pipeline(DECODED)
+    raw = pa.table({"id": pa.array(["short", None, "a much longer value than twelve bytes"], pa.string_view()),
+                    "y": [1, 0, 1], "a": ["1", "2", "3"], "b": [1, 2, 3], "c": ["x", "y", "z"],
+                    "w": [1.0, 2.0, 3.0], "n": [1, 2, 3], "d": [1.0, 2.0, 3.0]})  # fmt: skip
+    out = p.to_arrow(p.transform(batch_from_arrow(raw, p.schema)).batch)
+    assert out.column("id").to_pylist() == ["short", None, "a much longer value than twelve bytes"]
+    inline = pa.table({**{c: raw.column(c) for c in raw.column_names}, "id": pa.array(["ab", "", None], pa.string_view())})
+    assert p.to_arrow(p.transform(batch_from_arrow(inline, p.schema)).batch).column("id").to_pylist() == ["ab", "", None]

@@ -213,12 +213,12 @@ class Pipeline:
                 elif op.reads is not None and kind[c] != op.reads and not (kind[c] == op.keeps and c not in self.schema.names):
                     hint = " (put a Decode op before it)" if kind[c] == "raw" else ""
                     raise SpecError(self.path, where, f"column '{c}' holds {kind[c]} values, the op needs {op.reads}{hint}")
-            for c in op.outputs:
-                if c not in op.columns and c in kind:
-                    raise SpecError(self.path, f"ops[{i}] ({op.name})", f"creates column '{c}', which already exists")
             overwritten = [c for c in op.outputs if kind.get(c) == "passthrough"]
             if overwritten:
                 raise SpecError(self.path, f"ops[{i}] ({op.name})", f"writes column '{overwritten[0]}', a passthrough column")
+            for c in op.outputs:
+                if c not in op.columns and c in kind:
+                    raise SpecError(self.path, f"ops[{i}] ({op.name})", f"creates column '{c}', which already exists")
             order.extend(c for c in op.outputs if c not in kind)
             categorical.extend(c for c, spec in op.new_columns().items() if spec.role == "categorical")
             written.update(op.outputs)

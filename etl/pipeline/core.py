@@ -39,6 +39,7 @@ from etl.io.parquet import batch_from_arrow
 from etl.ops import REGISTRY, InvalidRows, Op
 from etl.pipeline import artifacts
 from etl.pipeline.fit import fit_shards
+from etl.progress import Progress
 from etl.schema import Schema, load_schema, read_yaml
 
 #: What to do with a row holding an invalid value: raise ``RowError``, or leave the row out and list it.
@@ -176,12 +177,12 @@ class Pipeline:
         shards: list[Path],
         workers: int = 1,
         on_error: OnError = "raise",
-        progress: Callable[[int], None] | None = None,
+        progress: Progress | None = None,
     ) -> None:
         """Fit every fittable op, streaming over ``shards`` row group by row group in bounded memory with ``workers``
         threads (see ``etl.pipeline.fit``). The fitted state does not depend on shard order or worker count. Invalid
-        rows raise ``RowError`` or, with ``on_error="quarantine"``, are left out; ``progress`` is called with the
-        number of rows of each row group read."""
+        rows raise ``RowError`` or, with ``on_error="quarantine"``, are left out; ``progress`` (``etl.progress``) is
+        called with the name of the fitting pass and the number of rows of each row group read."""
         fit_shards(self, shards, workers, on_error, progress)
 
     def save(self, directory: str | Path) -> None:

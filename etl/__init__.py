@@ -1,9 +1,9 @@
 """Streaming preprocessing for recommender training data. Public API:
 
 - ``Pipeline``: load a pipeline file (``Pipeline.from_file``) or fitted artifacts (``Pipeline.load``), fit,
-  transform one in-memory table (``transform_table``);
+  transform rows held in memory (``transform_table``: the serving path);
 - ``Loader``: stream Parquet shards as transformed batches into a training loop;
-- ``load_schema``: read a schema file.
+- ``load_schema``: read a schema file; ``raw_arrow_schema``: the Arrow schema of a schema's raw rows.
 
 Names are imported on first use, so the command line does not pay for importing torch.
 """
@@ -18,6 +18,7 @@ _EXPORTS = {
     "LoaderStats": "etl.loader",
     "Pipeline": "etl.pipeline",
     "load_schema": "etl.schema",
+    "raw_arrow_schema": "etl.io.text",
 }
 
 __all__ = list(_EXPORTS)

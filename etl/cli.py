@@ -1,32 +1,110 @@
-"""The ``etl`` command line. User errors (bad input, bad spec) exit 2 with one line naming file, row group/row and
-column; no traceback."""
+"""The ``etl`` command line. User errors (bad input, bad spec, a bad option value) exit 2 with one line on stderr
+naming file, row group/row and column, or the option; no traceback.
+
+``-h`` and ``--help`` work on every command. An option that takes several paths takes them after one flag
+(``--input a.parquet b.parquet``, as well as ``--input a.parquet --input b.parquet``), and every path argument
+may be a glob pattern, quoted so that the shell leaves it alone (``--input 'data/*.parquet'``; see
+``etl.io.paths``)."""
 
 from __future__ import annotations
 
 import errno
-from collections.abc import Iterator
+import sys
+import threading
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn, cast
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import pyarrow.parquet as pq
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from typer.core import TyperCommand, TyperGroup
 
 from etl.allocator import tune_allocator
 from etl.errors import EtlError
+from etl.io.paths import expand_globs
 
 if TYPE_CHECKING:
     from etl.pipeline import OnError
+    from etl.progress import Progress as PassProgress
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Streaming ETL for recommender training data.")
+
+class _Group(TyperGroup):
+    """The ``etl`` command group: a usage error (unknown option, missing option, an option value of the wrong type
+    or out of range) is one line on stderr, exit status 2, like every other user error."""
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, windows_expand_args: bool = True, **extra: Any) -> Any:  # fmt: skip
+        argv = list(sys.argv[1:] if args is None else args)
+        if not standalone_mode or not argv:  # no arguments: the help
+            return super().main(argv, prog_name, complete_var, standalone_mode, windows_expand_args, **extra)
+        try:
+            code = super().main(argv, prog_name, complete_var, False, windows_expand_args, **extra)
+        except typer.Abort:
+            err.print("aborted", highlight=False)
+            sys.exit(1)
+        except typer.TyperException as e:  # usage errors of the command-line parser
+            where = getattr(e, "ctx", None)
+            _print_error(e.format_message() + (f" (see: {where.command_path} -h)" if where is not None else ""))
+            sys.exit(e.exit_code)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+class _SeveralValues(TyperCommand):
+    """A command whose options of several values take them all after one flag: ``--input a b`` is ``--input a
+    --input b``. The values run up to the next argument that starts with ``-``."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        flags = {o for p in self.params if getattr(p, "multiple", False) for o in p.opts}
+        return super().parse_args(ctx, spread_values(args, flags))
+
+
+def spread_values(args: list[str], flags: set[str]) -> list[str]:
+    """``args`` with the flag repeated before every further value that follows a flag of ``flags`` (``--input a b``
+    → ``--input a --input b``; ``--input=a b`` → ``--input=a --input b``). Nothing changes after ``--``."""
+    out: list[str] = []
+    flag: str | None = None
+    for i, a in enumerate(args):
+        if a == "--":
+            return out + args[i:]
+        if a.startswith("-") and a != "-":
+            name = a.split("=", 1)[0]
+            flag = name if name in flags else None
+            out.append(a)
+        elif flag is not None and out[-1] != flag:
+            out += [flag, a]
+        else:
+            out.append(a)
+    return out
+
+
+app = typer.Typer(cls=_Group, add_completion=False, no_args_is_help=True, help="Streaming ETL for recommender training data.",
+                  context_settings={"help_option_names": ["-h", "--help"]})  # fmt: skip
 err = Console(stderr=True)
 console = Console(soft_wrap=True)
 
+#: help text of the options that take several paths
+SEVERAL = "several values or glob patterns: --input a.parquet b.parquet, --input 'raw/*.parquet'"
+
+
+def _show_version(show: bool) -> None:
+    if show:
+        try:
+            console.print(f"etl {version('etl')}", highlight=False)
+        except PackageNotFoundError:
+            console.print("etl (not installed: no package metadata)", highlight=False)
+        raise typer.Exit()
+
 
 @app.callback()
-def _before_every_command() -> None:
+def _before_every_command(
+    show_version: bool = typer.Option(False, "--version", is_eager=True, callback=_show_version, help="Show the version and exit."),
+) -> None:
     """Process-wide setup before any command runs: tune the allocator for batch processing (``etl.allocator``)."""
     tune_allocator()
 
@@ -50,19 +128,36 @@ def user_errors() -> Iterator[None]:
 
 
 def _fail(message: str) -> NoReturn:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    _print_error(message)
     raise typer.Exit(2) from None
 
 
+def _print_error(message: str) -> None:
+    """``error: message``, on one line of stderr (``message`` is shown as is, never read as markup)."""
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+
+
 @contextmanager
-def progress_bar(label: str, total: int | None) -> Iterator:
-    """A rows progress bar on stderr; yields ``advance(n)``."""
+def progress_bars(total: int | None) -> Iterator[PassProgress]:
+    """Row progress bars on stderr, one per pass (``etl.progress``); yields ``report(pass_name, rows)``. A pass's
+    bar, labelled with its name, appears with its first report (the bar of the pass before goes) and counts up to
+    ``total`` rows (unknown when None)."""
+    lock = threading.Lock()
+    tasks: dict[str, TaskID] = {}
     with Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("rows"),
         TimeElapsedColumn(), TimeRemainingColumn(), console=err, transient=True, disable=not err.is_terminal,
     ) as p:
-        task = p.add_task(label, total=total)
-        yield lambda n: p.advance(task, n)
+
+        def report(name: str, rows: int) -> None:
+            with lock:
+                if name not in tasks:
+                    for task in tasks.values():
+                        p.update(task, visible=False)
+                    tasks[name] = p.add_task(name, total=total)
+                p.advance(tasks[name], rows)
+
+        yield report
 
 
 def _total_rows(shards: list[Path]) -> int:
@@ -77,10 +172,10 @@ def _total_rows(shards: list[Path]) -> int:
 
 @app.command()
 def convert(
-    inputs: list[Path] = typer.Argument(..., help="Delimited text files (optionally .gz)."),
+    inputs: list[Path] = typer.Argument(..., help="Delimited text files (optionally .gz); glob patterns are expanded."),
     schema: Path = typer.Option(..., help="Schema YAML describing the columns and the text layout."),
     out: Path = typer.Option(..., help="Output directory for Parquet shards."),
-    rows_per_file: int = typer.Option(1_000_000, help="Rows per output shard."),
+    rows_per_file: int = typer.Option(1_000_000, min=1, help="Rows per output shard."),
     join: Path | None = typer.Option(None, help="A side table (delimited text with a header) left-joined onto every row on --on."),
     on: str | None = typer.Option(None, help="The join key: a schema column in the inputs and the side table."),
 ) -> None:
@@ -95,8 +190,9 @@ def convert(
         if (join is None) != (on is None):
             raise ConfigError("--join and --on go together: the side table and the key to join it on")
         side = SideTable.read(join, on, s) if join is not None and on is not None else None
-        with progress_bar("convert", None) as advance:
-            paths = run(list(inputs), s, out, rows_per_file=rows_per_file, progress=advance, side=side)
+        files = expand_globs(inputs)
+        with progress_bars(None) as report:
+            paths = run(files, s, out, rows_per_file=rows_per_file, progress=partial(report, "convert"), side=side)
     rows = sum(pq.ParquetFile(p).metadata.num_rows for p in paths)
     console.print(f"wrote {len(paths)} shard(s), {rows:,} rows, to {out}")
 
@@ -120,7 +216,7 @@ def schema_infer(
     with user_errors():
         if pipeline is not None and out is None:
             raise EtlError("--pipeline needs --out: the pipeline names its schema file")
-        guess = infer(list(inputs), rows=rows)
+        guess = infer(expand_globs(inputs), rows=rows)
         if out is None:
             typer.echo(guess.schema_yaml() + "---\n" + guess.pipeline_yaml("schema.yaml"), nl=False)
             return
@@ -135,11 +231,13 @@ def schema_infer(
 @app.command()
 def generate(
     schema: Path = typer.Option(..., help="Schema YAML."),
-    rows: int = typer.Option(..., help="Number of rows."),
-    files: int = typer.Option(1, help="Number of shards."),
+    rows: int = typer.Option(..., min=1, help="Number of rows."),
+    files: int = typer.Option(1, min=1, help="Number of shards."),
     out: Path = typer.Option(..., help="Output directory."),
     seed: int = typer.Option(0, help="Random seed (same seed → same bytes)."),
-    max_cardinality: int | None = typer.Option(None, help="Largest categorical cardinality, whatever --rows (default: 30 × min(rows, 1 M))."),
+    max_cardinality: int | None = typer.Option(
+        None, min=1, help="Largest categorical cardinality, whatever --rows (default: 30 × min(rows, 1 M))."
+    ),
 ) -> None:
     """Generate synthetic shards shaped like the schema's data (Zipf categoricals, nulls, heavy tails)."""
     from etl.schema import load_schema
@@ -147,17 +245,17 @@ def generate(
 
     with user_errors():
         s = load_schema(schema)
-        with progress_bar("generate", rows) as advance:
-            paths = run(s, rows, files, out, seed=seed, progress=advance, max_cardinality=max_cardinality)
+        with progress_bars(rows) as report:
+            paths = run(s, rows, files, out, seed=seed, progress=partial(report, "generate"), max_cardinality=max_cardinality)
     console.print(f"wrote {len(paths)} shard(s), {rows:,} rows, to {out}")
 
 
-@app.command()
+@app.command(cls=_SeveralValues)
 def fit(
     pipeline: Path = typer.Option(..., help="Pipeline YAML."),
-    input: list[Path] = typer.Option(..., help="Raw Parquet shards or directories of them."),
+    input: list[Path] = typer.Option(..., help=f"Raw Parquet shards or directories of them ({SEVERAL})."),
     artifacts: Path = typer.Option(..., help="Directory to write the fitted artifacts to."),
-    workers: int = typer.Option(2, help="Worker threads."),
+    workers: int = typer.Option(2, min=1, help="Worker threads."),
     on_error: str = typer.Option("raise", help="raise | quarantine (skip invalid rows while fitting)."),
 ) -> None:
     """Fit the pipeline's statistics and vocabularies over all shards, in bounded memory."""
@@ -171,8 +269,8 @@ def fit(
         p = Pipeline.from_file(pipeline)
         shards = list_shards(list(input))
         t0 = time.perf_counter()
-        with progress_bar("fit", _total_rows(shards)) as advance:
-            p.fit(shards, workers=workers, on_error=cast("OnError", on_error), progress=advance)
+        with progress_bars(_total_rows(shards)) as report:
+            p.fit(shards, workers=workers, on_error=cast("OnError", on_error), progress=report)
         seconds = time.perf_counter() - t0
         p.save(artifacts)
     rows = _total_rows(shards)
@@ -180,13 +278,13 @@ def fit(
     _print_cardinalities(p.cardinalities())
 
 
-@app.command()
+@app.command(cls=_SeveralValues)
 def preprocess(
     pipeline: Path = typer.Option(..., help="Pipeline YAML."),
-    input: list[Path] = typer.Option(..., help="Raw Parquet shards or directories of them."),
+    input: list[Path] = typer.Option(..., help=f"Raw Parquet shards or directories of them ({SEVERAL})."),
     out: Path = typer.Option(..., help="Output directory."),
     artifacts: Path | None = typer.Option(None, help="Fitted artifacts to use (fits first when omitted)."),
-    workers: int = typer.Option(2, help="Worker threads."),
+    workers: int = typer.Option(2, min=1, help="Worker threads."),
     on_error: str = typer.Option("raise", help="raise: stop at the first invalid value; quarantine: set invalid rows aside."),
     compression: str = typer.Option("none", help="Output Parquet compression: none | snappy | lz4 | zstd."),
 ) -> None:
@@ -200,29 +298,29 @@ def preprocess(
         _check_choice("--on-error", on_error, ("raise", "quarantine"))
         _check_choice("--compression", compression, COMPRESSIONS)
         p = Pipeline.from_file(pipeline)
-        check_apart(out, list(input))
-        shards = list_shards(list(input))
-        total = _total_rows(shards)
-        needs_fit = artifacts is None and not p.is_fitted
-        with progress_bar("fit" if needs_fit else "transform", total) as advance:
+        inputs = expand_globs(input)
+        check_apart(out, inputs)
+        shards = list_shards(inputs)
+        with progress_bars(_total_rows(shards)) as report:
             mode = cast("OnError", on_error)
-            summary = run(p, shards, out, artifacts=artifacts, workers=workers, on_error=mode, compression=compression, progress=advance)
+            summary = run(p, shards, out, artifacts=artifacts, workers=workers, on_error=mode, compression=compression, progress=report)
     c = console
-    c.print(f"files: {summary.files} ({summary.files_skipped} already complete, skipped)")
+    c.print(f"files: {summary.files}" + (f" ({summary.files_skipped} already complete, skipped)" if summary.files_skipped else ""))
     c.print(f"rows: {summary.rows_in:,} in = {summary.rows_out:,} out + {summary.rows_quarantined:,} quarantined")
-    if summary.fit_seconds:
+    if summary.fit_seconds is not None:
         c.print(f"fit: {summary.fit_seconds:.2f} s")
-    c.print(f"transform: {summary.rows_processed:,} rows in {summary.transform_seconds:.2f} s ({summary.rows_per_second:,.0f} rows/s)")
+    if summary.files_skipped < summary.files:
+        c.print(f"transform: {summary.rows_processed:,} rows in {summary.transform_seconds:.2f} s ({summary.rows_per_second:,.0f} rows/s)")
     c.print(f"output: {out}")
 
 
 @app.command()
 def demo(
     pipeline: Path | None = typer.Option(None, help="Pipeline YAML; its schema shapes the data (default: etl's criteo.yaml)."),
-    rows: int = typer.Option(1_000_000, help="Synthetic rows to generate."),
-    files: int = typer.Option(4, help="Number of shards."),
+    rows: int = typer.Option(1_000_000, min=1, help="Synthetic rows to generate."),
+    files: int = typer.Option(4, min=1, help="Number of shards."),
     workdir: Path = typer.Option(Path("demo"), help="Where raw/ and processed/ are written."),
-    workers: int = typer.Option(2, help="Worker threads."),
+    workers: int = typer.Option(2, min=1, help="Worker threads."),
 ) -> None:
     """The main job on an embedded default: generate synthetic shards, fit, preprocess, summarise."""
     from etl.io.parquet import list_shards
@@ -234,28 +332,31 @@ def demo(
     with user_errors():
         p = Pipeline.from_file(pipeline or resource_path("pipelines", "criteo.yaml"))
         raw, processed = workdir / "raw", workdir / "processed"
-        with progress_bar("generate", rows) as advance:
-            gen(p.schema, rows, files, raw, seed=0, progress=advance)
+        with progress_bars(rows) as report:
+            gen(p.schema, rows, files, raw, seed=0, progress=partial(report, "generate"))
         console.print(f"generated {rows:,} synthetic {p.schema.name} rows in {files} shard(s) → {raw}")
-        with progress_bar("preprocess", rows) as advance:
-            summary = run(p, list_shards(raw), processed, workers=workers, progress=advance)
-    console.print(f"fit: {summary.fit_seconds:.2f} s ({rows / max(summary.fit_seconds, 1e-9):,.0f} rows/s)")
+        with progress_bars(rows) as report:
+            summary = run(p, list_shards(raw), processed, workers=workers, progress=report)
+    if summary.fit_seconds is not None:
+        console.print(f"fit: {summary.fit_seconds:.2f} s ({rows / max(summary.fit_seconds, 1e-9):,.0f} rows/s)")
     console.print(f"transform: {summary.rows_processed:,} rows in {summary.transform_seconds:.2f} s ({summary.rows_per_second:,.0f} rows/s)")
     console.print(f"rows: {summary.rows_in:,} in = {summary.rows_out:,} out + {summary.rows_quarantined:,} quarantined")
     _print_cardinalities(Pipeline.load(processed / "artifacts").cardinalities())
     console.print(f"processed shards, manifest and artifacts → {processed}  (see: etl inspect {processed})")
 
 
-@app.command()
+@app.command(cls=_SeveralValues)
 def bench(
-    pipeline: list[Path] | None = typer.Option(None, help="Pipeline YAML (repeatable; default: the Criteo categorify and hash pipelines)."),
+    pipeline: list[Path] | None = typer.Option(
+        None, help="Pipeline YAMLs, several values or glob patterns (default: the Criteo categorify and hash pipelines)."
+    ),
     input: Path | None = typer.Option(None, help="Raw shards to measure on (default: generate synthetic ones)."),
-    rows: int = typer.Option(2_000_000, help="Synthetic rows to generate when no --input is given."),
-    files: int = typer.Option(8, help="Synthetic shards to generate."),
-    workers: int = typer.Option(2, help="Worker threads."),
-    batch_size: int = typer.Option(65536, help="Loader batch size."),
+    rows: int = typer.Option(2_000_000, min=1, help="Synthetic rows to generate when no --input is given."),
+    files: int = typer.Option(8, min=1, help="Synthetic shards to generate."),
+    workers: int = typer.Option(2, min=1, help="Worker threads."),
+    batch_size: int = typer.Option(65536, min=1, help="Loader batch size."),
     device: str = typer.Option("auto", help="Loader device: cpu, cuda, or auto (cuda when present)."),
-    step_factor: float = typer.Option(1.25, help="Simulated training step, in multiples of the loader's time per batch."),
+    step_factor: float = typer.Option(1.25, min=0.0, help="Simulated training step, in multiples of the loader's time per batch."),
     model: bool = typer.Option(False, help="Also measure the data wait of a DLRM training on the batches (etl.bench.dlrm)."),
     baselines: bool = typer.Option(True, help="Run the naive polars and pyarrow+numpy baselines."),
     device_placement: bool | None = typer.Option(
@@ -273,7 +374,12 @@ def bench(
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
     with user_errors(), err.status("benchmark") as status:
-        pipelines = pipeline or [resource_path("pipelines", "criteo.yaml"), resource_path("pipelines", "criteo_hash.yaml")]
+        defaults = [resource_path("pipelines", "criteo.yaml"), resource_path("pipelines", "criteo_hash.yaml")]
+        pipelines = expand_globs(pipeline) if pipeline else defaults
+        try:
+            torch.device(device)
+        except RuntimeError:
+            raise EtlError(f"--device {device!r}: not a device (cpu, cuda, cuda:N or auto)") from None
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise EtlError(f"--device {device}: torch {torch.__version__} sees no CUDA device")
         report = run_bench(pipelines, input_dir=input, rows=rows, files=files, workers=workers, batch_size=batch_size,

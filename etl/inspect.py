@@ -34,14 +34,28 @@ def describe_artifacts(path: Path) -> str:
         f"id encoding: {doc.get('id_encoding')}",
         "ops: " + ", ".join(o["op"] for o in doc.get("ops", [])),
     ]
-    for o in doc.get("ops", []):
+    columns = [c.get("name") for c in doc.get("schema", {}).get("columns", [])]
+    order = {name: i for i, name in enumerate(columns + doc.get("output_columns", []))}
+    for i, o in enumerate(doc.get("ops", [])):
         sizes = o.get("state", {}).get("sizes")
         if sizes:
-            lines.append(f"{o['op']} vocabulary sizes: " + ", ".join(f"{k}={v:,}" for k, v in sizes.items()))
+            names = sorted(sizes, key=lambda c: (order.get(c, len(order)), c))
+            shown = ", ".join(f"{k}={sizes[k]:,}" for k in names)
+            lines.append(f"{o['op']} ops[{i}] ({_column_range(names, columns)}) vocabulary sizes: {shown}")
     cards = doc.get("cardinalities", {})
     if cards:
-        lines.append("cardinalities (embedding rows): " + ", ".join(f"{k}={v:,}" for k, v in cards.items()))
+        names = sorted(cards, key=lambda c: (order.get(c, len(order)), c))
+        lines.append("cardinalities (embedding rows): " + ", ".join(f"{k}={cards[k]:,}" for k in names))
     return "\n".join(lines)
+
+
+def _column_range(names: list[str], columns: list[str]) -> str:
+    """``names`` as ``first..last`` when they are three or more consecutive schema ``columns``, else listed."""
+    if len(names) >= 3 and names[0] in columns:
+        start = columns.index(names[0])
+        if columns[start : start + len(names)] == names:
+            return f"{names[0]}..{names[-1]}"
+    return ", ".join(names)
 
 
 def describe_processed(path: Path) -> str:

@@ -14,6 +14,7 @@ rows_in = rows_out + rows_quarantined.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import time
@@ -41,6 +42,7 @@ from etl.io.processed import (
     write_manifest,
 )
 from etl.pipeline import ON_ERROR, OnError, Pipeline, Transformed, check_match
+from etl.progress import Progress
 from etl.workers import run_workers
 
 COMPRESSIONS = ("none", "snappy", "lz4", "zstd")
@@ -48,7 +50,8 @@ COMPRESSIONS = ("none", "snappy", "lz4", "zstd")
 
 @dataclass
 class Summary:
-    """Totals over all shards (skipped ones included); ``rows_processed`` counts the shards transformed now."""
+    """Totals over all shards (skipped ones included); ``rows_processed`` counts the shards transformed now.
+    ``fit_seconds`` is None when this run fitted nothing (artifacts given, or a pipeline without ops to fit)."""
 
     files: int
     files_skipped: int
@@ -56,7 +59,7 @@ class Summary:
     rows_out: int
     rows_quarantined: int
     rows_processed: int
-    fit_seconds: float
+    fit_seconds: float | None
     transform_seconds: float
 
     @property
@@ -141,7 +144,8 @@ def process_shard(
     progress: Callable[[int], None] | None = None,
 ) -> ManifestEntry | None:
     """Transform one shard into ``out`` (and rejected rows into its quarantine file); returns its manifest
-    entry (without ``artifacts_sha256``), or None when ``stop`` was set before the end.
+    entry (without ``artifacts_sha256``), or None when ``stop`` was set before the end. ``progress`` is called
+    with the number of rows of each row group transformed.
 
     Output columns are written with plain encoding (no dictionary: ids and floats decode at memcpy speed in the
     loader), without column statistics (nothing reads them; computing them cost ~5 % of the write), and
@@ -204,9 +208,12 @@ def preprocess(
     workers: int = 1,
     on_error: OnError = "raise",
     compression: str = "none",
-    progress: Callable[[int], None] | None = None,
+    progress: Progress | None = None,
 ) -> Summary:
     """Fit (unless ``artifacts`` holds a fitted state of this pipeline), then transform every shard.
+
+    ``progress`` (``etl.progress``) hears of the fitting passes and of the ``"transform"`` pass, which counts the
+    rows of the shards a previous run completed (skipped now) at its start.
 
     ``out_dir`` must lie apart from the inputs (OutputError otherwise, see ``check_apart``). The run holds
     ``out_dir``'s lock (``etl.io.lock``) throughout: a second run into the same directory raises
@@ -229,18 +236,19 @@ def _preprocess(
     workers: int,
     on_error: OnError,
     compression: str,
-    progress: Callable[[int], None] | None,
+    progress: Progress | None,
 ) -> Summary:
     """``preprocess`` once the arguments are checked and ``out_dir`` is locked."""
-    t0 = time.perf_counter()
+    fit_seconds = None
     if artifacts is not None:
         fitted = Pipeline.load(artifacts)
         check_match(fitted, pipeline, artifacts)
         pipeline = fitted
     elif not pipeline.is_fitted:
+        t0 = time.perf_counter()
         pipeline.fit(shards, workers=workers, on_error=on_error, progress=progress)
+        fit_seconds = time.perf_counter() - t0
     pipeline.save(out_dir / ARTIFACTS)
-    fit_seconds = time.perf_counter() - t0
     artifacts_sha = sha256_file(out_dir / ARTIFACTS / "pipeline.json")
 
     remove_temporaries(out_dir)  # left by an interrupted run
@@ -261,9 +269,13 @@ def _preprocess(
         files = [entries[k] for k in sorted(entries)]
         write_manifest(out_dir, Manifest.of(pipeline.name, files, complete=len(files) == len(shards)))
 
+    transformed = None if progress is None else functools.partial(progress, "transform")
+    if transformed is not None and len(entries):
+        transformed(sum(e.rows_in for e in entries.values()))
+
     def work(w: int, i: int, stop: threading.Event) -> None:
         out = outputs[i]
-        entry = process_shard(pipeline, shards[i], out, on_error, stop, compression, progress)
+        entry = process_shard(pipeline, shards[i], out, on_error, stop, compression, transformed)
         if entry is None:
             return
         with lock:

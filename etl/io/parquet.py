@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,17 +32,19 @@ except ImportError:  # pragma: no cover - exercised by a test that hides polars
 
 from etl.batch import Batch, Column, InlineStrings, Strings
 from etl.errors import InputError
+from etl.io.paths import expand_globs
 from etl.schema import ColumnSpec, Schema
 
 
-def list_shards(inputs: str | Path | list[str | Path]) -> list[Path]:
-    """Parquet files named by ``inputs``: files as given, directories expanded to their ``*.parquet`` entries in
-    name order. Symlinks are followed. In a directory, only a subdirectory whose name ends in ``.parquet`` is
-    skipped (directories are not searched recursively); every other ``*.parquet`` entry is a shard, so one that is
-    not a regular file is an error rather than a shard silently left out. Raises ``InputError`` for a missing
+def list_shards(inputs: str | Path | Sequence[str | Path]) -> list[Path]:
+    """Parquet files named by ``inputs``: glob patterns expanded first (``etl.io.paths.expand_globs``), then files
+    as given, directories expanded to their ``*.parquet`` entries in name order. Symlinks are followed. In a
+    directory, only a subdirectory whose name ends in ``.parquet`` is skipped (directories are not searched
+    recursively); every other ``*.parquet`` entry is a shard, so one that is not a regular file is an error rather
+    than a shard silently left out. Raises ``InputError`` for a missing
     path, a directory without Parquet files, and a ``*.parquet`` entry that is a dangling symlink or not a regular
     file."""
-    items = inputs if isinstance(inputs, list) else [inputs]
+    items = expand_globs([inputs] if isinstance(inputs, str | Path) else inputs)
     out: list[Path] = []
     for item in items:
         p = Path(item)

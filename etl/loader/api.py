@@ -9,7 +9,8 @@
     state = loader.state_dict()  # exact position, a few numbers
 
 How it works: ``etl.loader.order`` fixes which row-group pieces this rank reads, in which order. Each iteration is
-one pass (``etl.loader.epoch.EpochPass``): ``num_workers`` threads read and transform the pieces
+one pass (``etl.loader.epoch.EpochPass``; with ``num_workers=0``, ``InlinePass``, which does the same work in the
+training loop's thread when it asks for a batch, like torch's DataLoader): ``num_workers`` threads read and transform the pieces
 (``etl.loader.pieces``; Parquet decoding and the numba kernels release the GIL), at most ``num_workers + prefetch``
 ahead of the assembler. One assembler thread (``etl.loader.assembler``) gathers their rows in order into shuffle
 buffers of ``shuffle_buffer`` rows, permutes each buffer with a generator drawn from (seed, epoch, rank, buffer
@@ -24,7 +25,8 @@ With ``transform_on="device"`` the workers run only the host part of the pipelin
 keys) and the rest runs on the device right after each slot's copy, on the copy's side stream
 (``etl.loader.device_stage``); the CPU then only reads and decodes. The batches are the same, bit for bit.
 
-A batch's tensors live in a reused slot: they are valid until the next batch is requested (``.clone()`` to keep).
+A batch's tensors live in a reused slot: they are valid until the next batch is requested (``.clone()`` to keep
+them, or ``copy=True``: every batch then owns its tensors).
 Every batch is a pure function of (files, seed, epoch, rank, world size, batch number), so ``state_dict`` is that
 and resuming recomputes the order and skips ahead, re-reading at most one shuffle buffer.
 """
@@ -43,13 +45,13 @@ from typing import Any
 import torch
 
 from etl.allocator import tune_allocator
-from etl.errors import ConfigError
+from etl.errors import ArtifactError, ConfigError
 from etl.io.parquet import list_shards
 from etl.io.processed import ProcessedOutput, is_processed, open_processed
 from etl.loader.assembler import PassSettings
 from etl.loader.chunk import Chunk, Layout
 from etl.loader.device_stage import DeviceStage
-from etl.loader.epoch import EpochPass
+from etl.loader.epoch import EpochPass, InlinePass
 from etl.loader.order import Piece, batches_per_rank, row_groups
 from etl.loader.pieces import guarded, reader_for
 from etl.loader.ring import Ring
@@ -66,7 +68,11 @@ class LoaderBatch:
 
     Passthrough columns (schema role ``passthrough``, such as a row id) are not in loader batches: the loader does
     not read them from raw shards nor from a processed output. They serve the offline path: ``etl preprocess``
-    writes them, unchanged, beside the transformed columns of each row."""
+    writes them, unchanged, beside the transformed columns of each row.
+
+    ``label``, ``dense`` and ``sparse`` are views of a ring slot that the loader reuses: the next batch (the next
+    ``next()`` on the loader's iterator) overwrites them. Keep a batch by cloning its tensors, or build the loader
+    with ``copy=True``, whose batches own their tensors. The ``lists`` tensors are made for each batch."""
 
     label: torch.Tensor
     dense: torch.Tensor
@@ -101,7 +107,12 @@ class Loader:
     part; the rest runs on ``device`` after the copy, with the torch backend; raw shards only).
     ``allow_partial``: read a processed output whose run did not complete (refused by default: its manifest lists
     only the files done). Each file of a processed output is checked against its manifest's sha256 before its
-    rows are used. A setting that cannot work raises ``ConfigError``."""
+    rows are used; a ``pipeline`` (or ``artifacts``) given with one must be the one it was made with
+    (``ArtifactError`` otherwise). ``num_workers=0`` reads and transforms in the calling thread, when a batch is
+    asked for (the same batches as with worker threads). ``copy``: hand out batches that own their tensors
+    instead of views of the reused ring slot (see ``LoaderBatch``). A setting that cannot work raises
+    ``ConfigError``, among them a ``batch_size`` larger than a rank's rows with ``drop_last`` (no batch at all);
+    without ``drop_last`` such a rank yields one short batch."""
 
     def __init__(
         self,
@@ -121,10 +132,13 @@ class Loader:
         world_size: int | None = None,
         transform_on: str = "host",
         allow_partial: bool = False,
+        copy: bool = False,
     ):
         tune_allocator()
-        if batch_size < 1 or num_workers < 1 or prefetch < 1:
-            raise ConfigError("batch_size, num_workers and prefetch must be >= 1")
+        if batch_size < 1 or prefetch < 1:
+            raise ConfigError(f"batch_size and prefetch must be >= 1, got batch_size={batch_size}, prefetch={prefetch}")
+        if num_workers < 0:
+            raise ConfigError(f"num_workers must be >= 0 (0: no worker threads), got {num_workers}")
         if transform_on not in ("host", "device"):
             raise ConfigError(f"transform_on must be 'host' or 'device', got {transform_on!r}")
         self.pipeline, output, shards = _open_source(source, pipeline, artifacts, allow_partial)
@@ -141,7 +155,11 @@ class Loader:
         if rank is None or world_size is None or world_size < 1 or not 0 <= rank < world_size:
             raise ConfigError(f"rank and world_size must be given together with 0 <= rank < world_size, got {rank}, {world_size}")
         self.rank, self.world_size = rank, world_size
-        self.batch_size, self.shuffle, self.seed, self.drop_last = batch_size, shuffle, seed, drop_last
+        rows = self.total_rows // world_size  # the smallest slice of a rank (batches_per_rank)
+        if drop_last and batch_size > rows:
+            raise ConfigError(f"batch_size={batch_size} is larger than the {rows} rows of a rank ({self.total_rows} rows over {world_size} "
+                              "rank(s)): with drop_last=True no batch is left; use a smaller batch_size or drop_last=False")  # fmt: skip
+        self.batch_size, self.shuffle, self.seed, self.drop_last, self.copy = batch_size, shuffle, seed, drop_last, copy
         self.shuffle_buffer = max(shuffle_buffer or 4 * batch_size, 1)
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
@@ -154,7 +172,7 @@ class Loader:
                                   groups=self.groups, stats=self.stats)  # fmt: skip
         self._ring: Ring | None = None
         self._active: weakref.ref[_Iteration] | None = None
-        self._ahead: EpochPass | None = None  # epoch + 1, started while the current pass drains
+        self._ahead: EpochPass | InlinePass | None = None  # epoch + 1, started while the current pass drains
 
     # ------------------------------------------------------------------ public
     def __len__(self) -> int:
@@ -223,12 +241,15 @@ class Loader:
                 self._ring = Ring(self.prefetch + 2, self.batch_size, self.layout.batch_fields(), self.device)
         return self._ring
 
-    def _new_pass(self, epoch: int, start: int, after: threading.Event | None = None) -> EpochPass:
-        """A pass over ``epoch`` from batch ``start`` on; it takes ring slots once ``after`` (if given) is set."""
+    def _new_pass(self, epoch: int, start: int, after: threading.Event | None = None) -> EpochPass | InlinePass:
+        """A pass over ``epoch`` from batch ``start`` on; it takes ring slots once ``after`` (if given) is set.
+        Without worker threads, a pass run by the consumer's calls (never one that waits for another)."""
         settings = PassSettings(epoch=epoch, start=start, total=len(self), batch_size=self.batch_size,
                                 shuffle_buffer=self.shuffle_buffer, shuffle=self.shuffle, seed=self.seed, rank=self.rank,
                                 world_size=self.world_size)  # fmt: skip
         empty = self.stage.inputs.empty() if self.stage is not None else self.layout.empty()
+        if self.num_workers == 0:
+            return InlinePass(settings, self.groups, guarded(_read_weakly(self)), self._slots(), self.stats, stage=self.stage, empty=empty)
         return EpochPass(settings, self.groups, guarded(_read_weakly(self)), self._slots(), self.stats, num_workers=self.num_workers,
                          prefetch=self.prefetch, stage=self.stage, empty=empty, after=after)  # fmt: skip
 
@@ -245,8 +266,8 @@ class Loader:
 
     def _start_ahead(self, epoch: int, after: threading.Event) -> None:
         """Start epoch ``epoch`` from its beginning; its batches take ring slots once ``after`` is set (the
-        current pass queued its last batch or was closed)."""
-        if self._ahead is None:
+        current pass queued its last batch or was closed). Nothing runs in the background without worker threads."""
+        if self._ahead is None and self.num_workers > 0:
             self._ahead = self._new_pass(epoch, 0, after)
 
     def _read_piece(self, piece: Piece) -> Chunk:
@@ -268,7 +289,12 @@ def _open_source(
     items = source if isinstance(source, list) else [source]
     if len(items) == 1 and is_processed(Path(items[0])):
         processed = open_processed(Path(items[0]), allow_partial=allow_partial)
-        return Pipeline.load(processed.artifacts), processed, processed.parts
+        fitted = Pipeline.load(processed.artifacts)
+        if pipeline is not None:
+            check_match(fitted, Pipeline.from_file(pipeline), processed.artifacts)
+        if artifacts is not None and _read_bytes(Path(artifacts) / "pipeline.json") != _read_bytes(processed.artifacts / "pipeline.json"):
+            raise ArtifactError(f"{artifacts}: not the artifacts {items[0]} was made with ({processed.artifacts})")
+        return fitted, processed, processed.parts
     if pipeline is None:
         raise ConfigError("raw shards need a pipeline (or give the output directory of etl preprocess)")
     p = Pipeline.load(artifacts) if artifacts is not None else Pipeline.from_file(pipeline)
@@ -279,11 +305,18 @@ def _open_source(
     return p, None, list_shards([Path(i) for i in items])
 
 
+def _read_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise ArtifactError(f"{path}: cannot read: {e.strerror}") from None
+
+
 class _Iteration:
     """The consumer's side of one pass: counts the loader's position, turns each ring slot into a ``LoaderBatch``,
     and starts the next epoch's pass once this one has submitted all its pieces."""
 
-    def __init__(self, loader: Loader, epoch_pass: EpochPass):
+    def __init__(self, loader: Loader, epoch_pass: EpochPass | InlinePass):
         self.loader, self.epoch_pass = loader, epoch_pass
         self.last: float | None = None  # when the previous batch was returned (or the first next() began)
 
@@ -319,6 +352,9 @@ class _Iteration:
         if loader.stage is not None and loader.device.type == "cuda":
             for t in (t for pair in lists.values() for t in pair):  # made on the copy stream, used on the consumer's
                 t.record_stream(torch.cuda.current_stream(loader.device))
+        if loader.copy:  # owned tensors: the slot may take the next batch at once
+            tensors = {k: tensors[k].clone() for k in ("label", "dense", "sparse")}
+            epoch_pass.release()
         return LoaderBatch(tensors["label"], tensors["dense"], tensors["sparse"], lists, loader.layout.sparse)
 
     def _is_active(self) -> bool:

@@ -19,9 +19,10 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -50,21 +51,26 @@ class PassSettings:
     world_size: int
 
 
-class Assembler:
-    """Makes the batches of one pass; ``run`` is the body of the pass's assembler thread (see the module docstring).
+#: One batch as the assembler hands it over: (ring slot, rows, list columns as (values, offsets)).
+Item = tuple[int, int, dict[str, tuple[torch.Tensor, torch.Tensor]]]
 
-    ``read`` turns a piece into a chunk on the ``pool``'s threads. Every batch goes to ``ready`` as (slot, rows,
-    list columns), or the exception that ended the pass does. ``all_submitted`` is set once every piece went to
-    the pool; ring slots are taken only once ``after`` (if given) is set; ``stop`` ends the pass early. With a
-    device ``stage`` the chunks hold the stage's inputs and each slot is transformed on the device after its copy.
-    ``empty``: a chunk of no rows of the chunks' kind (the batch a shorter rank may owe)."""
+
+class Assembler:
+    """Makes the batches of one pass (see the module docstring): ``batches`` yields them, ``run`` (the body of a
+    pass's assembler thread) queues them.
+
+    ``read`` turns a piece into a chunk on the ``pool``'s threads (an ``InlineExecutor`` reads in the thread
+    that asks for the batches). ``all_submitted`` is set once every piece went to the pool; ring slots are taken
+    only once ``after`` (if given) is set; ``stop`` ends the pass early. With a device ``stage`` the chunks hold
+    the stage's inputs and each slot is transformed on the device after its copy. ``empty``: a chunk of no rows
+    of the chunks' kind (the batch a shorter rank may owe)."""
 
     def __init__(self, settings: PassSettings, groups: list[RowGroup], read: Callable[[Piece], Chunk], pool: Executor,
-                 ring: Ring, ready: queue.Queue, stats: LoaderStats, *, read_ahead: int, stop: threading.Event,
+                 ring: Ring, stats: LoaderStats, *, read_ahead: int, stop: threading.Event,
                  all_submitted: threading.Event, after: threading.Event | None = None, stage: DeviceStage | None = None,
                  empty: Chunk) -> None:  # fmt: skip
         self.settings, self.groups, self.read, self.pool = settings, groups, read, pool
-        self.ring, self.ready, self.stats, self.read_ahead = ring, ready, stats, read_ahead
+        self.ring, self.stats, self.read_ahead = ring, stats, read_ahead
         self.stop, self.all_submitted, self.after = stop, all_submitted, after
         self.stage, self.empty = stage, empty
         first_row = settings.start * settings.batch_size  # rank-local row where the first batch starts
@@ -75,16 +81,20 @@ class Assembler:
         self.stream: deque[tuple[Chunk, np.ndarray]] = deque()  # full buffers and the order of their rows not yet emitted
         self.emitted = settings.start
 
-    def run(self) -> bool:
-        """Queue the pass's batches; True once the last one is queued, False if the pass was stopped or failed
-        (the exception is queued in place of the next batch)."""
+    def run(self, ready: queue.Queue) -> bool:
+        """Queue the pass's batches on ``ready``; True once the last one is queued, False if the pass was stopped
+        or failed (the exception is queued in place of the next batch)."""
         try:
-            return self._assemble()
+            for item in self.batches():
+                if not _put(ready, item, self.stop):
+                    return False
+            return not self.stop.is_set()
         except BaseException as e:  # noqa: BLE001 - handed to the consumer
-            _put(self.ready, e, self.stop)
+            _put(ready, e, self.stop)
             return False
 
-    def _assemble(self) -> bool:
+    def batches(self) -> Generator[Item, None, None]:
+        """The pass's batches, in order; ends early once ``stop`` is set."""
         s = self.settings
         pieces = _pieces_from(rank_pieces(self.groups, seed=s.seed, epoch=s.epoch, shuffle=s.shuffle, rank=s.rank,
                                           world_size=s.world_size), self.buffer_no * s.shuffle_buffer)  # fmt: skip
@@ -99,17 +109,18 @@ class Assembler:
                 self.all_submitted.set()
             self._buffer(chunk)
             while self.emitted < s.total and self._available() >= s.batch_size:
-                if not self._emit(s.batch_size):
-                    return False
+                if (item := self._emit(s.batch_size)) is None:
+                    return
+                yield item
         if self.stop.is_set():
-            return False
+            return
         self.all_submitted.set()
         if self.filled:
             self._flush()
         while self.emitted < s.total:  # the final partial batch, and the empty batch a shorter rank may owe
-            if not self._emit(min(s.batch_size, self._available())):
-                return False
-        return True
+            if (item := self._emit(min(s.batch_size, self._available()))) is None:
+                return
+            yield item
 
     def _buffer(self, chunk: Chunk) -> None:
         """Append the chunk's rows to the shuffle buffers, flushing each one that fills up."""
@@ -153,16 +164,16 @@ class Assembler:
                 self.stream[0] = (buf, order[take:])
         return parts
 
-    def _emit(self, n: int) -> bool:
-        """Gather the next ``n`` rows into a ring slot, start its copy and queue it; False if stopped first."""
+    def _emit(self, n: int) -> Item | None:
+        """Gather the next ``n`` rows into a ring slot and start its copy; None if stopped first."""
         t0 = time.perf_counter()
         parts = self._take(n)
         while self.after is not None and not self.after.wait(0.05):
             if self.stop.is_set():
-                return False
+                return None
         slot = self.ring.acquire(self.stop)
         if slot is None:
-            return False
+            return None
         row = 0
         views = self.ring.write(slot, n)
         for buf, rows in parts:
@@ -180,7 +191,19 @@ class Assembler:
             lists = {k: (torch.from_numpy(c.values), torch.from_numpy(c.offsets)) for k, c in columns.items()}
         self.stats.add_assemble(t1 - t0, time.perf_counter() - t1)
         self.emitted += 1
-        return _put(self.ready, (slot, n, lists), self.stop)
+        return slot, n, lists
+
+
+class InlineExecutor(Executor):
+    """An executor that runs each task at once, in the thread that submits it (a loader without worker threads)."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future:
+        future: Future = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as e:  # noqa: BLE001 - raised by result(), as from a worker thread
+            future.set_exception(e)
+        return future
 
 
 def _put(q: queue.Queue, item: object, stop: threading.Event) -> bool:

@@ -1,4 +1,5 @@
-"""One pass over an epoch: its threads, its queue of batches, the ring slots it holds, and their shutdown."""
+"""One pass over an epoch: its threads, its queue of batches, the ring slots it holds, and their shutdown; or, for
+a loader without worker threads, the same pass run in the consumer's thread (``InlinePass``)."""
 
 from __future__ import annotations
 
@@ -8,17 +9,13 @@ import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-import torch
-
 from etl.errors import LoaderError
-from etl.loader.assembler import Assembler, PassSettings
+from etl.loader.assembler import Assembler, InlineExecutor, Item, PassSettings
 from etl.loader.chunk import Chunk
 from etl.loader.device_stage import DeviceStage
 from etl.loader.order import Piece, RowGroup
 from etl.loader.ring import Ring
 from etl.loader.stats import LoaderStats
-
-Item = tuple[int, int, dict[str, tuple[torch.Tensor, torch.Tensor]]]  # (ring slot, rows, list columns)
 
 
 class EpochPass:
@@ -42,9 +39,9 @@ class EpochPass:
         self.stop = threading.Event()
         self.ready: queue.Queue = queue.Queue(maxsize=prefetch + 1)
         self.pool = ThreadPoolExecutor(num_workers, thread_name_prefix="etl-loader")
-        assembler = Assembler(settings, groups, read, self.pool, ring, self.ready, stats, read_ahead=num_workers + prefetch,
+        assembler = Assembler(settings, groups, read, self.pool, ring, stats, read_ahead=num_workers + prefetch,
                               stop=self.stop, all_submitted=self.all_submitted, after=after, stage=stage, empty=empty)  # fmt: skip
-        self.thread = threading.Thread(target=_assemble, args=(assembler, self.assembled), daemon=True, name="etl-assembler")
+        self.thread = threading.Thread(target=_assemble, args=(assembler, self.ready, self.assembled), daemon=True, name="etl-assembler")
         self.thread.start()
         self._slots = _Slots(ring, self.ready)
         self._finalizer = weakref.finalize(self, _shutdown, self.stop, self.pool, self.thread, self._slots, self.assembled)
@@ -97,10 +94,53 @@ class _Slots:
                 self.ring.release(item[0])
 
 
-def _assemble(assembler: Assembler, assembled: threading.Event) -> None:
+def _assemble(assembler: Assembler, ready: queue.Queue, assembled: threading.Event) -> None:
     """The assembler thread."""
-    if assembler.run():
+    if assembler.run(ready):
         assembled.set()
+
+
+class InlinePass:
+    """A pass without threads (a loader with ``num_workers=0``): ``take`` reads, transforms and assembles the
+    next batch in the calling thread, so it yields the batches of an ``EpochPass`` with one worker, in the same
+    order, and a failure is raised by ``take`` itself. The same interface as ``EpochPass``; ``all_submitted`` and
+    ``assembled`` are set as there."""
+
+    def __init__(self, settings: PassSettings, groups: list[RowGroup], read: Callable[[Piece], Chunk], ring: Ring,
+                 stats: LoaderStats, *, stage: DeviceStage | None = None, empty: Chunk) -> None:  # fmt: skip
+        self.settings, self.epoch, self.ring = settings, settings.epoch, ring
+        self.all_submitted = threading.Event()
+        self.assembled = threading.Event()
+        self.stop = threading.Event()
+        assembler = Assembler(settings, groups, read, InlineExecutor(), ring, stats, read_ahead=1, stop=self.stop,
+                              all_submitted=self.all_submitted, stage=stage, empty=empty)  # fmt: skip
+        self._batches = assembler.batches()
+        self._held: int | None = None
+
+    def take(self) -> Item:
+        """The next batch: (ring slot, rows, list columns), made now."""
+        try:
+            item = next(self._batches)
+        except StopIteration:
+            raise LoaderError("the loader's pass ended before its last batch") from None
+        except BaseException:
+            self.close()
+            raise
+        self._held = item[0]
+        return item
+
+    def release(self) -> None:
+        """Give back the slot of the batch taken last: its tensors may be overwritten from now on."""
+        if self._held is not None:
+            self.ring.release(self._held)
+            self._held = None
+
+    def close(self) -> None:
+        """End the pass and give back the slot in use."""
+        self.stop.set()
+        self._batches.close()
+        self.release()
+        self.assembled.set()
 
 
 def _shutdown(stop: threading.Event, pool: ThreadPoolExecutor, thread: threading.Thread, slots: _Slots,

@@ -45,13 +45,15 @@ import pyarrow.compute as pc
 
 from etl.backends import cpu
 from etl.batch import Batch, Column, Strings
-from etl.errors import ArtifactError, RowError, SpecError
+from etl.errors import ArtifactError, InputError, RowError, SpecError
 from etl.ids import id_dtype
+from etl.io.memory import SOURCE, arrow_table
 from etl.io.parquet import batch_from_arrow
 from etl.io.text import raw_arrow_schema
 from etl.ops import REGISTRY, InvalidRows, Op
 from etl.pipeline import artifacts
 from etl.pipeline.fit import fit_shards
+from etl.progress import Progress
 from etl.schema import ColumnSpec, Schema, load_schema, read_yaml
 
 #: What to do with a row holding an invalid value: raise ``RowError``, or leave the row out and list it.
@@ -249,12 +251,12 @@ class Pipeline:
         shards: list[Path],
         workers: int = 1,
         on_error: OnError = "raise",
-        progress: Callable[[int], None] | None = None,
+        progress: Progress | None = None,
     ) -> None:
         """Fit every fittable op, streaming over ``shards`` row group by row group in bounded memory with ``workers``
         threads (see ``etl.pipeline.fit``). The fitted state does not depend on shard order or worker count. Invalid
-        rows raise ``RowError`` or, with ``on_error="quarantine"``, are left out; ``progress`` is called with the
-        number of rows of each row group read."""
+        rows raise ``RowError`` or, with ``on_error="quarantine"``, are left out; ``progress`` (``etl.progress``) is
+        called with the name of the fitting pass and the number of rows of each row group read."""
         fit_shards(self, shards, workers, on_error, progress)
 
     def save(self, directory: str | Path) -> None:
@@ -344,10 +346,11 @@ class Pipeline:
     def check_output(self, batch: Batch, xp: Backend | None = None) -> None:
         """Raise ``InvalidRows`` for the rows of a transformed batch holding, in an output column (the first such
         column; passthrough columns aside: they are not transformed), a NaN or infinite value, or a finite value beyond
-        the float32 range the output holds it in. ``xp``: the backend (default: the pipeline's)."""
+        the float32 range the output holds it in. Output columns the batch does not hold (a label left out at serving
+        time) are not checked. ``xp``: the backend (default: the pipeline's)."""
         xp = xp or self.xp
         skip = set(self.passthrough)
-        names = [c for c in self.output_columns if c not in skip and not isinstance(batch[c].values, Strings)]
+        names = [c for c in self.output_columns if c not in skip and c in batch.columns and not isinstance(batch[c].values, Strings)]
         found = xp.first_nonfinite([(xp.as_float32(batch[c].values), batch[c].valid) for c in names])
         if found is None:
             return
@@ -357,10 +360,25 @@ class Pipeline:
             raise InvalidRows(names[found[0]], nonfinite, "value is NaN or infinite after the transform")
         raise InvalidRows(names[found[0]], found[1], "value overflows float32 after the transform")
 
-    def transform_table(self, table: pa.Table) -> pa.Table:
-        """Transform one in-memory Arrow table of raw rows (the serving path); invalid values raise ``RowError``
-        naming the row within ``table``."""
-        return self.to_arrow(self.transform(batch_from_arrow(table, self.schema, "<table>")).batch)
+    def transform_table(self, data: Any) -> pa.Table:
+        """Transform raw rows held in memory (the serving path) into a pyarrow Table typed by ``output_schema``.
+
+        ``data``: a pyarrow Table, a pandas or polars DataFrame, or a dict of column name → list of values, holding
+        the schema's columns (others are ignored). ``None`` is a missing value in any column, also in a column
+        of only ``None`` (see ``etl.io.memory``). The label may be left out: the output then has no label
+        column (a label that is given must be valid, as in training). Invalid values raise ``RowError`` naming
+        the row within ``data`` (source ``<table>``); a missing or unreadable column raises ``InputError``."""
+        table = arrow_table(data, self.schema)
+        absent = [c for c in self.schema.by_role("label") if c not in table.column_names]
+        needed = [c for c in absent if any(c in op.columns for op in self.ops)]
+        if needed:
+            raise InputError(SOURCE, "column missing (an op of the pipeline reads it)", column=needed[0])
+        columns = [c for c in self.schema.names if c not in absent]
+        batch = self.transform(batch_from_arrow(table, self.schema, SOURCE, columns=columns)).batch
+        schema = self.output_schema()
+        for c in absent:
+            schema = schema.remove(schema.get_field_index(c))
+        return self.to_arrow(batch, schema)
 
     # ------------------------------------------------------------------ output
     def output_schema(self) -> pa.Schema:
@@ -382,9 +400,10 @@ class Pipeline:
     def _is_list(self, c: str) -> bool:
         return c in self.schema.names and self.schema.column(c).is_list
 
-    def to_arrow(self, batch: Batch) -> pa.Table:
-        """The output table of a transformed batch, typed by ``output_schema``."""
-        schema = self.output_schema()
+    def to_arrow(self, batch: Batch, schema: pa.Schema | None = None) -> pa.Table:
+        """The output table of a transformed batch, typed by ``output_schema`` (or by ``schema``, some of its
+        fields)."""
+        schema = schema or self.output_schema()
         arrays = []
         for f in schema:
             col = batch[f.name]

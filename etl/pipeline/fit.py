@@ -10,6 +10,7 @@ state (and the artifact bytes) do not depend on shard order, batch order or work
 
 from __future__ import annotations
 
+import functools
 import itertools
 import threading
 from collections.abc import Callable, Iterator
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from etl.io.parquet import open_shard
 from etl.ops import Op
+from etl.progress import Progress
 from etl.workers import run_staged
 
 if TYPE_CHECKING:
@@ -32,14 +34,18 @@ def fit_shards(
     shards: list[Path],
     workers: int = 1,
     on_error: OnError = "raise",
-    progress: Callable[[int], None] | None = None,
+    progress: Progress | None = None,
 ) -> None:
     """Fit every fittable op of ``pipeline``, streaming over ``shards`` row group by row group in bounded memory,
     one pass per stage. Invalid rows raise ``RowError`` or, with ``on_error="quarantine"``, are left out of the
-    statistics. ``progress`` is called with the number of rows of each row group read."""
+    statistics. ``progress`` (``etl.progress``) is called with the pass name (``"fit"``, or ``"fit 1/2"``,
+    ``"fit 2/2"``... with several stages) and the number of rows of each row group read."""
     lock = threading.Lock()
-    while not pipeline.is_fitted:
-        _fit_stage(pipeline, _next_stage(pipeline.ops), shards, workers, on_error, progress, lock)
+    stages = fit_stages(pipeline.ops)
+    for k, stage in enumerate(stages):
+        name = "fit" if len(stages) == 1 else f"fit {k + 1}/{len(stages)}"
+        report = None if progress is None else functools.partial(progress, name)
+        _fit_stage(pipeline, stage, shards, workers, on_error, report, lock)
 
 
 def _fit_stage(
@@ -105,17 +111,23 @@ def _fit_unit(unit: Unit, held: threading.Lock, t: Transformed, xp: Backend) -> 
         held.release()
 
 
-def _next_stage(ops: list[Op]) -> list[Op]:
-    """Unfitted ops (of ``ops``, in pipeline order) whose inputs do not depend on another unfitted op."""
-    stale: set[str] = set()
-    stage = []
-    for op in ops:
-        if stale & set(op.columns):
-            stale |= set(op.outputs)
-        elif not op.is_fitted:
-            stage.append(op)
-            stale |= set(op.outputs)
-    return stage
+def fit_stages(ops: list[Op]) -> list[list[Op]]:
+    """The stages that fit the unfitted ops of ``ops``, in order: each is every op not yet fitted (by then) whose
+    inputs do not depend on another such op, in pipeline order."""
+    done = {id(op) for op in ops if op.is_fitted}
+    stages = []
+    while len(done) < len(ops):
+        stale: set[str] = set()
+        stage = []
+        for op in ops:
+            if stale & set(op.columns):
+                stale |= set(op.outputs)
+            elif id(op) not in done:
+                stage.append(op)
+                stale |= set(op.outputs)
+        stages.append(stage)
+        done |= {id(op) for op in stage}
+    return stages
 
 
 def _fit_plan(pipeline: Pipeline, stage: list[Op]) -> tuple[list[Op], list[str]]:

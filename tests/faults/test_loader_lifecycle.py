@@ -10,6 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -39,11 +40,11 @@ def run(code: str, timeout: float = 90) -> str:
     return proc.stdout
 
 
-@pytest.mark.parametrize("shuffle", [False, True])
-def test_break_at_every_batch_then_next_epoch(raw: Path, shuffle: bool) -> None:
+@pytest.mark.parametrize("shuffle, workers", [(False, 2), (True, 2), (True, 0)])
+def test_break_at_every_batch_then_next_epoch(raw: Path, shuffle: bool, workers: int) -> None:
     out = run(f"""
         import etl
-        loader = etl.Loader({str(raw)!r}, pipeline={str(HASH)!r}, batch_size=512, num_workers=2, prefetch=2,
+        loader = etl.Loader({str(raw)!r}, pipeline={str(HASH)!r}, batch_size=512, num_workers={workers}, prefetch=2,
                             shuffle={shuffle}, shuffle_buffer=1024)
         n = len(loader)
         full = [b.sparse.clone() for b in loader]
@@ -137,3 +138,24 @@ def test_processed_output_is_checked_before_use(raw: Path, tmp_path: Path) -> No
     pq.write_table(table, part, compression="snappy")  # the same rows in other bytes
     with pytest.raises(InputError, match="sha256"):
         sum(len(b) for b in Loader(out, batch_size=1000))
+
+
+def test_without_workers_a_bad_value_is_raised_by_next_itself(raw: Path, tmp_path: Path) -> None:
+    """With ``num_workers=0`` the row error comes from ``next()`` itself, as it is (no LoaderError wrapping), after
+    the batches before the bad row; iterating again resumes at the failed batch and fails there again."""
+    from etl.errors import RowError
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    table = pq.read_table(sorted(raw.glob("*.parquet"))[0])
+    c3 = table.column("C3").to_pylist()
+    c3[1500] = "zz123456"
+    fixed = table.set_column(table.schema.get_field_index("C3"), "C3", pa.array(c3, pa.string()))
+    pq.write_table(fixed, bad / "part-00000.parquet", row_group_size=500)
+    loader = Loader(bad, pipeline=HASH, batch_size=500, shuffle_buffer=500, num_workers=0)
+    for expected_rows in (1500, 0):
+        got = 0
+        with pytest.raises(RowError, match=r"part-00000.parquet, row group 3, row 1500, column 'C3': malformed value"):
+            for b in loader:
+                got += len(b)
+        assert got == expected_rows and loader.position == 3

@@ -69,7 +69,24 @@ def test_artifacts(processed: Path) -> None:
     cards = Pipeline.load(art).cardinalities()
     cards_line = next(line for line in lines if line.startswith("cardinalities (embedding rows): "))
     assert f"C1={cards['C1']:,}" in cards_line and f"C26={cards['C26']:,}" in cards_line
-    assert any(line.startswith("Categorify vocabulary sizes: ") for line in lines)
+    sizes_line = next(line for line in lines if line.startswith("Categorify ops[4] (C1..C26) vocabulary sizes: "))
+    sizes = Pipeline.load(art).ops[4].state()[0]["sizes"]
+    assert sizes_line.endswith(": " + ", ".join(f"C{i}={sizes[f'C{i}']:,}" for i in range(1, 27)))  # schema order
+    assert cards_line.endswith(": " + ", ".join(f"C{i}={cards[f'C{i}']:,}" for i in range(1, 27)))
+
+
+def test_artifacts_of_several_vocabulary_ops_are_told_apart(tmp_path: Path) -> None:
+    """MovieLens fits two Categorify ops: each line names its op index and columns."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    pq.write_table(pa.table({"userId": [1, 2, 2], "movieId": [10, 10, 11], "rating": [4.0, 3.5, 5.0],
+                             "timestamp": [100, 200, 300], "genres": [["A", "B"], ["B"], ["C", "A"]]}), raw / "0.parquet")  # fmt: skip
+    p = Pipeline.from_file(REPO / "pipelines/movielens.yaml")
+    p.fit([raw / "0.parquet"])
+    p.save(tmp_path / "art")
+    lines = describe(tmp_path / "art").splitlines()
+    assert "Categorify ops[1] (userId, movieId) vocabulary sizes: userId=2, movieId=2" in lines
+    assert "Categorify ops[3] (genres) vocabulary sizes: genres=3" in lines
 
 
 def test_incomplete_processed_output(processed: Path, tmp_path: Path) -> None:

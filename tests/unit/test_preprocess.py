@@ -60,6 +60,25 @@ def test_summary_and_manifest(shards: list[Path], tmp_path: Path) -> None:
     assert sorted(p.name for p in out.iterdir()) == ["artifacts", MANIFEST] + [e.output for e in m.files]
 
 
+def test_progress_reports_fit_then_transform_each_row_once(shards: list[Path], tmp_path: Path) -> None:
+    seen: list[tuple[str, int]] = []
+    run(shards, tmp_path / "out", workers=2, progress=lambda name, n: seen.append((name, n)))
+    names = [name for name, _ in seen]
+    assert names == sorted(names, key=["fit", "transform"].index)  # every fit report comes before the transform's
+    assert {name: sum(n for m, n in seen if m == name) for name in names} == {"fit": sum(SIZES), "transform": sum(SIZES)}
+
+
+def test_summary_without_a_fit_has_no_fit_time_and_resume_counts_skipped_rows(shards: list[Path], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert run(shards, out).fit_seconds is not None
+    (out / "part-00002.parquet").unlink()
+    seen: list[tuple[str, int]] = []
+    s = run(shards, out, artifacts=out / "artifacts", progress=lambda name, n: seen.append((name, n)))
+    assert s.fit_seconds is None and s.files_skipped == 2
+    assert seen[0] == ("transform", SIZES[0] + SIZES[1])  # the shards done before, at once
+    assert {name for name, _ in seen} == {"transform"} and sum(n for _, n in seen) == sum(SIZES)
+
+
 def test_rerun_skips_complete_shards_and_redoes_a_missing_output(shards: list[Path], tmp_path: Path) -> None:
     out = tmp_path / "out"
     run(shards, out)

@@ -96,7 +96,7 @@ def test_a_cuda_device_without_cuda_is_a_clear_error(tmp_path) -> None:
         Loader(tmp_path, pipeline=REPO / "pipelines/criteo_hash.yaml", device="cuda")
 
 
-@pytest.mark.parametrize("kw", [{"batch_size": 0}, {"num_workers": 0}, {"prefetch": 0}, {"transform_on": "gpu"},
+@pytest.mark.parametrize("kw", [{"batch_size": 0}, {"num_workers": -1}, {"prefetch": 0}, {"transform_on": "gpu"},
                                 {"rank": 2, "world_size": 2}, {"rank": 0}])  # fmt: skip
 def test_settings_that_cannot_work_are_config_errors(raw: Path, kw: dict) -> None:
     with pytest.raises(ConfigError):
@@ -137,3 +137,74 @@ def test_a_dropped_loader_stops_its_threads(raw: Path) -> None:
     next(it)
     del loader, it
     assert _loader_threads(baseline) <= baseline
+
+
+def _batches(loader: Loader) -> list[tuple[torch.Tensor, ...]]:
+    return [(b.label.clone(), b.dense.clone(), b.sparse.clone()) for b in loader]
+
+
+def _equal(a: list[tuple[torch.Tensor, ...]], b: list[tuple[torch.Tensor, ...]]) -> bool:
+    return len(a) == len(b) and all(torch.equal(x, y) for pa, pb in zip(a, b) for x, y in zip(pa, pb))
+
+
+def test_no_workers_runs_in_the_calling_thread_with_the_batches_of_one_worker(raw: Path) -> None:
+    settings = dict(pipeline=REPO / "pipelines/criteo_hash.yaml", batch_size=400, shuffle=True, seed=3, shuffle_buffer=700)
+    one = Loader(raw, num_workers=1, **settings)
+    inline = Loader(raw, num_workers=0, **settings)
+    baseline = _loader_threads(0)
+    for epoch in (0, 1):
+        one.set_epoch(epoch)
+        inline.set_epoch(epoch)
+        want = _batches(one)
+        one.close()
+        before = set(threading.enumerate())
+        got = _batches(inline)
+        assert not {t for t in set(threading.enumerate()) - before if t.name.startswith("etl-")}  # no thread started
+        assert _equal(got, want) and sum(len(b[0]) for b in got) == 3000
+    assert inline._ahead is None and _loader_threads(baseline) <= baseline
+    it = iter(inline)  # resumes exactly, as with workers
+    next(it), next(it)
+    state = inline.state_dict()
+    resumed = Loader(raw, num_workers=0, **settings)
+    resumed.load_state_dict(state)
+    assert _equal(_batches(resumed), _batches(one)[2:])
+
+
+def test_a_batch_larger_than_a_rank_with_drop_last_names_both_numbers(raw: Path) -> None:
+    with pytest.raises(ConfigError, match=r"batch_size=2000 is larger than the 1500 rows of a rank \(3000 rows over 2 rank"):
+        Loader(raw, pipeline=REPO / "pipelines/criteo_hash.yaml", batch_size=2000, drop_last=True, rank=0, world_size=2)
+    short = Loader(raw, pipeline=REPO / "pipelines/criteo_hash.yaml", batch_size=5000, drop_last=False)
+    assert len(short) == 1 and [len(b) for b in short] == [3000]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_copy_hands_out_owned_tensors(raw: Path, num_workers: int) -> None:
+    settings = dict(pipeline=REPO / "pipelines/criteo_hash.yaml", batch_size=300, shuffle=True, num_workers=num_workers, prefetch=1)
+    kept = list(Loader(raw, copy=True, **settings))
+    assert _equal([(b.label, b.dense, b.sparse) for b in kept], _batches(Loader(raw, **settings)))
+    storages = {b.sparse.untyped_storage().data_ptr() for b in kept}
+    assert len(storages) == len(kept) == 10  # no two batches share memory
+    views = [b.sparse for b in Loader(raw, **settings)]  # without copy: views of the few reused slots
+    assert len({v.untyped_storage().data_ptr() for v in views}) <= 3
+
+
+def test_a_pipeline_given_with_a_processed_output_must_be_its_own(raw: Path, tmp_path: Path) -> None:
+    from etl.errors import ArtifactError
+    from etl.pipeline import Pipeline
+    from etl.preprocess import preprocess
+
+    out = tmp_path / "processed"
+    preprocess(Pipeline.from_file(REPO / "pipelines/criteo_hash.yaml"), sorted(raw.glob("*.parquet")), out)
+    reference = _batches(Loader(out, batch_size=500))
+    same = Loader(out, pipeline=REPO / "pipelines/criteo_hash.yaml", artifacts=out / "artifacts", batch_size=500)
+    assert _equal(_batches(same), reference)
+    with pytest.raises(ArtifactError, match="another pipeline or schema"):
+        Loader(out, pipeline=REPO / "pipelines/criteo.yaml")
+    other = tmp_path / "other"
+    p = Pipeline.from_file(REPO / "pipelines/criteo.yaml")
+    p.fit(sorted(raw.glob("*.parquet")))
+    p.save(other)
+    with pytest.raises(ArtifactError, match="not the artifacts"):
+        Loader(out, artifacts=other)
+    with pytest.raises(ArtifactError, match="cannot read"):
+        Loader(out, artifacts=tmp_path / "missing")

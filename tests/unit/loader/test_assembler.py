@@ -12,22 +12,23 @@ import numpy as np
 import pytest
 import torch
 
-from etl.loader.assembler import Assembler, PassSettings
+from etl.loader.assembler import Assembler, InlineExecutor, PassSettings
 from etl.loader.order import epoch_rng, rank_pieces
 from etl.loader.ring import Ring
 from etl.loader.stats import LoaderStats
 from tests.unit.loader.fakes import FIRST, GROUPS, LAYOUT, fake_read, settings
 
 
-def assemble(s: PassSettings) -> tuple[list[np.ndarray], LoaderStats, threading.Event]:
-    """Run the assembler to its end (a slot and queue room for every batch); the rows of each batch."""
+def assemble(s: PassSettings, inline: bool = False) -> tuple[list[np.ndarray], LoaderStats, threading.Event]:
+    """Run the assembler to its end (a slot and queue room for every batch); the rows of each batch. ``inline``:
+    read the pieces in this thread (``InlineExecutor``) instead of a pool of two."""
     ring = Ring(s.total + 1, s.batch_size, LAYOUT.batch_fields(), torch.device("cpu"))
     ready: queue.Queue = queue.Queue()
     stats, all_submitted = LoaderStats(), threading.Event()
-    with ThreadPoolExecutor(2) as pool:
-        asm = Assembler(s, GROUPS, fake_read, pool, ring, ready, stats, read_ahead=3, stop=threading.Event(),
+    with InlineExecutor() if inline else ThreadPoolExecutor(2) as pool:
+        asm = Assembler(s, GROUPS, fake_read, pool, ring, stats, read_ahead=3, stop=threading.Event(),
                         all_submitted=all_submitted, empty=LAYOUT.empty())  # fmt: skip
-        assert asm.run()
+        assert asm.run(ready)
     batches = []
     while not ready.empty():
         slot, n, lists = ready.get_nowait()
@@ -61,10 +62,11 @@ def test_without_shuffle_batches_are_consecutive_rows_and_the_last_is_short() ->
     assert all_submitted.is_set() and stats.assemble_seconds > 0
 
 
+@pytest.mark.parametrize("inline", [False, True])
 @pytest.mark.parametrize("batch_size, shuffle_buffer", [(64, 100), (50, 50), (32, 1000), (100, 7)])
-def test_with_shuffle_batches_follow_the_buffers_permutations(batch_size: int, shuffle_buffer: int) -> None:
+def test_with_shuffle_batches_follow_the_buffers_permutations(batch_size: int, shuffle_buffer: int, inline: bool) -> None:
     s = settings(batch_size, shuffle_buffer, shuffle=True)
-    batches = assemble(s)[0]
+    batches = assemble(s, inline)[0]
     want = reference(s)
     assert len(batches) == len(want) == s.total
     assert all(np.array_equal(b, w) for b, w in zip(batches, want))

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from etl.backends import hashing
-from etl.errors import RowError, SpecError
+from etl.errors import InputError, RowError, SpecError
 from etl.io.parquet import batch_from_arrow, open_shard
 from etl.ops import Categorify, Clamp, Decode, FillMissing, FirstX, Hash, Log1p, Normalize
 from etl.pipeline import Pipeline
@@ -281,6 +281,78 @@ def test_serving_unseen_keys_go_to_oov(fitted, criteo):
     cols["C5"] = pa.array(["DEADBEEF", "xyz"])
     with pytest.raises(RowError, match=r"<table>, row group 0, row 1, column 'C5'"):
         pipe.transform_table(pa.table(cols))
+
+
+def _rows(table: pa.Table) -> dict[str, list]:
+    return {c: table.column(c).to_pylist() for c in table.column_names}
+
+
+def test_serving_accepts_a_dict_of_lists_and_dataframes(fitted, criteo):
+    """The same rows as an Arrow table, a dict of lists, a polars and a pandas DataFrame: the same output, equal to
+    the plain-Python reference."""
+    pipe, _ = fitted
+    _, tables, _ = criteo
+    raw = tables[0].slice(3, 25)
+    want = pipe.transform_table(raw)
+    ref = ref_criteo_rows(raw, ref_criteo_vocabs(tables))
+    assert _rows(want) == {c: ref[c] for c in pipe.output_columns}
+    assert pipe.transform_table(_rows(raw)).equals(want)
+    pl = pytest.importorskip("polars")
+    assert pipe.transform_table(pl.from_arrow(raw)).equals(want)
+    pytest.importorskip("pandas")
+    assert pipe.transform_table(raw.to_pandas()).equals(want)  # I columns with missing values become float64 + NaN
+
+
+def test_serving_one_row_of_missing_values(fitted):
+    """A one-row request whose values are None: Arrow types such columns null; they are missing values."""
+    pipe, _ = fitted
+    row = {c: [None] for c in DENSE + CATS}
+    row["I2"], row["C3"] = [7], [None]
+    out = pipe.transform_table(row)
+    assert out.column_names == pipe.output_columns[1:]  # no label given: no label column
+    assert out.schema == pa.schema([f for f in pipe.output_schema() if f.name != "label"])
+    got = out.to_pylist()[0]
+    assert got["I2"] == np.float32(math.log1p(7)) and all(got[c] == 0.0 for c in DENSE if c != "I2")  # FillMissing 0
+    assert all(got[c] == 1 for c in CATS)  # 1 = missing
+    pl = pytest.importorskip("polars")
+    assert pipe.transform_table(pl.DataFrame(row)).equals(out)
+    pd = pytest.importorskip("pandas")
+    assert pipe.transform_table(pd.DataFrame(row)).equals(out)
+
+
+def test_serving_with_a_label_keeps_it_and_checks_it(fitted):
+    pipe, _ = fitted
+    row = {"label": [1], **{c: [None] for c in DENSE + CATS}}
+    assert pipe.transform_table(row).column("label").to_pylist() == [1.0]
+    with pytest.raises(RowError, match="label is missing"):
+        pipe.transform_table({**row, "label": [None]})
+
+
+def test_serving_input_errors_name_the_column(fitted):
+    pipe, _ = fitted
+    row = {c: [None] for c in DENSE + CATS}
+    with pytest.raises(InputError, match="<table>, column 'C7': column missing"):
+        pipe.transform_table({k: v for k, v in row.items() if k != "C7"})
+    with pytest.raises(InputError, match="column 'I4': expected int64 values, found string"):
+        pipe.transform_table({**row, "I4": ["12"]})
+    with pytest.raises(InputError, match="column 'I4'"):
+        pipe.transform_table({**row, "I4": [1.5]})  # not a whole number: not read as int64
+    assert pipe.transform_table({**row, "I4": [2.0]}).column("I4").to_pylist() == [np.float32(math.log1p(2))]
+    with pytest.raises(InputError, match="columns of different lengths"):
+        pipe.transform_table({**row, "I4": [1, 2]})
+    with pytest.raises(TypeError, match="expected a pyarrow Table"):
+        pipe.transform_table([1, 2, 3])
+
+
+def test_serving_without_the_label_needs_it_when_an_op_reads_it(tmp_path):
+    schema = tmp_path / "s.yaml"
+    schema.write_text(yaml.safe_dump({"name": "s", "columns": [{"name": "y", "role": "label", "dtype": "float64"},
+                                                               {"name": "c", "role": "categorical", "dtype": "int64"}]}))  # fmt: skip
+    ops = [{"op": "FillMissing", "columns": ["y"], "value": 0}, {"op": "Decode", "columns": ["c"]},
+           {"op": "Hash", "columns": ["c"], "num_buckets": 5}]  # fmt: skip
+    pipe = Pipeline.from_file(write_pipeline(tmp_path, ops, schema=str(schema)))
+    with pytest.raises(InputError, match="column 'y': column missing"):
+        pipe.transform_table({"c": [3]})
 
 
 # ---------------------------------------------------------------- host / device parts

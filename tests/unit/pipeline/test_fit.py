@@ -71,9 +71,24 @@ def test_fit_invariance_artifacts_byte_identical(criteo, fitted, workers, perm, 
 def test_fit_progress_counts_rows(criteo):
     paths, tables, _ = criteo
     seen = []
-    Pipeline.from_file(PIPELINES / "criteo.yaml").fit(paths, workers=2, progress=seen.append)
-    assert sum(seen) == sum(t.num_rows for t in tables)
+    Pipeline.from_file(PIPELINES / "criteo.yaml").fit(paths, workers=2, progress=lambda name, n: seen.append((name, n)))
+    assert {name for name, _ in seen} == {"fit"}
+    assert sum(n for _, n in seen) == sum(t.num_rows for t in tables)
     assert len(seen) == sum(pq.ParquetFile(p).num_row_groups for p in paths)
+
+
+def test_fit_progress_names_each_stage_and_counts_its_rows_once(criteo, tmp_path):
+    """The second Normalize reads what the first writes: two fitting passes, each over every row once."""
+    paths, tables, _ = criteo
+    ops = [DLRM[0], {"op": "Normalize", "columns": "@dense"}, {"op": "Normalize", "columns": "@dense"}, *DLRM[3:]]
+    seen: dict[str, int] = {}
+
+    def progress(name: str, n: int) -> None:
+        seen[name] = seen.get(name, 0) + n
+
+    Pipeline.from_file(write_pipeline(tmp_path, ops)).fit(paths, workers=2, progress=progress)
+    rows = sum(t.num_rows for t in tables)
+    assert seen == {"fit 1/2": rows, "fit 2/2": rows}
 
 
 def test_fit_raise_and_quarantine(criteo, bad_shard):

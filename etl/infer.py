@@ -22,7 +22,10 @@ Columns (by the present values of the sample):
   ``label``, ``I1``..``I13``, ``C1``..``C26``; otherwise ``col0``, ``col1``, ...
 - numbers: integers (``-?\\d+`` within int64) → ``int64``, other numbers → ``float64``; role ``dense``, except an
   integer column with the word ``id`` in its name (``userId``, ``movie_id``): ``categorical``, encoding ``int``.
-  Integer text beyond int64 (64-bit unsigned ids) is kept as text and hashed: ``dtype: string``, encoding ``string``.
+  Integer text beyond int64 and within uint64 (64-bit unsigned ids) is kept as text and decoded exactly: ``dtype:
+  string``, encoding ``int``; integer text beyond that is a ``string``.
+- a column named ``id`` whose sampled values are all distinct is a row id: role ``passthrough`` (copied to the output
+  for joining back, never a feature: a vocabulary of it would hold every row).
 - hexadecimal text, every value of one width 1..16 → ``categorical``, encoding ``hex`` with that ``width``.
 - other text: a ``list`` when at least ``LIST_SHARE`` of the values hold ``|`` (or ``;``), elements encoded as
   above; else ``categorical``, encoding ``string``.
@@ -71,7 +74,7 @@ _INT = re.compile(r"-?\d+\Z")
 _FLOAT = re.compile(r"-?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\Z")
 _HEX = re.compile(r"[0-9a-fA-F]+\Z")
 _IDENT = re.compile(r"[A-Za-z_][\w .\-]*\Z")
-_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+_INT64_MIN, _INT64_MAX, _UINT64_MAX = -(1 << 63), (1 << 63) - 1, (1 << 64) - 1
 _NAMES = {"\t": "tab", ",": "comma", ";": "semicolon", "|": "pipe"}
 _LABEL_WORDS = {"label", "click", "clicked", "target"}
 _CRITEO_WHY = "guessed: Criteo layout (no header; 0/1, 13 integer, 26 8-hex-digit columns)"
@@ -96,7 +99,7 @@ class Values:
 
 def summarise(values: Sequence[str]) -> Values:
     """The kind of ``values`` (present values only, as text): the narrowest of int (within int64), bigint (integer
-    text beyond int64), float, hex (one width, 1..16 digits), string; ``empty`` when there are none."""
+    text beyond int64, within uint64), float, hex (one width, 1..16 digits), string; ``empty`` when there are none."""
     if not values:
         return Values("empty")
     count, distinct, example = len(values), len(set(values)), values[0]
@@ -104,6 +107,8 @@ def summarise(values: Sequence[str]) -> Values:
         ints = [int(v) for v in values]
         if min(ints) < _INT64_MIN or max(ints) > _INT64_MAX:
             big = next(v for v, i in zip(values, ints) if not _INT64_MIN <= i <= _INT64_MAX)
+            if min(ints) < _INT64_MIN or max(ints) > _UINT64_MAX:
+                return Values("string", count, distinct, example=big)
             return Values("bigint", count, distinct, example=big)
         return Values("int", count, distinct, minimum=min(ints), binary=set(ints) <= {0, 1}, example=example)
     if all(_FLOAT.match(v) for v in values):
@@ -118,7 +123,7 @@ def summarise(values: Sequence[str]) -> Values:
 
 @dataclass(frozen=True)
 class InferredColumn:
-    """A guessed column: its spec, why, and the starter treatment (``label``, ``log1p``, ``normalize``,
+    """A guessed column: its spec, why, and the starter treatment (``label``, ``passthrough``, ``log1p``, ``normalize``,
     ``categorify``, ``hash``)."""
 
     spec: ColumnSpec
@@ -421,6 +426,10 @@ def _null_token(columns: list[list[str | None]]) -> tuple[str, str]:
 def _guess_scalar(name: str, v: Values, source: Source, role_label: str | None) -> InferredColumn:
     if role_label:
         return InferredColumn(ColumnSpec(name, "label", "int64" if v.kind == "int" else "float64"), role_label, "label")
+    if name.lower() == "id" and v.count >= 2 and v.distinct == v.count and source in ("text", "int", "string"):
+        dtype = "int64" if v.kind == "int" and source != "string" else "string"
+        why = f"guessed: a row id (all {v.count:,} sampled values distinct): copied to the output, not a feature"
+        return InferredColumn(ColumnSpec(name, "passthrough", dtype), why, "passthrough")
     words = set(_words(name))
     if v.kind in ("int", "float") and source != "string":
         if v.kind == "int" and "id" in words:
@@ -435,8 +444,8 @@ def _guess_scalar(name: str, v: Values, source: Source, role_label: str | None) 
     if v.kind == "int":  # integer text in a Parquet string column
         return _keyed(ColumnSpec(name, "categorical", "string", "int"), v, "guessed: integer text")
     if v.kind == "bigint":
-        return _keyed(ColumnSpec(name, "categorical", "string", "string"), v,
-                      f"guessed: integer text beyond int64 (e.g. {v.example}): kept as text and hashed to keys")  # fmt: skip
+        return _keyed(ColumnSpec(name, "categorical", "string", "int"), v,
+                      f"guessed: integer text beyond int64 (e.g. {v.example}): kept as text, decoded to exact uint64 keys")  # fmt: skip
     if v.kind == "hex":
         return _keyed(ColumnSpec(name, "categorical", "string", "hex", v.width), v, f"guessed: every value is {v.width} hex digits")
     if v.kind == "empty":

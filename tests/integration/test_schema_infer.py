@@ -93,17 +93,16 @@ def test_deepctr_avazu_sample_ids_beyond_int64(deepctr: Path, tmp_path: Path) ->
     src = deepctr / "avazu_sample.txt"
     schema, _, raw, out = infer_convert_preprocess(src, tmp_path)
     assert schema.by_role("label") == ["click"]
-    assert (schema.column("id").role, schema.column("id").dtype, schema.column("id").encoding) == ("categorical", "string", "string")
+    assert (schema.column("id").role, schema.column("id").dtype) == ("passthrough", "string")  # a row id
     with open(src, newline="") as f:
         rows = list(csv.DictReader(f))
     assert max(int(r["id"]) for r in rows) > 2**63 - 1
     assert [r["id"] for r in raw] == [r["id"] for r in rows]  # kept verbatim as text
-    ids = vocab_ids([r["id"] for r in rows], key=lambda t: string_key(t.encode()))
-    assert out["id"] == [ids[r["id"]] for r in rows]
+    assert out["id"] == [r["id"] for r in rows]  # and copied to the output as it is
     # read as int64, the first id beyond int64 stops convert with a one-line error naming file, line and column
     as_int = tmp_path / "int.yaml"
     text = (tmp_path / "guess" / "schema.yaml").read_text()
-    as_int.write_text(text.replace("{name: id, role: categorical, dtype: string, encoding: string}", "{name: id, role: categorical, dtype: int64}"))
+    as_int.write_text(text.replace("{name: id, role: passthrough, dtype: string}", "{name: id, role: categorical, dtype: int64}"))
     proc = run_etl("convert", src, "--schema", as_int, "--out", tmp_path / "raw_int", check=False)
     first_big = next(i for i, r in enumerate(rows) if int(r["id"]) > 2**63 - 1)
     assert proc.returncode == 2

@@ -49,6 +49,8 @@ def test_summarise_kinds():
     assert summarise([str(2**63 - 1), "-" + str(2**63)]).kind == "int"
     big = summarise(["5", str(2**63)])
     assert (big.kind, big.example) == ("bigint", str(2**63))
+    assert summarise([str(2**64 - 1), "-" + str(2**63)]).kind == "bigint"
+    assert summarise([str(2**64)]).kind == "string" and summarise(["-" + str(2**63 + 1)]).kind == "string"  # beyond uint64/int64
     assert summarise(["1.5", "2", "-3e2"]).kind == "float" and summarise(["1.5", "-3e2"]).minimum == -300
     assert summarise(["inf", "1.0"]).kind == "string"  # not finite: text
     h = summarise(["0b153874", "A73EE510", "12345678"])
@@ -124,7 +126,7 @@ def test_header_csv_roles_encodings_lists_and_null_token(tmp_path):
         ColumnSpec("click", "label", "int64"),
         ColumnSpec("user_id", "categorical", "int64", "int"),
         ColumnSpec("site", "categorical", "string", "hex", 8),
-        ColumnSpec("uid", "categorical", "string", "string"),
+        ColumnSpec("uid", "categorical", "string", "int"),
         ColumnSpec("count", "dense", "int64"),
         ColumnSpec("score", "dense", "float64"),
         ColumnSpec("tags", "list", "string", "string", None, "|"),
@@ -154,6 +156,22 @@ def test_header_csv_roles_encodings_lists_and_null_token(tmp_path):
     assert back["count"] == [None if r[4] == "NA" else int(r[4]) for r in rows]
     assert back["tags"] == [r[6].split("|") for r in rows]
     assert back["title"] == [r[7] for r in rows]
+
+
+def test_a_column_named_id_with_distinct_values_is_a_row_id_passed_through(tmp_path):
+    rows = [[str(i % 2), str(2**64 - 1 - i), f"{0xABC00000 + i % 7:08x}"] for i in range(40)]
+    write_csv(tmp_path / "e.csv", ["click", "id", "site"], rows)
+    got = infer([tmp_path / "e.csv"])
+    assert specs(got) == [ColumnSpec("click", "label", "int64"), ColumnSpec("id", "passthrough", "string"),
+                          ColumnSpec("site", "categorical", "string", "hex", 8)]  # fmt: skip
+    assert "a row id (all 40 sampled values distinct)" in got.schema_yaml()
+    assert ops_of(write_yaml(got, tmp_path)) == [
+        {"op": "Decode", "columns": ["site"]},
+        {"op": "Categorify", "columns": ["site"], "freq_threshold": 1},
+    ]
+    rows[1][1] = rows[0][1]  # a repeated value: a categorical id, not a row id
+    write_csv(tmp_path / "r.csv", ["click", "id", "site"], rows)
+    assert specs(infer([tmp_path / "r.csv"]))[1] == ColumnSpec("id", "categorical", "string", "int")
 
 
 def test_rating_is_a_label_whatever_its_values_and_samples_of_several_files(tmp_path):

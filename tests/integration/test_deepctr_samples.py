@@ -11,6 +11,7 @@ import csv
 import json
 import math
 from collections import Counter
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -38,10 +39,14 @@ def vocabulary(keys: list[int], threshold: int) -> dict[int, int]:
     return {k: 3 + i for i, k in enumerate(kept)}
 
 
-def avazu_key(column: str, text: str) -> int:
-    """The documented key of an Avazu value: hex columns → the value of 8 hex digits; ints → two's complement."""
+def avazu_key(column: str, row: dict[str, str]) -> int:
+    """The documented key of an Avazu value: hex columns → the value of 8 hex digits; ints → two's complement; the
+    columns DateParts derives from ``hour`` (YYMMDDHH) → the hour of the day and the weekday (0 = Monday)."""
+    if column in ("hour_hour", "hour_weekday"):
+        when = datetime.strptime(row["hour"], "%y%m%d%H")
+        return when.hour if column == "hour_hour" else when.weekday()
     hexed = {c["name"] for c in yaml.safe_load((REPO / "schemas/avazu.yaml").read_text())["columns"] if c.get("encoding") == "hex"}
-    return int(text, 16) if column in hexed else int(text) % 2**64
+    return int(row[column], 16) if column in hexed else int(row[column]) % 2**64
 
 
 def processed_table(out: Path):
@@ -62,13 +67,13 @@ def test_avazu_sample(deepctr: Path, tmp_path: Path) -> None:
     table, manifest = processed_table(out)
     assert table.num_rows == len(rows) == 100 and manifest["totals"]["rows_quarantined"] == 0
 
-    features = [c for c in rows[0] if c not in ("id", "click")]
+    features = [c for c in rows[0] if c not in ("id", "click")] + ["hour_hour", "hour_weekday"]  # DateParts adds two
     assert table.column_names == ["id", "click", *features]
     assert table.column("id").to_pylist() == [r["id"] for r in rows]  # passthrough: the exact 20-digit text
     assert "10000169349117863715" in table.column("id").to_pylist()
     assert table.column("click").to_pylist() == [float(r["click"]) for r in rows]
     for c in features:
-        keys = [avazu_key(c, r[c]) for r in rows]
+        keys = [avazu_key(c, r) for r in rows]
         if c in AVAZU_HASHED:
             want = [2 + reduce(hash64(k, 0), 1_000_000) for k in keys]
         else:

@@ -46,6 +46,7 @@ import torch
 
 from etl.allocator import tune_allocator
 from etl.errors import ArtifactError, ConfigError
+from etl.io.fs import Location, location, locations
 from etl.io.parquet import list_shards
 from etl.io.processed import ProcessedOutput, is_processed, open_processed
 from etl.loader.assembler import PassSettings
@@ -112,13 +113,15 @@ class Loader:
     asked for (the same batches as with worker threads). ``copy``: hand out batches that own their tensors
     instead of views of the reused ring slot (see ``LoaderBatch``). A setting that cannot work raises
     ``ConfigError``, among them a ``batch_size`` larger than a rank's rows with ``drop_last`` (no batch at all);
-    without ``drop_last`` such a rank yields one short batch."""
+    without ``drop_last`` such a rank yields one short batch. ``source`` and ``artifacts`` may be object-storage
+    URLs (``s3://bucket/raw``, ``gs://...``, see ``etl.io.fs``), with ``storage_options`` for their filesystem
+    (credentials and endpoints otherwise come from the environment, e.g. ``AWS_ENDPOINT_URL``)."""
 
     def __init__(
         self,
-        source: str | Path | list[str | Path],
+        source: str | Location | list[str | Location],
         pipeline: str | Path | None = None,
-        artifacts: str | Path | None = None,
+        artifacts: str | Location | None = None,
         *,
         batch_size: int = 65536,
         shuffle: bool = False,
@@ -133,6 +136,7 @@ class Loader:
         transform_on: str = "host",
         allow_partial: bool = False,
         copy: bool = False,
+        storage_options: dict[str, Any] | None = None,
     ):
         tune_allocator()
         if batch_size < 1 or prefetch < 1:
@@ -141,7 +145,7 @@ class Loader:
             raise ConfigError(f"num_workers must be >= 0 (0: no worker threads), got {num_workers}")
         if transform_on not in ("host", "device"):
             raise ConfigError(f"transform_on must be 'host' or 'device', got {transform_on!r}")
-        self.pipeline, output, shards = _open_source(source, pipeline, artifacts, allow_partial)
+        self.pipeline, output, shards = _open_source(source, pipeline, artifacts, allow_partial, storage_options)
         self.processed = output is not None
         if transform_on == "device" and self.processed:
             raise ConfigError("transform_on='device' transforms raw shards; this source is already transformed")
@@ -283,16 +287,22 @@ def _read_weakly(loader: Loader) -> Callable[[Piece], Chunk]:
 
 
 def _open_source(
-    source: str | Path | list[str | Path], pipeline: str | Path | None, artifacts: str | Path | None, allow_partial: bool
-) -> tuple[Pipeline, ProcessedOutput | None, list[Path]]:
+    source: str | Location | list[str | Location],
+    pipeline: str | Path | None,
+    artifacts: str | Location | None,
+    allow_partial: bool,
+    storage_options: dict[str, Any] | None,
+) -> tuple[Pipeline, ProcessedOutput | None, list[Location]]:
     """The pipeline, the processed output when the source is one (read as is), and the shards to read."""
-    items = source if isinstance(source, list) else [source]
-    if len(items) == 1 and is_processed(Path(items[0])):
-        processed = open_processed(Path(items[0]), allow_partial=allow_partial)
+    items = locations(source if isinstance(source, list) else [source], storage_options)
+    if artifacts is not None:
+        artifacts = location(artifacts, storage_options)
+    if len(items) == 1 and is_processed(items[0]):
+        processed = open_processed(items[0], allow_partial=allow_partial)
         fitted = Pipeline.load(processed.artifacts)
         if pipeline is not None:
             check_match(fitted, Pipeline.from_file(pipeline), processed.artifacts)
-        if artifacts is not None and _read_bytes(Path(artifacts) / "pipeline.json") != _read_bytes(processed.artifacts / "pipeline.json"):
+        if artifacts is not None and _read_bytes(artifacts / "pipeline.json") != _read_bytes(processed.artifacts / "pipeline.json"):
             raise ArtifactError(f"{artifacts}: not the artifacts {items[0]} was made with ({processed.artifacts})")
         return fitted, processed, processed.parts
     if pipeline is None:
@@ -302,14 +312,14 @@ def _open_source(
         check_match(p, Pipeline.from_file(pipeline), artifacts)
     if not p.is_fitted:
         raise ConfigError(f"{pipeline} has ops to fit: run `etl fit` and pass artifacts=")
-    return p, None, list_shards([Path(i) for i in items])
+    return p, None, list_shards(items)
 
 
-def _read_bytes(path: Path) -> bytes:
+def _read_bytes(path: Location) -> bytes:
     try:
         return path.read_bytes()
     except OSError as e:
-        raise ArtifactError(f"{path}: cannot read: {e.strerror}") from None
+        raise ArtifactError(f"{path}: cannot read: {e.strerror or e}") from None
 
 
 class _Iteration:

@@ -39,7 +39,7 @@ class PieceReader:
     def __call__(self, piece: Piece) -> Chunk:
         g = piece.group
         t0 = time.perf_counter()
-        table = read_rows(g.path, self.columns, g.first_row + piece.start, piece.length, g.index)
+        table = read_rows(g.path, self.columns, g.first_row + piece.start, piece.length, g.index, g.footer)
         t1 = time.perf_counter()
         chunk = self.convert(table, piece)
         t2 = time.perf_counter()

@@ -238,8 +238,8 @@ def locations(items: list[str | Path | Url], storage_options: dict[str, Any] | N
 def fingerprint(path: Location) -> tuple[int, int]:
     """(size in bytes, modification time in ns) of a file: from ``stat`` for a local one, from the object's
     metadata for a URL (its last-modified time; a store without one gives 0)."""
-    if isinstance(path, Path):
-        st = path.stat()
+    if not isinstance(path, Url):
+        st = os.stat(path)
         return st.st_size, st.st_mtime_ns
     info = path.fs.info(path.key)
     mtime = info.get("LastModified") or info.get("mtime") or info.get("updated") or info.get("last_modified")
@@ -263,18 +263,18 @@ def is_within(path: Location, root: Location) -> bool:
 def replace(src: Location, dst: Location) -> None:
     """Move ``src`` onto ``dst`` (same kind of location): ``os.replace`` locally (atomic); in object storage a
     server-side copy, which makes ``dst`` appear whole, then the removal of ``src``."""
-    if isinstance(src, Path) and isinstance(dst, Path):
-        os.replace(src, dst)
-    elif isinstance(src, Url) and isinstance(dst, Url):
+    if isinstance(src, Url) and isinstance(dst, Url):
         with writing(dst):
             src.fs.mv(src.key, dst.key)
-    else:
+    elif isinstance(src, Url) or isinstance(dst, Url):
         raise ValueError(f"cannot move {src} onto {dst}: not the same kind of location")
+    else:
+        os.replace(src, dst)
 
 
 def arrow_source(path: Location) -> tuple[Any, Any]:
     """(source, filesystem) to hand pyarrow's Parquet functions (``pq.ParquetFile(source, filesystem=...)``):
     the local path and None, or the key and the URL's fsspec filesystem."""
-    if isinstance(path, Path):
-        return path, None
-    return path.key, path.fs
+    if isinstance(path, Url):
+        return path.key, path.fs
+    return path, None

@@ -276,7 +276,7 @@ def read_rows(
     errors) as an Arrow table of ``columns`` in that order. With polars (``ENGINE``, local files), strings come
     out as zero-copy string views; with pyarrow (and from object storage), as offsets and bytes. ``metadata``: the
     file's footer when the caller read it before (spares object storage a request; local reads ignore it)."""
-    if ENGINE == "polars" and isinstance(path, Path):
+    if ENGINE == "polars" and not isinstance(path, Url):
         try:
             frame = pl.scan_parquet(path).select(columns).slice(first_row, num_rows).collect()
         except (OSError, pl.exceptions.PolarsError) as e:
@@ -308,7 +308,7 @@ def _read_rows_pyarrow(
 def _parquet_file(path: Location, metadata: pq.FileMetaData | None = None) -> pq.ParquetFile:
     """``path`` opened by pyarrow: a local file as is; an object with the column chunks of each read coalesced
     into few requests, and without fetching its footer again when ``metadata`` (read from it before) is given."""
-    if isinstance(path, Path):
+    if not isinstance(path, Url):
         return pq.ParquetFile(path)
     source, fs = arrow_source(path)
     return pq.ParquetFile(source, filesystem=fs, metadata=metadata, pre_buffer=True)

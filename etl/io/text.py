@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -39,7 +38,7 @@ import pyarrow.parquet as pq
 
 from etl.errors import InputError, OutputError
 from etl.io.files import ExclusiveParquetWriter, is_shard_name, is_temporary, shard_name, temporary_path
-from etl.io.fs import Location, arrow_source, location, locations, replace
+from etl.io.fs import Location, Url, arrow_source, location, locations, replace
 from etl.schema import ColumnSpec, Schema, TextLayout
 
 if TYPE_CHECKING:
@@ -234,7 +233,7 @@ def _missing_texts(c: ColumnSpec, text: TextLayout) -> list[str]:
 
 def _input_stream(path: Location) -> pa.NativeFile:
     """``path`` opened for streaming, decompressed on the fly when its name ends in ``.gz``, ``.bz2``, ``.zst``, ..."""
-    if isinstance(path, Path):
+    if not isinstance(path, Url):
         return pa.input_stream(str(path), compression="detect")
     try:
         codec = pa.Codec.detect(path.name).name

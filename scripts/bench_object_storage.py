@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""Loader throughput from object storage, with and without request latency.
+
+Starts a local S3 API (moto in server mode), generates a synthetic Criteo-like set, preprocesses it (hash
+pipeline) and uploads the raw shards and the processed output. Then one epoch of the Loader (shuffled, a consumer
+that does nothing) is timed on each source from local disk, from S3, and from S3 with an artificial latency added to
+every S3 request (an ``asyncio.sleep`` before each call s3fs makes, in this process only), for each number of
+worker threads asked for.
+
+    python scripts/bench_object_storage.py --rows 1000000 --latency-ms 30 --workers 2 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from etl.io.fs import Url, location
+from etl.io.parquet import list_shards
+from etl.loader import Loader
+from etl.pipeline import Pipeline
+from etl.preprocess import preprocess
+from etl.resources import resource_path
+from etl.synth import generate
+
+
+def add_latency(seconds: float) -> None:
+    """Delay every request s3fs makes by ``seconds``."""
+    import s3fs
+
+    call = s3fs.S3FileSystem._call_s3
+
+    async def delayed(self: Any, *args: Any, **kwargs: Any) -> Any:
+        await asyncio.sleep(seconds)
+        return await call(self, *args, **kwargs)
+
+    s3fs.S3FileSystem._call_s3 = delayed
+
+
+def epoch(source: Any, workers: int, batch_size: int, **args: Any) -> float:
+    """rows/s of one shuffled epoch over ``source`` with a consumer that does nothing."""
+    loader = Loader(source, batch_size=batch_size, shuffle=True, seed=0, num_workers=workers, **args)
+    try:
+        t0 = time.perf_counter()
+        rows = sum(len(b) for b in loader)
+        return rows / (time.perf_counter() - t0)
+    finally:
+        loader.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--files", type=int, default=4)
+    ap.add_argument("--batch-size", type=int, default=65536)
+    ap.add_argument("--workers", type=int, nargs="+", default=[2])
+    ap.add_argument("--latency-ms", type=float, default=30.0)
+    a = ap.parse_args()
+
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    os.environ.update(AWS_ENDPOINT_URL=f"http://{host}:{port}", AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
+                      AWS_DEFAULT_REGION="us-east-1")  # fmt: skip
+    try:
+        with tempfile.TemporaryDirectory(prefix="etl-bench-s3-") as tmp:
+            work = Path(tmp)
+            pipeline_path = resource_path("pipelines", "criteo_hash.yaml")
+            p = Pipeline.from_file(pipeline_path)
+            generate(p.schema, a.rows, a.files, work / "raw", seed=0)
+            preprocess(p, list_shards(work / "raw"), work / "out", workers=2)
+            bucket = location("s3://etl-bench")
+            assert isinstance(bucket, Url)
+            bucket.fs.mkdir(bucket.key)
+            for d in ("raw", "out"):
+                bucket.fs.put(str(work / d), f"{bucket.key}/{d}", recursive=True)
+            sources = {
+                "processed": (work / "out", "s3://etl-bench/out", {}),
+                "raw, hash": (work / "raw", "s3://etl-bench/raw", {"pipeline": pipeline_path}),
+            }
+            results: dict[tuple[str, str, int], float] = {}
+            for w in a.workers:
+                for name, (local, url, args) in sources.items():
+                    results[(name, "local", w)] = epoch(local, w, a.batch_size, **args)
+                    results[(name, "s3", w)] = epoch(url, w, a.batch_size, **args)
+            add_latency(a.latency_ms / 1000)
+            for w in a.workers:
+                for name, (_, url, args) in sources.items():
+                    results[(name, f"s3 +{a.latency_ms:g} ms", w)] = epoch(url, w, a.batch_size, **args)
+    finally:
+        server.stop()
+    print(f"{a.rows:,} rows in {a.files} shard(s), batch {a.batch_size:,}; rows/s of one shuffled epoch")
+    for (name, where, w), rate in sorted(results.items(), key=lambda kv: (kv[0][0], kv[0][2])):
+        print(f"  {name:10s} workers {w:2d}  {where:14s} {rate:>12,.0f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -38,7 +38,7 @@ except ImportError:  # pragma: no cover - exercised by a test that hides polars
 
 from etl.batch import Batch, Column, InlineStrings, Strings
 from etl.errors import InputError
-from etl.io.fs import Location, Url, arrow_source
+from etl.io.fs import Location, Url
 from etl.io.paths import expand_globs
 from etl.schema import ColumnSpec, Schema
 
@@ -310,8 +310,11 @@ def _parquet_file(path: Location, metadata: pq.FileMetaData | None = None) -> pq
     into few requests, and without fetching its footer again when ``metadata`` (read from it before) is given."""
     if not isinstance(path, Url):
         return pq.ParquetFile(path)
-    source, fs = arrow_source(path)
-    return pq.ParquetFile(source, filesystem=fs, metadata=metadata, pre_buffer=True)
+    # no read-ahead cache: pyarrow asks for exactly the byte ranges it needs (with pre_buffer, a row group's
+    # column chunks coalesced into one or a few ranges), and fsspec's default read-ahead block would fetch megabytes
+    # past them on every read
+    f = path.fs.open(path.key, "rb", cache_type="none")
+    return pq.ParquetFile(f, metadata=metadata, pre_buffer=True)
 
 
 def read_footer(path: Location) -> pq.FileMetaData:

@@ -12,7 +12,8 @@ How it works: ``etl.loader.order`` fixes which row-group pieces this rank reads,
 one pass (``etl.loader.epoch.EpochPass``; with ``num_workers=0``, ``InlinePass``, which does the same work in the
 training loop's thread when it asks for a batch, like torch's DataLoader): ``num_workers`` threads read and transform the pieces
 (``etl.loader.pieces``; Parquet decoding and the numba kernels release the GIL), at most ``num_workers + prefetch``
-ahead of the assembler. One assembler thread (``etl.loader.assembler``) gathers their rows in order into shuffle
+ahead of the assembler (from object storage, each of those pieces has a thread of its own, so that their requests
+overlap and hide the store's latency). One assembler thread (``etl.loader.assembler``) gathers their rows in order into shuffle
 buffers of ``shuffle_buffer`` rows, permutes each buffer with a generator drawn from (seed, epoch, rank, buffer
 number), cuts ``batch_size``-row batches (the remainder carries over across pieces and shards), copies each into a
 free slot of ``etl.loader.ring.Ring`` and starts its host→device copy. The consumer (this module: position,
@@ -46,7 +47,7 @@ import torch
 
 from etl.allocator import tune_allocator
 from etl.errors import ArtifactError, ConfigError
-from etl.io.fs import Location, location, locations
+from etl.io.fs import Location, Url, location, locations
 from etl.io.parquet import list_shards
 from etl.io.processed import ProcessedOutput, is_processed, open_processed
 from etl.loader.assembler import PassSettings
@@ -151,6 +152,7 @@ class Loader:
             raise ConfigError("transform_on='device' transforms raw shards; this source is already transformed")
         self.layout = Layout.of(self.pipeline)
         self.groups = row_groups(shards)
+        self.remote = any(isinstance(path, Url) for path in shards)  # reads wait on requests: see EpochPass io_bound
         self.stage = DeviceStage(self.pipeline, self.layout, self.groups) if transform_on == "device" else None
         self.total_rows = sum(g.num_rows for g in self.groups)
         if rank is None and world_size is None:
@@ -255,7 +257,7 @@ class Loader:
         if self.num_workers == 0:
             return InlinePass(settings, self.groups, guarded(_read_weakly(self)), self._slots(), self.stats, stage=self.stage, empty=empty)
         return EpochPass(settings, self.groups, guarded(_read_weakly(self)), self._slots(), self.stats, num_workers=self.num_workers,
-                         prefetch=self.prefetch, stage=self.stage, empty=empty, after=after)  # fmt: skip
+                         prefetch=self.prefetch, stage=self.stage, empty=empty, after=after, io_bound=self.remote)  # fmt: skip
 
     def _close_active(self) -> None:
         it = self._active() if self._active is not None else None

@@ -25,7 +25,7 @@ from typing import Any, BinaryIO, cast
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from etl.io.fs import Location, Url, replace
+from etl.io.fs import Location, Url, open_file, replace
 
 _SHARD_RE = re.compile(r"part-\d{5,}\.parquet")
 _TMP_SUFFIX = ".tmp"
@@ -151,7 +151,7 @@ class ExclusiveParquetWriter(pq.ParquetWriter):
 def sha256_file(path: Location) -> str:
     """Hex sha256 of the file's bytes."""
     h = hashlib.sha256()
-    with path.open("rb") as f:
+    with open_file(path) as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()

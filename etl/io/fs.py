@@ -272,6 +272,12 @@ def replace(src: Location, dst: Location) -> None:
         os.replace(src, dst)
 
 
+def open_file(path: str | Location, mode: str = "rb") -> IO[Any]:
+    """``path`` opened in binary ``mode`` (``rb`` or ``wb``): a local path (or a string naming one) with ``open``,
+    a URL with ``Url.open``."""
+    return path.open(mode) if isinstance(path, Url) else open(path, mode)
+
+
 def arrow_source(path: Location) -> tuple[Any, Any]:
     """(source, filesystem) to hand pyarrow's Parquet functions (``pq.ParquetFile(source, filesystem=...)``):
     the local path and None, or the key and the URL's fsspec filesystem."""

@@ -38,7 +38,7 @@ except ImportError:  # pragma: no cover - exercised by a test that hides polars
 
 from etl.batch import Batch, Column, InlineStrings, Strings
 from etl.errors import InputError
-from etl.io.fs import Location, Url
+from etl.io.fs import Location, Url, open_file
 from etl.io.paths import expand_globs
 from etl.schema import ColumnSpec, Schema
 
@@ -93,7 +93,7 @@ def footer_sha256(path: Location) -> str:
     fingerprint of the file's content, which changes with any edit that changes a row group's size, offset, row
     count or statistics. For a file too short to hold a footer, or without the closing magic, it is the sha256 of
     the last 8 bytes (such a file is refused when it is opened)."""
-    with path.open("rb") as f:
+    with open_file(path) as f:
         size = f.seek(0, os.SEEK_END)
         tail = min(size, 8)
         f.seek(size - tail)

@@ -13,7 +13,10 @@ from etl.io.files import atomic_write_bytes, atomic_write_parquet, remove_tempor
 from etl.io.fs import Url, fingerprint, is_within, location, replace
 from etl.io.parquet import footer_sha256, list_shards, open_shard
 from etl.io.paths import expand_globs
-from etl.schema import ColumnSpec, Schema
+from etl.io.text import ShardSetWriter, raw_arrow_schema
+from etl.schema import ColumnSpec, Schema, load_schema
+from etl.synth import generate
+from tests.conftest import REPO
 
 
 def test_location_keeps_urls_whole_and_makes_file_urls_local(tmp_path: Path) -> None:
@@ -87,3 +90,17 @@ def test_shards_in_object_storage_are_listed_globbed_and_read(s3: str) -> None:
     assert shard.read_table(1).column("label").to_pylist() == [1]
     assert shard.read(0).num_rows == 2
     assert len(footer_sha256(d / names[0])) == 64
+
+
+def test_shard_sets_replace_objects_all_at_once(s3: str) -> None:
+    schema = load_schema(REPO / "schemas/criteo.yaml")
+    out = location(f"{s3}/synth")
+    assert isinstance(out, Url)
+    first = generate(schema, 300, 3, out, seed=1)
+    assert [p.name for p in first] == [f"part-0000{i}.parquet" for i in range(3)]
+    second = generate(schema, 200, 2, out, seed=2)
+    assert [p.name for p in out.iterdir()] == [p.name for p in second]  # the stale third shard is gone, no temporary left
+    with pytest.raises(RuntimeError), ShardSetWriter(out, raw_arrow_schema(schema)) as shards:
+        shards.open(0).close()
+        raise RuntimeError("the writer failed")
+    assert [p.name for p in out.iterdir()] == [p.name for p in second]  # an aborted set changes nothing

@@ -11,6 +11,8 @@ manifest.json is JSON with the keys ``format`` (``FORMAT``), ``version`` (``VERS
 ``artifacts`` (``ARTIFACTS``), ``complete`` (every input shard has its output), ``totals`` (row counts summed over
 ``files``) and ``files`` (the entries, as objects with the fields of ``ManifestEntry``). It is written
 atomically (``write_manifest``), so a reader sees either the previous or the new manifest, never a partial one.
+The directory may be an object-storage prefix (``etl.io.fs.Url``): the manifest is then one upload, written after
+the files it lists, and it is the commit record there too: readers use only the files it lists.
 
 Reading has three levels: ``read_manifest`` parses the file and checks its format and version; ``open_processed``
 also decides whether the listed files may be read as a data set (``_readable_parts``: the run is complete, the

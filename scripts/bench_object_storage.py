@@ -5,7 +5,7 @@ Starts a local S3 API (moto in server mode), generates a synthetic Criteo-like s
 pipeline) and uploads the raw shards and the processed output. Then one epoch of the Loader (shuffled, a consumer
 that does nothing) is timed on each source from local disk, from S3, and from S3 with an artificial latency added to
 every S3 request (an ``asyncio.sleep`` before each call s3fs makes, in this process only), for each number of
-worker threads asked for.
+worker threads asked for. The S3 requests of each epoch are counted by operation.
 
     python scripts/bench_object_storage.py --rows 1000000 --latency-ms 30 --workers 2 8
 """
@@ -17,6 +17,7 @@ import asyncio
 import os
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -28,16 +29,23 @@ from etl.preprocess import preprocess
 from etl.resources import resource_path
 from etl.synth import generate
 
+#: S3 requests made by this process, by operation (counted by ``instrument``)
+REQUESTS: Counter[str] = Counter()
+#: the latency added to every S3 request, in seconds
+LATENCY = [0.0]
 
-def add_latency(seconds: float) -> None:
-    """Delay every request s3fs makes by ``seconds``."""
+
+def instrument() -> None:
+    """Count every request s3fs makes (``REQUESTS``) and delay it by ``LATENCY[0]`` seconds."""
     import s3fs
 
     call = s3fs.S3FileSystem._call_s3
 
-    async def delayed(self: Any, *args: Any, **kwargs: Any) -> Any:
-        await asyncio.sleep(seconds)
-        return await call(self, *args, **kwargs)
+    async def delayed(self: Any, method: Any, *args: Any, **kwargs: Any) -> Any:
+        REQUESTS[method if isinstance(method, str) else getattr(method, "__name__", str(method))] += 1
+        if LATENCY[0]:
+            await asyncio.sleep(LATENCY[0])
+        return await call(self, method, *args, **kwargs)
 
     s3fs.S3FileSystem._call_s3 = delayed
 
@@ -85,12 +93,15 @@ def main() -> None:
                 "processed": (work / "out", "s3://etl-bench/out", {}),
                 "raw, hash": (work / "raw", "s3://etl-bench/raw", {"pipeline": pipeline_path}),
             }
+            instrument()
             results: dict[tuple[str, str, int], float] = {}
             for w in a.workers:
                 for name, (local, url, args) in sources.items():
                     results[(name, "local", w)] = epoch(local, w, a.batch_size, **args)
+                    REQUESTS.clear()
                     results[(name, "s3", w)] = epoch(url, w, a.batch_size, **args)
-            add_latency(a.latency_ms / 1000)
+                    print(f"{name}, {w} workers: S3 requests of one epoch: {dict(REQUESTS)}")
+            LATENCY[0] = a.latency_ms / 1000
             for w in a.workers:
                 for name, (_, url, args) in sources.items():
                     results[(name, f"s3 +{a.latency_ms:g} ms", w)] = epoch(url, w, a.batch_size, **args)

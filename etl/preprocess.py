@@ -5,10 +5,11 @@ input shard (input order) with one row group per input row group; the quarantine
 with _row (row number in the source), _column and _reason.
 
 Every file is written under a temporary name and renamed when complete (in object storage: copied onto its final
-key, where it appears whole); the manifest is rewritten (atomically) after each shard. A rerun skips the shards whose manifest entry still matches (``_reusable``: the same source
-file by path, size, modification time and footer checksum, the same fitted artifacts, the output present with
-the recorded checksum, and no quarantined row when the rerun's ``on_error`` is "raise"), so a run killed at any
-point and rerun ends with the same bytes as an uninterrupted run. Rows are accounted exactly:
+key, where it appears whole); the manifest is rewritten (atomically) after each shard. A rerun skips the shards
+whose manifest entry still matches (``_reusable``: the same source file by path, size, modification time and footer
+checksum, the same fitted artifacts, the output present with the recorded checksum, and no quarantined row when the
+rerun's ``on_error`` is "raise"), so a run killed at any point and rerun ends with the same bytes as an
+uninterrupted run. Rows are accounted exactly:
 rows_in = rows_out + rows_quarantined.
 """
 

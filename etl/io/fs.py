@@ -26,8 +26,6 @@ before ``close`` is discarded rather than completed.
 from __future__ import annotations
 
 import contextlib
-import functools
-import json
 import os
 import re
 from collections.abc import Iterator
@@ -43,8 +41,8 @@ _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 @dataclass(frozen=True)
 class Url:
     """A file or directory (a key prefix) in object storage, as ``scheme://bucket/key`` without a trailing slash,
-    with the ``storage_options`` of its filesystem (not part of its hash: two spellings of the same options are the
-    same location)."""
+    with the ``storage_options`` of its filesystem (compared with the URL, but left out of the hash: a dict is not
+    hashable). A ``Url`` pickles as its text and options, so it can be sent to other processes."""
 
     url: str
     storage_options: dict[str, Any] = field(default_factory=dict, hash=False)
@@ -90,8 +88,8 @@ class Url:
     # ------------------------------------------------------------------ the filesystem
     @property
     def fs(self) -> Any:
-        """The fsspec filesystem of this URL (one instance per protocol and options, shared)."""
-        return _filesystem(self.protocol, json.dumps(self.storage_options, sort_keys=True, default=str))
+        """The fsspec filesystem of this URL (fsspec keeps one instance per protocol, options and process)."""
+        return _filesystem(self.protocol, self.storage_options)
 
     def exists(self) -> bool:
         return bool(self.fs.exists(self.key))
@@ -198,12 +196,11 @@ def writing(url: Url) -> Iterator[None]:
         raise OutputError(f"{url}: cannot write: {e}") from None
 
 
-@functools.cache
-def _filesystem(protocol: str, options: str) -> Any:
+def _filesystem(protocol: str, options: dict[str, Any]) -> Any:
     import fsspec
 
     try:
-        return fsspec.filesystem(protocol, **json.loads(options))
+        return fsspec.filesystem(protocol, **options)
     except (ImportError, ValueError) as e:
         raise ConfigError(f"{protocol}:// paths: {e} (object storage needs the 'dist' extra: pip install 'etl[dist]')") from None
 

@@ -4,13 +4,14 @@ The output directory is a processed output (layout and manifest: ``etl.io.proces
 input shard (input order) with one row group per input row group; the quarantine files hold the rejected raw rows
 with _row (row number in the source), _column and _reason.
 
-Every file is written under a temporary name and renamed when complete (in object storage: copied onto its final
-key, where it appears whole); the manifest is rewritten (atomically) after each shard. A rerun skips the shards
-whose manifest entry still matches (``_reusable``: the same source file by path, size, modification time and footer
-checksum, the same fitted artifacts, the output present with the recorded checksum, and no quarantined row when the
-rerun's ``on_error`` is "raise"), so a run killed at any point and rerun ends with the same bytes as an
-uninterrupted run. Rows are accounted exactly:
+Every file is written under a temporary name and renamed when complete; the manifest is rewritten (atomically)
+after each shard. A rerun skips the shards whose manifest entry still matches (``_reusable``: the same source
+file by path, size, modification time and footer checksum, the same fitted artifacts, the output present with
+the recorded checksum, and no quarantined row when the rerun's ``on_error`` is "raise"), so a run killed at any
+point and rerun ends with the same bytes as an uninterrupted run. Rows are accounted exactly:
 rows_in = rows_out + rows_quarantined.
+
+In object storage (``etl.io.fs``) the "rename" is a copy onto the final key, where the file appears whole.
 """
 
 from __future__ import annotations

@@ -46,12 +46,11 @@ from etl.schema import ColumnSpec, Schema
 def list_shards(inputs: str | Location | Sequence[str | Location], storage_options: dict[str, Any] | None = None) -> list[Location]:
     """Parquet files named by ``inputs``: glob patterns expanded first (``etl.io.paths.expand_globs``, URLs given
     ``storage_options``), then files as given, directories (URL prefixes) expanded to their ``*.parquet`` entries
-    in name order. Symlinks are followed. In a
-    directory, only a subdirectory whose name ends in ``.parquet`` is skipped (directories are not searched
-    recursively); every other ``*.parquet`` entry is a shard, so one that is not a regular file is an error rather
-    than a shard silently left out. Raises ``InputError`` for a missing
-    path, a directory without Parquet files, and a ``*.parquet`` entry that is a dangling symlink or not a regular
-    file."""
+    in name order. Symlinks are followed. In a directory, only a subdirectory whose name ends in ``.parquet`` is
+    skipped (directories are not searched recursively); every other ``*.parquet`` entry is a shard, so one that is
+    not a regular file is an error rather than a shard silently left out. Raises ``InputError`` for a missing path
+    (or bucket), a directory without Parquet files, and a ``*.parquet`` entry that is a dangling symlink or not a
+    regular file."""
     items = expand_globs([inputs] if isinstance(inputs, str | Path | Url) else inputs, storage_options)
     out: list[Location] = []
     for p in items:

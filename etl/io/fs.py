@@ -11,6 +11,11 @@ would turn ``s3://b/k`` into ``s3:/b/k``).
 ``mkdir``, ``resolve``), so the modules that own a file format handle both kinds with the same code; what differs
 (Parquet access through pyarrow, renames, file fingerprints) is in the helpers below.
 
+fsspec is the one abstraction, rather than ``pyarrow.fs``: it covers every store through one interface (s3fs,
+gcsfs, adlfs, and any other implementation), its ``storage_options`` are what pandas, Dask and polars users already
+pass, Dask uses it for its own I/O, and pyarrow's Parquet reader and writers work on its files. Local paths do not
+go through it: they keep the standard library and polars' fast local reader.
+
 Credentials and endpoints come the standard way of each filesystem: for S3 the ``AWS_*`` environment variables
 (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``, ...) and the AWS config
 files; for GCS ``GOOGLE_APPLICATION_CREDENTIALS``; for Azure ``AZURE_STORAGE_*``. Python APIs also take

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """Loader throughput from object storage, with and without request latency.
 
-Starts a local S3 API (moto in server mode), generates a synthetic Criteo-like set, preprocesses it (hash
+Starts a local S3 API (moto in server mode, in a process of its own), generates a synthetic Criteo-like set, preprocesses it (hash
 pipeline) and uploads the raw shards and the processed output. Then one epoch of the Loader (shuffled, a consumer
 that does nothing) is timed on each source from local disk, from S3, and from S3 with an artificial latency added to
 every S3 request (an ``asyncio.sleep`` before each call s3fs makes, in this process only), for each number of
-worker threads asked for. The S3 requests of each epoch are counted by operation.
+worker threads asked for; with latency, also with the loader's pool limited to ``num_workers`` threads (as for local
+files) to show what reading every piece in flight at once buys. The S3 requests of each epoch are counted by
+operation.
 
     python scripts/bench_object_storage.py --rows 1000000 --latency-ms 30 --workers 2 8
 """
@@ -15,6 +17,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import socket
+import subprocess
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -50,9 +55,11 @@ def instrument() -> None:
     s3fs.S3FileSystem._call_s3 = delayed
 
 
-def epoch(source: Any, workers: int, batch_size: int, **args: Any) -> float:
-    """rows/s of one shuffled epoch over ``source`` with a consumer that does nothing."""
+def epoch(source: Any, workers: int, batch_size: int, overlap: bool = True, **args: Any) -> float:
+    """rows/s of one shuffled epoch over ``source`` with a consumer that does nothing; ``overlap=False`` gives the
+    loader's pool ``num_workers`` threads even for object storage."""
     loader = Loader(source, batch_size=batch_size, shuffle=True, seed=0, num_workers=workers, **args)
+    loader.remote = loader.remote and overlap
     try:
         t0 = time.perf_counter()
         rows = sum(len(b) for b in loader)
@@ -70,23 +77,28 @@ def main() -> None:
     ap.add_argument("--latency-ms", type=float, default=30.0)
     a = ap.parse_args()
 
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    os.environ.update(AWS_ENDPOINT_URL=f"http://{host}:{port}", AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    os.environ.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}", AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench",
                       AWS_DEFAULT_REGION="us-east-1")  # fmt: skip
     try:
+        bucket = location("s3://etl-bench")
+        assert isinstance(bucket, Url)
+        for _ in range(100):  # wait for the server to listen
+            try:
+                bucket.fs.mkdir(bucket.key)
+                break
+            except OSError:
+                time.sleep(0.1)
         with tempfile.TemporaryDirectory(prefix="etl-bench-s3-") as tmp:
             work = Path(tmp)
             pipeline_path = resource_path("pipelines", "criteo_hash.yaml")
             p = Pipeline.from_file(pipeline_path)
             generate(p.schema, a.rows, a.files, work / "raw", seed=0)
             preprocess(p, list_shards(work / "raw"), work / "out", workers=2)
-            bucket = location("s3://etl-bench")
-            assert isinstance(bucket, Url)
-            bucket.fs.mkdir(bucket.key)
             for d in ("raw", "out"):
                 bucket.fs.put(str(work / d), f"{bucket.key}/{d}", recursive=True)
             sources = {
@@ -105,11 +117,13 @@ def main() -> None:
             for w in a.workers:
                 for name, (_, url, args) in sources.items():
                     results[(name, f"s3 +{a.latency_ms:g} ms", w)] = epoch(url, w, a.batch_size, **args)
+                    results[(name, f"s3 +{a.latency_ms:g} ms, {w} threads", w)] = epoch(url, w, a.batch_size, overlap=False, **args)
     finally:
-        server.stop()
+        server.terminate()
+        server.wait()
     print(f"{a.rows:,} rows in {a.files} shard(s), batch {a.batch_size:,}; rows/s of one shuffled epoch")
     for (name, where, w), rate in sorted(results.items(), key=lambda kv: (kv[0][0], kv[0][2])):
-        print(f"  {name:10s} workers {w:2d}  {where:14s} {rate:>12,.0f}")
+        print(f"  {name:10s} workers {w:2d}  {where:24s} {rate:>12,.0f}")
 
 
 if __name__ == "__main__":

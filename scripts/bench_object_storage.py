@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """Loader throughput from object storage, with and without request latency.
 
-Starts a local S3 API (moto in server mode, in a process of its own), generates a synthetic Criteo-like set, preprocesses it (hash
-pipeline) and uploads the raw shards and the processed output. Then one epoch of the Loader (shuffled, a consumer
-that does nothing) is timed on each source from local disk, from S3, and from S3 with an artificial latency added to
-every S3 request (an ``asyncio.sleep`` before each call s3fs makes, in this process only), for each number of
-worker threads asked for; with latency, also with the loader's pool limited to ``num_workers`` threads (as for local
-files) to show what reading every piece in flight at once buys. The S3 requests of each epoch are counted by
-operation.
+Starts a local S3 API (moto in server mode, in a process of its own), generates a synthetic Criteo-like set,
+preprocesses it (hash pipeline) and uploads the raw shards and the processed output. Then ``--epochs`` consecutive
+epochs of the Loader (shuffled, a consumer that does nothing) are timed on each source from local disk, from S3,
+and from S3 with an artificial latency added to every S3 request (an ``asyncio.sleep`` before each call s3fs makes,
+in this process only), for each number of worker threads asked for; with latency, also with the loader's pool
+limited to ``num_workers`` threads (as for local files) to show what reading every piece in flight at once buys.
+The S3 requests of each epoch are counted by operation.
 
     python scripts/bench_object_storage.py --rows 1000000 --latency-ms 30 --workers 2 --repeat 3
 """
@@ -55,8 +55,9 @@ def instrument() -> None:
     s3fs.S3FileSystem._call_s3 = delayed
 
 
-def epoch(source: Any, workers: int, batch_size: int, repeat: int, overlap: bool = True, **args: Any) -> float:
-    """rows/s of one shuffled epoch over ``source`` with a consumer that does nothing, the best of ``repeat`` runs;
+def epoch(source: Any, workers: int, batch_size: int, repeat: int, epochs: int, overlap: bool = True, **args: Any) -> float:
+    """rows/s of ``epochs`` consecutive shuffled epochs over ``source`` (a training run's steady state: each epoch is
+    read ahead while the one before drains) with a consumer that does nothing, the best of ``repeat`` runs;
     ``overlap=False`` gives the loader's pool ``num_workers`` threads even for object storage."""
     best = 0.0
     for _ in range(repeat):
@@ -64,7 +65,10 @@ def epoch(source: Any, workers: int, batch_size: int, repeat: int, overlap: bool
         loader.remote = loader.remote and overlap
         try:
             t0 = time.perf_counter()
-            rows = sum(len(b) for b in loader)
+            rows = 0
+            for e in range(epochs):
+                loader.set_epoch(e)
+                rows += sum(len(b) for b in loader)
             best = max(best, rows / (time.perf_counter() - t0))
         finally:
             loader.close()
@@ -78,7 +82,8 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=65536)
     ap.add_argument("--workers", type=int, nargs="+", default=[2])
     ap.add_argument("--latency-ms", type=float, default=30.0)
-    ap.add_argument("--repeat", type=int, default=1, help="Epochs per measurement; the best is reported.")
+    ap.add_argument("--repeat", type=int, default=1, help="Measurements per case; the best is reported.")
+    ap.add_argument("--epochs", type=int, default=1, help="Consecutive epochs per measurement.")
     a = ap.parse_args()
 
     with socket.socket() as sock:
@@ -117,19 +122,21 @@ def main() -> None:
             results: dict[tuple[str, str, int], float] = {}
             for w in a.workers:
                 for name, (local, url, args) in sources.items():
-                    results[(name, "local", w)] = epoch(local, w, a.batch_size, a.repeat, **args)
+                    results[(name, "local", w)] = epoch(local, w, a.batch_size, a.repeat, a.epochs, **args)
                     REQUESTS.clear()
-                    results[(name, "s3", w)] = epoch(url, w, a.batch_size, a.repeat, **args)
+                    results[(name, "s3", w)] = epoch(url, w, a.batch_size, a.repeat, a.epochs, **args)
                     print(f"{name}, {w} workers: S3 requests of one epoch: {dict(REQUESTS)}")
             LATENCY[0] = a.latency_ms / 1000
             for w in a.workers:
                 for name, (_, url, args) in sources.items():
-                    results[(name, f"s3 +{a.latency_ms:g} ms", w)] = epoch(url, w, a.batch_size, a.repeat, **args)
-                    results[(name, f"s3 +{a.latency_ms:g} ms, {w} threads", w)] = epoch(url, w, a.batch_size, a.repeat, overlap=False, **args)
+                    results[(name, f"s3 +{a.latency_ms:g} ms", w)] = epoch(url, w, a.batch_size, a.repeat, a.epochs, **args)
+                    results[(name, f"s3 +{a.latency_ms:g} ms, {w} threads", w)] = epoch(
+                        url, w, a.batch_size, a.repeat, a.epochs, overlap=False, **args
+                    )
     finally:
         server.terminate()
         server.wait()
-    print(f"{a.rows:,} rows in {a.files} shard(s), batch {a.batch_size:,}; rows/s of one shuffled epoch (best of {a.repeat})")
+    print(f"{a.rows:,} rows in {a.files} shard(s), batch {a.batch_size:,}; rows/s of {a.epochs} shuffled epoch(s) (best of {a.repeat})")
     for (name, where, w), rate in sorted(results.items(), key=lambda kv: (kv[0][0], kv[0][2])):
         print(f"  {name:10s} workers {w:2d}  {where:24s} {rate:>12,.0f}")
 

@@ -7,9 +7,10 @@ epochs of the Loader (shuffled, a consumer that does nothing) are timed on each 
 and from S3 with an artificial latency added to every S3 request (an ``asyncio.sleep`` before each call s3fs makes,
 in this process only), for each number of worker threads asked for; with latency, also with the loader's pool
 limited to ``num_workers`` threads (as for local files) to show what reading every piece in flight at once buys.
-The S3 requests of each epoch are counted by operation.
+The S3 requests of each case without latency are counted by operation (all its runs, the loaders' construction
+included).
 
-    python scripts/bench_object_storage.py --rows 1000000 --latency-ms 30 --workers 2 --repeat 3
+    python scripts/bench_object_storage.py --rows 1000000 --latency-ms 30 --workers 2 --repeat 2 --epochs 3
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ def main() -> None:
                     results[(name, "local", w)] = epoch(local, w, a.batch_size, a.repeat, a.epochs, **args)
                     REQUESTS.clear()
                     results[(name, "s3", w)] = epoch(url, w, a.batch_size, a.repeat, a.epochs, **args)
-                    print(f"{name}, {w} workers: S3 requests of one epoch: {dict(REQUESTS)}")
+                    print(f"{name}, {w} workers: S3 requests: {dict(REQUESTS)}")
             LATENCY[0] = a.latency_ms / 1000
             for w in a.workers:
                 for name, (_, url, args) in sources.items():

@@ -185,6 +185,7 @@ def convert(
     """Convert delimited text (e.g. Criteo TSV) into Parquet shards in the raw layout."""
     from etl.errors import ConfigError
     from etl.io.join import SideTable
+    from etl.io.parquet import read_footer
     from etl.io.text import convert as run
     from etl.schema import load_schema
 
@@ -196,7 +197,7 @@ def convert(
         files = expand_globs(inputs)
         with progress_bars(None) as report:
             paths = run(files, s, location(out), rows_per_file=rows_per_file, progress=partial(report, "convert"), side=side)
-        rows = _total_rows(paths)
+        rows = sum(read_footer(p).num_rows for p in paths)
     console.print(f"wrote {len(paths)} shard(s), {rows:,} rows, to {out}")
 
 

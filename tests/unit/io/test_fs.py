@@ -11,7 +11,7 @@ import pytest
 from etl.errors import InputError, OutputError
 from etl.io.files import atomic_write_bytes, atomic_write_parquet, remove_temporaries, sha256_file, temporary_path
 from etl.io.fs import Url, fingerprint, is_within, location, replace
-from etl.io.parquet import footer_sha256, list_shards, open_shard
+from etl.io.parquet import footer_sha256, list_shards, open_shard, read_footer
 from etl.io.paths import expand_globs
 from etl.io.text import ShardSetWriter, raw_arrow_schema
 from etl.schema import ColumnSpec, Schema, load_schema
@@ -104,3 +104,14 @@ def test_shard_sets_replace_objects_all_at_once(s3: str) -> None:
         shards.open(0).close()
         raise RuntimeError("the writer failed")
     assert [p.name for p in out.iterdir()] == [p.name for p in second]  # an aborted set changes nothing
+
+
+def test_storage_options_reach_the_filesystem(s3: str, s3_server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    atomic_write_parquet(pa.table({"label": [1, 0]}), Url(f"{s3}/opts/part-00000.parquet"))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there: only the options can reach the server
+    Url(s3).fs.clear_instance_cache()  # filesystems made from now on read the environment afresh
+    options = {"endpoint_url": s3_server, "key": "testing", "secret": "testing", "config_kwargs": {"retries": {"max_attempts": 1}}}
+    shards = list_shards(f"{s3}/opts", storage_options=options)
+    assert [str(p) for p in shards] == [f"{s3}/opts/part-00000.parquet"]
+    assert isinstance(shards[0], Url) and shards[0].storage_options == options
+    assert read_footer(shards[0]).num_rows == 2

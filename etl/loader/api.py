@@ -116,7 +116,9 @@ class Loader:
     ``ConfigError``, among them a ``batch_size`` larger than a rank's rows with ``drop_last`` (no batch at all);
     without ``drop_last`` such a rank yields one short batch. ``source`` and ``artifacts`` may be object-storage
     URLs (``s3://bucket/raw``, ``gs://...``, see ``etl.io.fs``), with ``storage_options`` for their filesystem
-    (credentials and endpoints otherwise come from the environment, e.g. ``AWS_ENDPOINT_URL``)."""
+    (credentials and endpoints otherwise come from the environment, e.g. ``AWS_ENDPOINT_URL``); from object storage,
+    ``num_workers + prefetch`` pieces are read at once, so that their requests overlap (with ``num_workers=0`` each
+    request's latency is the training loop's)."""
 
     def __init__(
         self,

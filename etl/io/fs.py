@@ -214,11 +214,6 @@ def _filesystem(protocol: str, options: dict[str, Any]) -> Any:
 Location: TypeAlias = Path | Url
 
 
-def is_url(text: str | Path | Url) -> bool:
-    """Whether ``text`` names a location by URL (``scheme://...``); a ``Path`` never does."""
-    return isinstance(text, Url) or (isinstance(text, str) and _SCHEME.match(text) is not None)
-
-
 def location(item: str | Path | Url, storage_options: dict[str, Any] | None = None) -> Location:
     """The location ``item`` names: a ``Url`` for ``scheme://...`` (trailing slashes dropped; ``storage_options``
     attached unless ``item`` is already a ``Url``), a local ``Path`` for a ``file://`` URL and for anything else."""

@@ -4,7 +4,8 @@ naming file, row group/row and column, or the option; no traceback.
 ``-h`` and ``--help`` work on every command. An option that takes several paths takes them after one flag
 (``--input a.parquet b.parquet``, as well as ``--input a.parquet --input b.parquet``), and every path argument
 may be a glob pattern, quoted so that the shell leaves it alone (``--input 'data/*.parquet'``; see
-``etl.io.paths``)."""
+``etl.io.paths``). Data paths (inputs, outputs, artifacts) may also be object-storage URLs such as
+``s3://bucket/raw`` (``etl.io.fs``; credentials and endpoint from the environment, e.g. ``AWS_ENDPOINT_URL``)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
-import pyarrow.parquet as pq
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -27,6 +27,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from etl.allocator import tune_allocator
 from etl.errors import EtlError
+from etl.io.fs import Location, location
 from etl.io.paths import expand_globs
 
 if TYPE_CHECKING:
@@ -160,11 +161,13 @@ def progress_bars(total: int | None) -> Iterator[PassProgress]:
         yield report
 
 
-def _total_rows(shards: list[Path]) -> int:
+def _total_rows(shards: list[Location]) -> int:
+    from etl.io.parquet import read_footer
+
     total = 0
     for s in shards:
         try:
-            total += pq.ParquetFile(s).metadata.num_rows
+            total += read_footer(s).num_rows
         except Exception:  # noqa: BLE001 - an unreadable file is reported by the reader with context
             return 0
     return total
@@ -172,9 +175,9 @@ def _total_rows(shards: list[Path]) -> int:
 
 @app.command()
 def convert(
-    inputs: list[Path] = typer.Argument(..., help="Delimited text files (optionally .gz); glob patterns are expanded."),
+    inputs: list[str] = typer.Argument(..., help="Delimited text files (optionally .gz); glob patterns are expanded."),
     schema: Path = typer.Option(..., help="Schema YAML describing the columns and the text layout."),
-    out: Path = typer.Option(..., help="Output directory for Parquet shards."),
+    out: str = typer.Option(..., help="Output directory for Parquet shards."),
     rows_per_file: int = typer.Option(1_000_000, min=1, help="Rows per output shard."),
     join: Path | None = typer.Option(None, help="A side table (delimited text with a header) left-joined onto every row on --on."),
     on: str | None = typer.Option(None, help="The join key: a schema column in the inputs and the side table."),
@@ -182,6 +185,7 @@ def convert(
     """Convert delimited text (e.g. Criteo TSV) into Parquet shards in the raw layout."""
     from etl.errors import ConfigError
     from etl.io.join import SideTable
+    from etl.io.parquet import read_footer
     from etl.io.text import convert as run
     from etl.schema import load_schema
 
@@ -192,8 +196,8 @@ def convert(
         side = SideTable.read(join, on, s) if join is not None and on is not None else None
         files = expand_globs(inputs)
         with progress_bars(None) as report:
-            paths = run(files, s, out, rows_per_file=rows_per_file, progress=partial(report, "convert"), side=side)
-    rows = sum(pq.ParquetFile(p).metadata.num_rows for p in paths)
+            paths = run(files, s, location(out), rows_per_file=rows_per_file, progress=partial(report, "convert"), side=side)
+        rows = sum(read_footer(p).num_rows for p in paths)
     console.print(f"wrote {len(paths)} shard(s), {rows:,} rows, to {out}")
 
 
@@ -216,7 +220,7 @@ def schema_infer(
     with user_errors():
         if pipeline is not None and out is None:
             raise EtlError("--pipeline needs --out: the pipeline names its schema file")
-        guess = infer(expand_globs(inputs), rows=rows)
+        guess = infer(cast("list[Path]", expand_globs(inputs)), rows=rows)
         if out is None:
             typer.echo(guess.schema_yaml() + "---\n" + guess.pipeline_yaml("schema.yaml"), nl=False)
             return
@@ -233,7 +237,7 @@ def generate(
     schema: Path = typer.Option(..., help="Schema YAML."),
     rows: int = typer.Option(..., min=1, help="Number of rows."),
     files: int = typer.Option(1, min=1, help="Number of shards."),
-    out: Path = typer.Option(..., help="Output directory."),
+    out: str = typer.Option(..., help="Output directory."),
     seed: int = typer.Option(0, help="Random seed (same seed → same bytes)."),
     max_cardinality: int | None = typer.Option(
         None, min=1, help="Largest categorical cardinality, whatever --rows (default: 30 × min(rows, 1 M))."
@@ -246,15 +250,15 @@ def generate(
     with user_errors():
         s = load_schema(schema)
         with progress_bars(rows) as report:
-            paths = run(s, rows, files, out, seed=seed, progress=partial(report, "generate"), max_cardinality=max_cardinality)
+            paths = run(s, rows, files, location(out), seed=seed, progress=partial(report, "generate"), max_cardinality=max_cardinality)
     console.print(f"wrote {len(paths)} shard(s), {rows:,} rows, to {out}")
 
 
 @app.command(cls=_SeveralValues)
 def fit(
     pipeline: Path = typer.Option(..., help="Pipeline YAML."),
-    input: list[Path] = typer.Option(..., help=f"Raw Parquet shards or directories of them ({SEVERAL})."),
-    artifacts: Path = typer.Option(..., help="Directory to write the fitted artifacts to."),
+    input: list[str] = typer.Option(..., help=f"Raw Parquet shards or directories of them ({SEVERAL})."),
+    artifacts: str = typer.Option(..., help="Directory to write the fitted artifacts to."),
     workers: int = typer.Option(2, min=1, help="Worker threads."),
     on_error: str = typer.Option("raise", help="raise | quarantine (skip invalid rows while fitting)."),
 ) -> None:
@@ -272,7 +276,7 @@ def fit(
         with progress_bars(_total_rows(shards)) as report:
             p.fit(shards, workers=workers, on_error=cast("OnError", on_error), progress=report)
         seconds = time.perf_counter() - t0
-        p.save(artifacts)
+        p.save(location(artifacts))
     rows = _total_rows(shards)
     console.print(f"fitted {p.name} on {rows:,} rows in {seconds:.2f} s ({rows / max(seconds, 1e-9):,.0f} rows/s) → {artifacts}")
     _print_cardinalities(p.cardinalities())
@@ -281,9 +285,9 @@ def fit(
 @app.command(cls=_SeveralValues)
 def preprocess(
     pipeline: Path = typer.Option(..., help="Pipeline YAML."),
-    input: list[Path] = typer.Option(..., help=f"Raw Parquet shards or directories of them ({SEVERAL})."),
-    out: Path = typer.Option(..., help="Output directory."),
-    artifacts: Path | None = typer.Option(None, help="Fitted artifacts to use (fits first when omitted)."),
+    input: list[str] = typer.Option(..., help=f"Raw Parquet shards or directories of them ({SEVERAL})."),
+    out: str = typer.Option(..., help="Output directory."),
+    artifacts: str | None = typer.Option(None, help="Fitted artifacts to use (fits first when omitted)."),
     workers: int = typer.Option(2, min=1, help="Worker threads."),
     on_error: str = typer.Option("raise", help="raise: stop at the first invalid value; quarantine: set invalid rows aside."),
     compression: str = typer.Option("none", help="Output Parquet compression: none | snappy | lz4 | zstd."),
@@ -298,12 +302,13 @@ def preprocess(
         _check_choice("--on-error", on_error, ("raise", "quarantine"))
         _check_choice("--compression", compression, COMPRESSIONS)
         p = Pipeline.from_file(pipeline)
-        inputs = expand_globs(input)
-        check_apart(out, inputs)
+        inputs, out_dir = expand_globs(input), location(out)
+        check_apart(out_dir, inputs)
         shards = list_shards(inputs)
         with progress_bars(_total_rows(shards)) as report:
             mode = cast("OnError", on_error)
-            summary = run(p, shards, out, artifacts=artifacts, workers=workers, on_error=mode, compression=compression, progress=report)
+            fitted = None if artifacts is None else location(artifacts)
+            summary = run(p, shards, out_dir, artifacts=fitted, workers=workers, on_error=mode, compression=compression, progress=report)
     c = console
     c.print(f"files: {summary.files}" + (f" ({summary.files_skipped} already complete, skipped)" if summary.files_skipped else ""))
     c.print(f"rows: {summary.rows_in:,} in = {summary.rows_out:,} out + {summary.rows_quarantined:,} quarantined")
@@ -350,7 +355,7 @@ def bench(
     pipeline: list[Path] | None = typer.Option(
         None, help="Pipeline YAMLs, several values or glob patterns (default: the Criteo categorify and hash pipelines)."
     ),
-    input: Path | None = typer.Option(None, help="Raw shards to measure on (default: generate synthetic ones)."),
+    input: str | None = typer.Option(None, help="Raw shards to measure on (default: generate synthetic ones)."),
     rows: int = typer.Option(2_000_000, min=1, help="Synthetic rows to generate when no --input is given."),
     files: int = typer.Option(8, min=1, help="Synthetic shards to generate."),
     workers: int = typer.Option(2, min=1, help="Worker threads."),
@@ -375,14 +380,15 @@ def bench(
     device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
     with user_errors(), err.status("benchmark") as status:
         defaults = [resource_path("pipelines", "criteo.yaml"), resource_path("pipelines", "criteo_hash.yaml")]
-        pipelines = expand_globs(pipeline) if pipeline else defaults
+        pipelines = cast("list[Path]", expand_globs(pipeline)) if pipeline else defaults
         try:
             torch.device(device)
         except RuntimeError:
             raise EtlError(f"--device {device!r}: not a device (cpu, cuda, cuda:N or auto)") from None
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise EtlError(f"--device {device}: torch {torch.__version__} sees no CUDA device")
-        report = run_bench(pipelines, input_dir=input, rows=rows, files=files, workers=workers, batch_size=batch_size,
+        input_dir = None if input is None else location(input)
+        report = run_bench(pipelines, input_dir=input_dir, rows=rows, files=files, workers=workers, batch_size=batch_size,
                            device=device, step_factor=step_factor, model=model, run_baselines=baselines,
                            device_placement=device_placement, progress=lambda msg: status.update(msg))  # fmt: skip
     _print_report(report)
@@ -416,12 +422,12 @@ def _print_report(report) -> None:
 
 
 @app.command()
-def inspect(path: Path = typer.Argument(..., help="A raw or processed shard directory/file, or an artifacts directory.")) -> None:
+def inspect(path: str = typer.Argument(..., help="A raw or processed shard directory/file, or an artifacts directory.")) -> None:
     """Show the schema, row counts and vocabulary sizes of a raw, processed or artifacts directory."""
     from etl.inspect import describe
 
     with user_errors():
-        text = describe(path)
+        text = describe(location(path))
     console.print(text, highlight=False)
 
 

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from etl.errors import ArtifactError, InputError
-from etl.io.parquet import list_shards
+from etl.errors import ArtifactError
+from etl.io.fs import Location
+from etl.io.parquet import list_shards, read_footer
 from etl.io.processed import is_processed, open_processed
 
 
-def describe(path: Path) -> str:
-    """Describe ``path``: an artifacts directory (pipeline.json), a processed output (manifest.json) or Parquet."""
+def describe(path: Location) -> str:
+    """Describe ``path`` (local or an object-storage URL): an artifacts directory (pipeline.json), a processed
+    output (manifest.json) or Parquet."""
     if (path / "pipeline.json").is_file():
         return describe_artifacts(path)
     if is_processed(path):
@@ -22,9 +22,9 @@ def describe(path: Path) -> str:
     return describe_parquet(list_shards(path))
 
 
-def describe_artifacts(path: Path) -> str:
+def describe_artifacts(path: Location) -> str:
     try:
-        doc = json.loads((path / "pipeline.json").read_text())
+        doc = json.loads((path / "pipeline.json").read_bytes())
     except json.JSONDecodeError as e:
         raise ArtifactError(f"{path / 'pipeline.json'}: invalid JSON: {e}") from None
     lines = [
@@ -58,7 +58,7 @@ def _column_range(names: list[str], columns: list[str]) -> str:
     return ", ".join(names)
 
 
-def describe_processed(path: Path) -> str:
+def describe_processed(path: Location) -> str:
     """Describe a processed output, also one whose run is incomplete (described as partial)."""
     out = open_processed(path, allow_partial=True)
     m, t = out.manifest, out.manifest.totals
@@ -74,15 +74,12 @@ def describe_processed(path: Path) -> str:
     return "\n".join(lines)
 
 
-def describe_parquet(files: list[Path]) -> str:
+def describe_parquet(files: list[Location]) -> str:
     rows = groups = 0
     schema: pa.Schema | None = None
     nulls: dict[str, int] = {}
     for f in files:
-        try:
-            meta = pq.ParquetFile(f).metadata
-        except (OSError, pa.ArrowException) as e:
-            raise InputError(str(f), f"not a readable Parquet file: {e}") from None
+        meta = read_footer(f)
         rows += meta.num_rows
         groups += meta.num_row_groups
         schema = schema or meta.schema.to_arrow_schema()

@@ -10,17 +10,17 @@ file by path, size, modification time and footer checksum, the same fitted artif
 the recorded checksum, and no quarantined row when the rerun's ``on_error`` is "raise"), so a run killed at any
 point and rerun ends with the same bytes as an uninterrupted run. Rows are accounted exactly:
 rows_in = rows_out + rows_quarantined.
+
+In object storage (``etl.io.fs``) the "rename" is a copy onto the final key, where the file appears whole.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -28,6 +28,8 @@ import pyarrow.parquet as pq
 
 from etl.errors import InputError, OutputError
 from etl.io.files import ExclusiveParquetWriter, HashingFile, is_shard_name, remove_temporaries, sha256_file, temporary_path
+from etl.io.fs import Location, Url, fingerprint, is_within
+from etl.io.fs import replace as replace_file
 from etl.io.lock import locked
 from etl.io.parquet import batch_from_arrow, footer_sha256, open_shard
 from etl.io.processed import (
@@ -68,7 +70,7 @@ class Summary:
         return self.rows_processed / self.transform_seconds if self.transform_seconds > 0 else 0.0
 
 
-def _previous_entries(out_dir: Path) -> dict[str, ManifestEntry]:
+def _previous_entries(out_dir: Location) -> dict[str, ManifestEntry]:
     """The entries of the manifest an earlier run left in ``out_dir`` by output name; none when there is no
     usable manifest (missing, unreadable, of another format or version, malformed)."""
     try:
@@ -77,16 +79,17 @@ def _previous_entries(out_dir: Path) -> dict[str, ManifestEntry]:
         return {}
 
 
-def _reusable(e: ManifestEntry, source: Path, out: Path, artifacts_sha: str, on_error: OnError) -> bool:
+def _reusable(e: ManifestEntry, source: Location, out: Location, artifacts_sha: str, on_error: OnError) -> bool:
     """Whether the earlier run's entry ``e`` stands for what this run would write to ``out`` from ``source``: the
     same source file (path, size, modification time, footer checksum), the same fitted artifacts, the output
     present with its recorded checksum, and a rerun with ``on_error="raise"`` only over a shard that quarantined
-    nothing (otherwise the shard is redone, and its first invalid row raises)."""
-    stat = source.stat()
+    nothing (otherwise the shard is redone, and its first invalid row raises). In object storage the size and
+    modification time come from the object's metadata (``etl.io.fs.fingerprint``)."""
+    size, mtime_ns = fingerprint(source)
     return (
         e.source == str(source.resolve())
-        and e.source_bytes == stat.st_size
-        and e.source_mtime_ns == stat.st_mtime_ns
+        and e.source_bytes == size
+        and e.source_mtime_ns == mtime_ns
         and e.source_footer_sha256 == footer_sha256(source)
         and e.artifacts_sha256 == artifacts_sha
         and (on_error == "quarantine" or e.rows_quarantined == 0)
@@ -95,19 +98,21 @@ def _reusable(e: ManifestEntry, source: Path, out: Path, artifacts_sha: str, on_
     )
 
 
-def check_apart(out_dir: Path, inputs: list[Path]) -> None:
+def check_apart(out_dir: Location, inputs: list[Location]) -> None:
     """Raise OutputError when ``out_dir`` overlaps one of ``inputs`` (shards or directories of shards, symlinks
-    resolved): equal to an input directory or to the directory of an input shard, inside an input directory, or
-    containing an input."""
+    resolved; URLs compared by prefix): equal to an input directory or to the directory of an input shard, inside
+    an input directory, or containing an input. A local directory and a URL never overlap."""
     out = out_dir.resolve()
     for src in inputs:
         p = src.resolve()
-        inside = out.is_relative_to(p) if p.is_dir() else out == p.parent
-        if inside or p.is_relative_to(out):
+        if isinstance(p, Url) != isinstance(out, Url):
+            continue
+        inside = is_within(out, p) if p.is_dir() else out == p.parent
+        if inside or is_within(p, out):
             raise OutputError(f"{out_dir}: output directory overlaps the input {src}; choose a directory apart from the inputs")
 
 
-def _remove_stale(out_dir: Path, previous: dict[str, ManifestEntry], keep: set[str]) -> None:
+def _remove_stale(out_dir: Location, previous: dict[str, ManifestEntry], keep: set[str]) -> None:
     """Remove the files of the earlier run's entries that this run does not keep as they are: outputs it no
     longer makes (fewer shards) and outputs it redoes, with their quarantine files (a redone shard may quarantine
     nothing now). Only names this module makes (a shard name, its quarantine name), so a tampered manifest cannot
@@ -136,8 +141,8 @@ def _quarantine_table(raw: pa.Table, source_schema: pa.Schema, first_row: int, t
 
 def process_shard(
     pipeline: Pipeline,
-    source: Path,
-    out: Path,
+    source: Location,
+    out: Location,
     on_error: OnError,
     stop: threading.Event,
     compression: str = "none",
@@ -151,7 +156,7 @@ def process_shard(
     loader), without column statistics (nothing reads them; computing them cost ~5 % of the write), and
     ``compression`` (none by default; zstd or snappy trade write speed for size). The checksum is computed while
     the file is written."""
-    stat = source.stat()
+    size, mtime_ns = fingerprint(source)
     footer = footer_sha256(source)
     shard = open_shard(source, pipeline.schema)
     schema = pipeline.output_schema()
@@ -181,15 +186,15 @@ def process_shard(
                 progress(raw.num_rows)
     if q_writer is not None:
         q_writer.close()
-        os.replace(q_tmp, quarantine)
-    os.replace(out_tmp, out)
+        replace_file(q_tmp, quarantine)
+    replace_file(out_tmp, out)
     if rows_in != rows_out + rows_q:
         raise RuntimeError(f"{source}: row accounting broke: {rows_in} in, {rows_out} out, {rows_q} quarantined")
     return ManifestEntry(
         output=out.name,
         source=str(source.resolve()),
-        source_bytes=stat.st_size,
-        source_mtime_ns=stat.st_mtime_ns,
+        source_bytes=size,
+        source_mtime_ns=mtime_ns,
         source_footer_sha256=footer,
         rows_in=rows_in,
         rows_out=rows_out,
@@ -201,10 +206,10 @@ def process_shard(
 
 def preprocess(
     pipeline: Pipeline,
-    shards: list[Path],
-    out_dir: Path,
+    shards: list[Location],
+    out_dir: Location,
     *,
-    artifacts: Path | None = None,
+    artifacts: Location | None = None,
     workers: int = 1,
     on_error: OnError = "raise",
     compression: str = "none",
@@ -217,7 +222,7 @@ def preprocess(
 
     ``out_dir`` must lie apart from the inputs (OutputError otherwise, see ``check_apart``). The run holds
     ``out_dir``'s lock (``etl.io.lock``) throughout: a second run into the same directory raises
-    OutputError at once."""
+    OutputError at once (object storage has no such lock: one run at a time is up to the user there)."""
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
     if compression not in COMPRESSIONS:
@@ -230,9 +235,9 @@ def preprocess(
 
 def _preprocess(
     pipeline: Pipeline,
-    shards: list[Path],
-    out_dir: Path,
-    artifacts: Path | None,
+    shards: list[Location],
+    out_dir: Location,
+    artifacts: Location | None,
     workers: int,
     on_error: OnError,
     compression: str,

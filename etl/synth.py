@@ -36,7 +36,6 @@ import os
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 import numba as nb
 import numpy as np
@@ -44,6 +43,7 @@ import pyarrow as pa
 
 from etl.backends.cpu import encode_hex
 from etl.errors import SpecError
+from etl.io.fs import Location
 from etl.io.text import ARROW_SCALAR, ROW_GROUP_ROWS, ShardSetWriter, raw_arrow_schema
 from etl.schema import ColumnSpec, Schema
 from etl.workers import run_workers
@@ -438,12 +438,12 @@ def generate(
     schema: Schema,
     rows: int,
     files: int,
-    out_dir: Path,
+    out_dir: str | Location,
     seed: int = 0,
     cardinalities: Mapping[str, int] | None = None,
     progress: Callable[[int], None] | None = None,
     max_cardinality: int | None = None,
-) -> list[Path]:
+) -> list[Location]:
     """Write ``rows`` synthetic rows of ``schema`` as ``files`` raw-layout shards in ``out_dir``; return their paths.
 
     Shards are ``part-00000.parquet`` ... with the rows split evenly (the first ``rows % files`` shards get one row
@@ -475,7 +475,7 @@ def generate(
             with lock:
                 progress(n)
 
-    with ShardSetWriter(Path(out_dir), arrow_schema) as shards:
+    with ShardSetWriter(out_dir, arrow_schema) as shards:
         workers = max(1, min(files, os.cpu_count() or 1))
         run_workers(list(range(files)), workers, lambda w, f, stop: _write_file(shards, plans, arrow_schema, f, sizes[f], tick))
         return shards.commit()

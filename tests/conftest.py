@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -68,3 +70,33 @@ def criteo_table(n: int, seed: int = 0) -> pa.Table:
         keys = rng.integers(0, 50, n)
         cols[f"C{i}"] = pa.array([f"{k * 2654435761 % 2**32:08x}" for k in keys], pa.string(), mask=rng.random(n) < 0.1)
     return pa.table(cols)
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[str]:
+    """A real S3 API (moto in server mode) on a free local port, for the whole session: its endpoint URL."""
+    server_module = pytest.importorskip("moto.server")
+    server = server_module.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3(s3_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """An empty bucket on the ``s3_server``, reachable the standard way (``AWS_ENDPOINT_URL`` and dummy
+    credentials in the environment, inherited by ``run_etl`` subprocesses): its ``s3://`` URL."""
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    import boto3
+
+    bucket = f"etl-test-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=s3_server).create_bucket(Bucket=bucket)
+    return f"s3://{bucket}"

@@ -37,6 +37,7 @@ from etl.bench import baselines
 from etl.bench.device import measure_device_stages
 from etl.bench.dlrm import DLRM
 from etl.bench.report import PipelineReport, Report, Stage
+from etl.io.fs import Location, fingerprint
 from etl.io.parquet import batch_from_arrow, list_shards, read_rows
 from etl.loader import Loader
 from etl.loader.chunk import Chunk, Layout
@@ -71,7 +72,7 @@ def measure_floor(groups: list, columns: list[str], workers: int) -> float:
     return min(read_all(), read_all())
 
 
-def measure_fit(pipeline: Pipeline, shards: list[Path], workers: int) -> float:
+def measure_fit(pipeline: Pipeline, shards: list[Location], workers: int) -> float:
     """Seconds to fit ``pipeline`` over ``shards``: the best of two runs (the first on an unfitted copy, which
     also loads the compiled kernels from numba's cache and touches fresh memory); ``pipeline`` ends fitted."""
     first = _timed(lambda: Pipeline(pipeline.doc, pipeline.schema, pipeline.path, pipeline.xp).fit(shards, workers=workers))
@@ -188,7 +189,7 @@ def _fitted_op(pipeline: Pipeline) -> str:
 def run_bench(
     pipelines: list[Path],
     *,
-    input_dir: Path | None = None,
+    input_dir: Location | None = None,
     rows: int = 2_000_000,
     files: int = 8,
     workers: int = 2,
@@ -213,7 +214,7 @@ def run_bench(
         shards = list_shards(input_dir)
         groups = row_groups(shards)
         total = sum(g.num_rows for g in groups)
-        mbytes = sum(p.stat().st_size for p in shards) / 1e6
+        mbytes = sum(fingerprint(p)[0] for p in shards) / 1e6
         dev = torch.device(device)
         report = Report(total, len(shards), mbytes, workers, batch_size, device)
         progress("reading the shards into memory")
@@ -253,11 +254,12 @@ def run_bench(
                 rep.model_data_wait, _ = measure_stall(loader, 0.0, dlrm_step(loader))
             loader.close()
             kind = _fitted_op(p)
-            if run_baselines and kind:
+            local = [s for s in shards if isinstance(s, Path)]
+            if run_baselines and kind and len(local) == len(shards):  # the baselines read local files
                 for name, fn in BASELINES[kind].items():
                     progress(f"{p.name}: baseline {name}")
                     out = work / f"{name}-{p.name}"
-                    secs = min(_timed(functools.partial(fn, shards, out)) for _ in range(2))  # best of two, as ours
+                    secs = min(_timed(functools.partial(fn, local, out)) for _ in range(2))  # best of two, as ours
                     equal = baselines.same_output(out, work / f"ours-{p.name}") if name in EXACT[kind] else None
                     ours = sum(s.seconds for s in rep.stages if s.name in ("fit", "preprocess"))
                     rep.baselines[name] = {"seconds": secs, "rows_per_second": total / secs, "speedup_of_ours": secs / ours, "output_equal": equal}

@@ -5,6 +5,11 @@ complete (``os.replace``: atomic on one file system), so a reader never sees a p
 Temporary names are ``.<final name>.<pid>-<random>.tmp``: unique per writer, recognisable by ``is_temporary``
 (an interrupted run leaves them behind; the next run of the same command removes them). Temporaries are created
 by ``open_exclusive``: never an existing file, never through a symlink planted at the temporary name.
+
+Every function here also takes an object-storage ``etl.io.fs.Url``: the same names are used, a "rename" is
+``etl.io.fs.replace`` (a copy that makes the final object appear whole), and the single-object writes
+(``atomic_write_bytes``, ``atomic_write_parquet``) go straight to their final key, where an object appears only once
+its upload completes.
 """
 
 from __future__ import annotations
@@ -15,10 +20,12 @@ import os
 import re
 import secrets
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from etl.io.fs import Location, Url, open_file, replace
 
 _SHARD_RE = re.compile(r"part-\d{5,}\.parquet")
 _TMP_SUFFIX = ".tmp"
@@ -34,7 +41,7 @@ def is_shard_name(name: str) -> bool:
     return _SHARD_RE.fullmatch(name) is not None
 
 
-def temporary_path(path: Path) -> Path:
+def temporary_path(path: Location) -> Location:
     """A fresh temporary name for writing ``path``, in the same directory (so the final rename is atomic)."""
     return path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}{_TMP_SUFFIX}")
 
@@ -68,10 +75,13 @@ class _NamedWriter(io.BufferedWriter):
             raise self._named(e) from e
 
 
-def open_exclusive(path: Path) -> BinaryIO:
+def open_exclusive(path: Location) -> BinaryIO:
     """Create ``path`` for writing (binary); fails with FileExistsError when anything exists at ``path``, a
     symlink included (O_CREAT | O_EXCL | O_NOFOLLOW), so a write never goes through a planted link. An OSError
-    while writing names ``path``."""
+    while writing names ``path``. A URL is opened for upload (object stores have no links; the names written
+    through this function are fresh temporary names)."""
+    if isinstance(path, Url):
+        return cast(BinaryIO, path.open("wb"))
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
     return _NamedWriter(io.FileIO(fd, "wb"), path)
 
@@ -81,7 +91,7 @@ def is_temporary(name: str) -> bool:
     return name.startswith(".") and name.endswith(_TMP_SUFFIX)
 
 
-def remove_temporaries(directory: Path) -> None:
+def remove_temporaries(directory: Location) -> None:
     """Remove the temporary files an interrupted writer left in ``directory`` (not recursive)."""
     if directory.is_dir():
         for p in directory.iterdir():
@@ -89,25 +99,32 @@ def remove_temporaries(directory: Path) -> None:
                 p.unlink(missing_ok=True)
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and a rename."""
+def atomic_write_bytes(path: Location, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename (a URL: in one upload)."""
+    if isinstance(path, Url):
+        path.write_bytes(data)
+        return
     tmp = temporary_path(path)
     try:
         with open_exclusive(tmp) as f:
             f.write(data)
-        os.replace(tmp, path)
+        replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 
 
-def atomic_write_parquet(table: pa.Table, path: Path, **options: Any) -> None:
+def atomic_write_parquet(table: pa.Table, path: Location, **options: Any) -> None:
     """Write ``table`` as Parquet (``options`` go to ``pyarrow.parquet.write_table``) through a temporary file
-    and a rename."""
+    and a rename (a URL: in one upload, completed only when the whole file is written)."""
+    if isinstance(path, Url):
+        with path.open("wb") as f:
+            pq.write_table(table, f, **options)
+        return
     tmp = temporary_path(path)
     try:
         with open_exclusive(tmp) as f:
             pq.write_table(table, f, **options)
-        os.replace(tmp, path)
+        replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 
@@ -116,7 +133,7 @@ class ExclusiveParquetWriter(pq.ParquetWriter):
     """A ``pyarrow.parquet.ParquetWriter`` onto a new file created with ``open_exclusive`` (``options`` go to
     ``ParquetWriter``); ``close()`` closes the file too."""
 
-    def __init__(self, path: Path, schema: pa.Schema, **options: Any):
+    def __init__(self, path: Location, schema: pa.Schema, **options: Any):
         self._file = open_exclusive(path)
         try:
             super().__init__(self._file, schema, **options)
@@ -131,10 +148,10 @@ class ExclusiveParquetWriter(pq.ParquetWriter):
             self._file.close()
 
 
-def sha256_file(path: Path) -> str:
+def sha256_file(path: Location) -> str:
     """Hex sha256 of the file's bytes."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_file(path) as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
@@ -145,7 +162,7 @@ class HashingFile:
     sequentially, so this is the checksum of the finished file, without reading it back). ``path`` is created
     with ``open_exclusive``."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Location):
         self._f = open_exclusive(path)
         self._h = hashlib.sha256()
         self.closed = False

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etl.errors import ConfigError, InputError
+from etl.io.fs import Location
 from etl.io.text import header_names, raw_arrow_schema, read_text
 from etl.schema import Schema
 
@@ -72,7 +73,7 @@ class SideTable:
         """The columns the side table supplies, in schema order."""
         return self.table.column_names[1:]
 
-    def check_input(self, path: Path) -> None:
+    def check_input(self, path: Location) -> None:
         """Raise ``InputError`` when the input at ``path`` has a header naming a side column too (which of the two
         to keep would be a guess)."""
         if not self.schema.text.header:

@@ -6,6 +6,9 @@ ends, however it ends, so the lock of a run that died (kill -9, power loss) is f
 runs taking over the same leftover file only one gets it. A file whose ``flock`` is free but which names a live
 process on this host, or a process on another host (a file system where ``flock`` does not reach the other
 host), is still held. The holder removes the file when it ends, on error too.
+
+Object storage (an ``etl.io.fs.Url``) has no such lock: ``locked`` does nothing there, and one run at a time into
+an output prefix is up to the user.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from etl.errors import OutputError
+from etl.io.fs import Location, Url
 
 LOCK_NAME = ".etl.lock"
 
@@ -80,9 +84,12 @@ def _acquire(directory: Path, lock: Path) -> int:
 
 
 @contextmanager
-def locked(directory: Path) -> Iterator[None]:
+def locked(directory: Location) -> Iterator[None]:
     """Hold ``directory``'s lock for the duration of the block; raises OutputError naming the holder when
-    another live run holds it."""
+    another live run holds it. A URL is not locked."""
+    if isinstance(directory, Url):
+        yield
+        return
     lock = directory / LOCK_NAME
     fd = _acquire(directory, lock)
     try:

@@ -10,6 +10,11 @@ column without nulls has ``valid=None``.
 polars is optional: when it cannot be imported (a GPU machine may have pyarrow and torch only), ``ENGINE`` is
 ``"pyarrow"`` and row groups are read with ``pyarrow.parquet`` instead (strings then come as offsets and bytes).
 The batches hold the same values either way; only the speed differs.
+
+Shards in object storage (an ``etl.io.fs.Url``) are read with pyarrow through the URL's fsspec filesystem,
+with the reads of a row group's column chunks coalesced (``pre_buffer``) and each file's footer fetched once
+per reader (``read_rows``' ``metadata``), so that a row group costs few requests; the ``Loader`` overlaps those
+requests by reading several pieces ahead.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -32,24 +38,24 @@ except ImportError:  # pragma: no cover - exercised by a test that hides polars
 
 from etl.batch import Batch, Column, InlineStrings, Strings
 from etl.errors import InputError
+from etl.io.fs import Location, Url, open_file
 from etl.io.paths import expand_globs
 from etl.schema import ColumnSpec, Schema
 
 
-def list_shards(inputs: str | Path | Sequence[str | Path]) -> list[Path]:
-    """Parquet files named by ``inputs``: glob patterns expanded first (``etl.io.paths.expand_globs``), then files
-    as given, directories expanded to their ``*.parquet`` entries in name order. Symlinks are followed. In a
-    directory, only a subdirectory whose name ends in ``.parquet`` is skipped (directories are not searched
-    recursively); every other ``*.parquet`` entry is a shard, so one that is not a regular file is an error rather
-    than a shard silently left out. Raises ``InputError`` for a missing
-    path, a directory without Parquet files, and a ``*.parquet`` entry that is a dangling symlink or not a regular
-    file."""
-    items = expand_globs([inputs] if isinstance(inputs, str | Path) else inputs)
-    out: list[Path] = []
-    for item in items:
-        p = Path(item)
-        if p.is_dir():
-            found = sorted(q for q in p.glob("*.parquet") if not q.is_dir())
+def list_shards(inputs: str | Location | Sequence[str | Location], storage_options: dict[str, Any] | None = None) -> list[Location]:
+    """Parquet files named by ``inputs``: glob patterns expanded first (``etl.io.paths.expand_globs``, URLs given
+    ``storage_options``), then files as given, directories (URL prefixes) expanded to their ``*.parquet`` entries
+    in name order. Symlinks are followed. In a directory, only a subdirectory whose name ends in ``.parquet`` is
+    skipped (directories are not searched recursively); every other ``*.parquet`` entry is a shard, so one that is
+    not a regular file is an error rather than a shard silently left out. Raises ``InputError`` for a missing path
+    (or bucket), a directory without Parquet files, and a ``*.parquet`` entry that is a dangling symlink or not a
+    regular file."""
+    items = expand_globs([inputs] if isinstance(inputs, str | Path | Url) else inputs, storage_options)
+    out: list[Location] = []
+    for p in items:
+        if _is_dir(p):
+            found = sorted((q for q in p.glob("*.parquet") if not q.is_dir()), key=str)
             if not found:
                 raise InputError(str(p), "directory holds no .parquet files")
             out.extend(_shard_file(q) for q in found)
@@ -58,23 +64,35 @@ def list_shards(inputs: str | Path | Sequence[str | Path]) -> list[Path]:
     return out
 
 
-def _shard_file(p: Path) -> Path:
+def _is_dir(p: Location) -> bool:
+    """Whether ``p`` is a directory; for a URL, whether objects lie under it (a missing bucket or a denied access
+    is an ``InputError`` naming the URL)."""
+    try:
+        return p.is_dir()
+    except OSError as e:
+        raise InputError(str(p), f"cannot list: {e}") from None
+
+
+def _shard_file(p: Location) -> Location:
     """``p``, checked to be (or to link to) a regular file."""
-    if p.is_file():
-        return p
-    if p.is_symlink():
+    try:
+        if p.is_file():
+            return p
+    except OSError as e:  # object storage: a missing bucket, denied access
+        raise InputError(str(p), f"cannot read: {e}") from None
+    if isinstance(p, Path) and p.is_symlink():
         raise InputError(str(p), f"dangling symlink: its target {os.readlink(p)} does not exist (or is a symlink loop)")
     if p.exists():
         raise InputError(str(p), "not a regular file")
     raise InputError(str(p), "no such file or directory")
 
 
-def footer_sha256(path: Path) -> str:
+def footer_sha256(path: Location) -> str:
     """The sha256 of a Parquet file's footer (its metadata, the metadata's length and the closing magic): a cheap
     fingerprint of the file's content, which changes with any edit that changes a row group's size, offset, row
     count or statistics. For a file too short to hold a footer, or without the closing magic, it is the sha256 of
     the last 8 bytes (such a file is refused when it is opened)."""
-    with open(path, "rb") as f:
+    with open_file(path) as f:
         size = f.seek(0, os.SEEK_END)
         tail = min(size, 8)
         f.seek(size - tail)
@@ -222,7 +240,7 @@ def batch_from_arrow(
 class Shard:
     """An open Parquet shard checked against the schema: its row groups and their first row numbers."""
 
-    path: Path
+    path: Location
     schema: Schema
     file: pq.ParquetFile
     row_group_starts: list[int]
@@ -238,7 +256,7 @@ class Shard:
     def read_table(self, i: int, columns: list[str] | None = None) -> pa.Table:
         """Row group ``i`` as an Arrow table of the schema's columns (or of ``columns``)."""
         n = self.file.metadata.row_group(i).num_rows
-        return read_rows(self.path, columns or self.schema.names, self.row_group_starts[i], n, i)
+        return read_rows(self.path, columns or self.schema.names, self.row_group_starts[i], n, i, self.file.metadata)
 
     def read(self, i: int, columns: list[str] | None = None) -> Batch:
         """Row group ``i`` as a Batch (of all schema columns, or of ``columns``); row ids count from the start of
@@ -250,22 +268,27 @@ class Shard:
 ENGINE = "polars" if pl is not None else "pyarrow"
 
 
-def read_rows(path: Path, columns: list[str], first_row: int, num_rows: int, row_group: int) -> pa.Table:
+def read_rows(
+    path: Location, columns: list[str], first_row: int, num_rows: int, row_group: int, metadata: pq.FileMetaData | None = None
+) -> pa.Table:
     """Rows ``[first_row, first_row + num_rows)`` of a Parquet file (within row group ``row_group``, named in
-    errors) as an Arrow table of ``columns`` in that order. With polars (``ENGINE``), strings come out as
-    zero-copy string views; with pyarrow, as offsets and bytes."""
-    if ENGINE == "polars":
+    errors) as an Arrow table of ``columns`` in that order. With polars (``ENGINE``, local files), strings come
+    out as zero-copy string views; with pyarrow (and from object storage), as offsets and bytes. ``metadata``: the
+    file's footer when the caller read it before (spares object storage a request; local reads ignore it)."""
+    if ENGINE == "polars" and not isinstance(path, Url):
         try:
             frame = pl.scan_parquet(path).select(columns).slice(first_row, num_rows).collect()
         except (OSError, pl.exceptions.PolarsError) as e:
             raise InputError(str(path), f"cannot read: {e}", row_group=row_group) from None
         return frame.to_arrow(compat_level=pl.CompatLevel.newest())
-    return _read_rows_pyarrow(path, columns, first_row, num_rows, row_group)
+    return _read_rows_pyarrow(path, columns, first_row, num_rows, row_group, metadata)
 
 
-def _read_rows_pyarrow(path: Path, columns: list[str], first_row: int, num_rows: int, row_group: int) -> pa.Table:
+def _read_rows_pyarrow(
+    path: Location, columns: list[str], first_row: int, num_rows: int, row_group: int, metadata: pq.FileMetaData | None = None
+) -> pa.Table:
     try:
-        f = pq.ParquetFile(path)
+        f = _parquet_file(path, metadata)
         md = f.metadata
         if not 0 <= row_group < md.num_row_groups:
             raise InputError(str(path), f"no row group {row_group} (the file has {md.num_row_groups})", row_group=row_group)
@@ -281,10 +304,30 @@ def _read_rows_pyarrow(path: Path, columns: list[str], first_row: int, num_rows:
     return table.select(columns).slice(first_row - start, num_rows)
 
 
-def open_shard(path: Path, schema: Schema) -> Shard:
+def _parquet_file(path: Location, metadata: pq.FileMetaData | None = None) -> pq.ParquetFile:
+    """``path`` opened by pyarrow: a local file as is; an object with the column chunks of each read coalesced
+    into few requests, and without fetching its footer again when ``metadata`` (read from it before) is given."""
+    if not isinstance(path, Url):
+        return pq.ParquetFile(path)
+    # no read-ahead cache: pyarrow asks for exactly the byte ranges it needs (with pre_buffer, a row group's
+    # column chunks coalesced into one or a few ranges), and fsspec's default read-ahead block would fetch megabytes
+    # past them on every read
+    f = path.fs.open(path.key, "rb", cache_type="none")
+    return pq.ParquetFile(f, metadata=metadata, pre_buffer=True)
+
+
+def read_footer(path: Location) -> pq.FileMetaData:
+    """The Parquet footer of ``path`` (an unreadable file is an ``InputError`` naming it)."""
+    try:
+        return _parquet_file(path).metadata
+    except (OSError, pa.ArrowException) as e:
+        raise InputError(str(path), f"not a readable Parquet file: {e}") from None
+
+
+def open_shard(path: Location, schema: Schema) -> Shard:
     """Open a Parquet file and check that every schema column is present with a compatible type."""
     try:
-        f = pq.ParquetFile(path)
+        f = _parquet_file(path)
     except FileNotFoundError:
         raise InputError(str(path), "no such file") from None
     except (OSError, pa.ArrowException) as e:
@@ -299,4 +342,4 @@ def open_shard(path: Path, schema: Schema) -> Shard:
     starts = [0]
     for i in range(f.num_row_groups):
         starts.append(starts[-1] + f.metadata.row_group(i).num_rows)
-    return Shard(Path(path), schema, f, starts[:-1])
+    return Shard(path, schema, f, starts[:-1])

@@ -11,6 +11,8 @@ manifest.json is JSON with the keys ``format`` (``FORMAT``), ``version`` (``VERS
 ``artifacts`` (``ARTIFACTS``), ``complete`` (every input shard has its output), ``totals`` (row counts summed over
 ``files``) and ``files`` (the entries, as objects with the fields of ``ManifestEntry``). It is written
 atomically (``write_manifest``), so a reader sees either the previous or the new manifest, never a partial one.
+The directory may be an object-storage prefix (``etl.io.fs.Url``): the manifest is then one upload, written after
+the files it lists, and it is the commit record there too: readers use only the files it lists.
 
 Reading has three levels: ``read_manifest`` parses the file and checks its format and version; ``open_processed``
 also decides whether the listed files may be read as a data set (``_readable_parts``: the run is complete, the
@@ -23,7 +25,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -31,6 +32,7 @@ import pyarrow.parquet as pq
 
 from etl.errors import InputError
 from etl.io.files import atomic_write_bytes, is_shard_name, sha256_file, shard_name
+from etl.io.fs import Location, arrow_source, is_within
 
 MANIFEST = "manifest.json"
 FORMAT = "etl-manifest"
@@ -99,13 +101,13 @@ class ProcessedOutput:
     """A processed output opened for reading: its ``directory``, its ``artifacts`` directory, its output files
     (``parts``, in manifest order) and its ``manifest``."""
 
-    directory: Path
-    artifacts: Path
-    parts: list[Path]
+    directory: Location
+    artifacts: Location
+    parts: list[Location]
     manifest: Manifest
 
 
-def part_path(directory: Path, index: int) -> Path:
+def part_path(directory: Location, index: int) -> Location:
     """Where the output of the ``index``-th input shard goes."""
     return directory / shard_name(index)
 
@@ -116,12 +118,12 @@ def quarantine_name(output: str) -> str:
     return f"{QUARANTINE}/{output}"
 
 
-def is_processed(directory: Path) -> bool:
+def is_processed(directory: Location) -> bool:
     """Whether ``directory`` holds a processed output (it has a manifest.json)."""
     return (directory / MANIFEST).is_file()
 
 
-def write_manifest(directory: Path, manifest: Manifest) -> None:
+def write_manifest(directory: Location, manifest: Manifest) -> None:
     """Write ``manifest`` as ``directory``/manifest.json, atomically."""
     doc = {
         "format": FORMAT,
@@ -135,14 +137,14 @@ def write_manifest(directory: Path, manifest: Manifest) -> None:
     atomic_write_bytes(directory / MANIFEST, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
 
 
-def read_manifest(directory: Path) -> Manifest:
+def read_manifest(directory: Location) -> Manifest:
     """The manifest of ``directory``. Raises ``InputError`` naming manifest.json when it is missing or
     unreadable, not JSON, of another format or version, or lacks a field (or has one of the wrong type)."""
     path = directory / MANIFEST
     try:
         doc = json.loads(path.read_bytes())
     except OSError as e:
-        raise InputError(str(path), f"cannot read the manifest: {e.strerror}") from None
+        raise InputError(str(path), f"cannot read the manifest: {e.strerror or e}") from None
     except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
         raise InputError(str(path), f"not a JSON manifest: {e}") from None
     if not isinstance(doc, dict):
@@ -160,7 +162,7 @@ def read_manifest(directory: Path) -> Manifest:
     )
 
 
-def open_processed(directory: Path, *, allow_partial: bool = False) -> ProcessedOutput:
+def open_processed(directory: Location, *, allow_partial: bool = False) -> ProcessedOutput:
     """Open the processed output in ``directory`` for reading. Raises ``InputError`` naming manifest.json as
     ``read_manifest`` does, when the run is incomplete (unless ``allow_partial``: then the files written so far are
     the parts), when the totals differ from the sum of the entries, or when an entry cannot be read as a part of the
@@ -188,14 +190,14 @@ def verify_part(output: ProcessedOutput, entry: ManifestEntry) -> None:
     try:
         digest = sha256_file(path)
     except OSError as e:
-        raise InputError(str(output.directory / MANIFEST), f"file {entry.output}: cannot read: {e.strerror}") from None
+        raise InputError(str(output.directory / MANIFEST), f"file {entry.output}: cannot read: {e.strerror or e}") from None
     if digest != entry.sha256:
         raise InputError(
             str(output.directory / MANIFEST), f"file {entry.output}: sha256 {digest} differs from the manifest's {entry.sha256}"
         )
 
 
-def _readable_parts(directory: Path, manifest: Manifest) -> list[Path]:
+def _readable_parts(directory: Location, manifest: Manifest) -> list[Location]:
     """The output files of ``manifest``, in its order: the one place where a processed output is checked before
     its files are read as a data set. Each entry must name a shard file (``etl.io.files.is_shard_name``) that no
     other entry names, which resolves (following symlinks) to a file inside ``directory``, whose Parquet footer
@@ -220,7 +222,7 @@ def _readable_parts(directory: Path, manifest: Manifest) -> list[Path]:
             resolved = part.resolve()
         except (OSError, RuntimeError) as err:  # a symlink loop
             raise InputError(str(path), f"{where}: the file cannot be resolved: {err}") from None
-        if not resolved.is_relative_to(root):
+        if not is_within(resolved, root):
             raise InputError(str(path), f"{where}: the file resolves to {resolved}, outside {root}")
         rows = _footer_rows(part, path, where)
         if rows != e.rows_out:
@@ -229,10 +231,11 @@ def _readable_parts(directory: Path, manifest: Manifest) -> list[Path]:
     return parts
 
 
-def _footer_rows(part: Path, path: Path, where: str) -> int:
+def _footer_rows(part: Location, path: Location, where: str) -> int:
     """The row count in the Parquet footer of ``part``."""
+    source, filesystem = arrow_source(part)
     try:
-        return int(pq.read_metadata(part).num_rows)
+        return int(pq.read_metadata(source, filesystem=filesystem).num_rows)
     except FileNotFoundError:
         raise InputError(str(path), f"{where}: the file is missing") from None
     except (OSError, pa.ArrowException) as e:
@@ -255,7 +258,7 @@ _ENTRY_TYPES: dict[str, type | tuple[type, ...]] = {
 _ENTRY_OPTIONAL = ("artifacts_sha256", "source_mtime_ns", "source_footer_sha256")
 
 
-def _entry(doc: Any, path: Path, where: str) -> ManifestEntry:
+def _entry(doc: Any, path: Location, where: str) -> ManifestEntry:
     if not isinstance(doc, dict):
         raise InputError(str(path), f"manifest field '{where}' is {json.dumps(doc)}, expected an object")
     present = [k for k in _ENTRY_TYPES if k in doc or k not in _ENTRY_OPTIONAL]
@@ -265,7 +268,7 @@ def _entry(doc: Any, path: Path, where: str) -> ManifestEntry:
 _JSON_NAMES = {dict: "an object", list: "an array", str: "a string", int: "an integer", bool: "true or false", type(None): "null"}
 
 
-def _field(doc: dict[str, Any], key: str, kind: type | tuple[type, ...], path: Path, where: str = "") -> Any:
+def _field(doc: dict[str, Any], key: str, kind: type | tuple[type, ...], path: Location, where: str = "") -> Any:
     """``doc[key]``, checked to be of ``kind`` (a bool is not an int here)."""
     name = f"{where}.{key}" if where else key
     if key not in doc:

@@ -17,16 +17,17 @@ Parquet readers give back for a UTF-8 column when no Arrow schema is stored, its
 reading speed measured the same for both (pyarrow 26, polars 2.1). The 2 GiB-per-array limit of 32-bit offsets does
 not bite: a row group holds at most 131,072 rows.
 
+Inputs and the output directory may be object-storage URLs (``etl.io.fs``): text is streamed from the object,
+and shards are uploaded under temporary names and copied onto their final names at commit.
+
 Shards are named ``part-00000.parquet``, ``part-00001.parquet``, ... with at most ``rows_per_file`` rows each (rows of
 several input files may share a shard, in input order) and row groups of ``min(rows_per_file, 131072)`` rows.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -37,6 +38,7 @@ import pyarrow.parquet as pq
 
 from etl.errors import InputError, OutputError
 from etl.io.files import ExclusiveParquetWriter, is_shard_name, is_temporary, shard_name, temporary_path
+from etl.io.fs import Location, Url, arrow_source, location, locations, replace
 from etl.schema import ColumnSpec, Schema, TextLayout
 
 if TYPE_CHECKING:
@@ -78,13 +80,13 @@ class ShardSetWriter:
     input, a processed output's manifest, another layout's shards...) raises OutputError before anything is written.
     """
 
-    def __init__(self, out_dir: Path, arrow_schema: pa.Schema):
-        self.out_dir = Path(out_dir)
+    def __init__(self, out_dir: str | Location, arrow_schema: pa.Schema):
+        self.out_dir = location(out_dir)
         self.arrow_schema = arrow_schema
         if self.out_dir.is_dir():
             self._check_only_own_shards()
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        self._tmp: dict[int, Path] = {}
+        self._tmp: dict[int, Location] = {}
 
     def _check_only_own_shards(self) -> None:
         """Raise OutputError unless every file in ``out_dir`` is a temporary or a shard of ``arrow_schema``."""
@@ -94,10 +96,11 @@ class ShardSetWriter:
             raise OutputError(f"{self.out_dir}: holds {p.name}, which is not a shard of this layout; convert replaces "
                               "only its own shards: choose a new or empty output directory")
 
-    def _same_layout(self, path: Path) -> bool:
+    def _same_layout(self, path: Location) -> bool:
         """Whether ``path`` is a regular Parquet file whose schema is ``arrow_schema``."""
+        source, filesystem = arrow_source(path)
         try:
-            return path.is_file() and pq.read_schema(path).equals(self.arrow_schema, check_metadata=False)
+            return path.is_file() and pq.read_schema(source, filesystem=filesystem).equals(self.arrow_schema, check_metadata=False)
         except (OSError, pa.ArrowException):
             return False
 
@@ -115,12 +118,12 @@ class ShardSetWriter:
         self._tmp[index] = tmp
         return ExclusiveParquetWriter(tmp, self.arrow_schema, compression="snappy", use_dictionary=True)
 
-    def commit(self) -> list[Path]:
+    def commit(self) -> list[Location]:
         """Rename every shard to its final name, remove stale shards; return the final paths by index."""
         final = []
         for index in sorted(self._tmp):
             final.append(self.out_dir / shard_name(index))
-            os.replace(self._tmp[index], final[-1])
+            replace(self._tmp[index], final[-1])
         keep = {p.name for p in final}
         for p in self.out_dir.iterdir():
             if is_shard_name(p.name) and p.name not in keep:
@@ -198,8 +201,8 @@ class _Sharder:
 # Reading text
 
 
-def _check_inputs(inputs: Sequence[str | Path]) -> list[Path]:
-    paths = [Path(p) for p in inputs]
+def _check_inputs(inputs: Sequence[str | Location]) -> list[Location]:
+    paths = locations(list(inputs))
     if not paths:
         raise InputError("<inputs>", "no input files given")
     for p in paths:
@@ -228,7 +231,18 @@ def _missing_texts(c: ColumnSpec, text: TextLayout) -> list[str]:
     return sorted({"", *own, *([text.null_value] if c.null_values is None else [])})
 
 
-def _open_csv(path: Path, schema: Schema, header: bool, *, use_threads: bool) -> pacsv.CSVStreamingReader:
+def _input_stream(path: Location) -> pa.NativeFile:
+    """``path`` opened for streaming, decompressed on the fly when its name ends in ``.gz``, ``.bz2``, ``.zst``, ..."""
+    if not isinstance(path, Url):
+        return pa.input_stream(str(path), compression="detect")
+    try:
+        codec = pa.Codec.detect(path.name).name
+    except (TypeError, ValueError):  # no compression extension
+        codec = None
+    return pa.input_stream(path.open("rb"), compression=codec)
+
+
+def _open_csv(path: Location, schema: Schema, header: bool, *, use_threads: bool) -> pacsv.CSVStreamingReader:
     t = schema.text
     read = pacsv.ReadOptions(
         use_threads=use_threads,
@@ -245,7 +259,7 @@ def _open_csv(path: Path, schema: Schema, header: bool, *, use_threads: bool) ->
         include_columns=schema.names,  # dropped columns are never converted
     )
     # compression="detect": ".gz", ".bz2", ".zst", ... are decompressed while streaming.
-    return pacsv.open_csv(pa.input_stream(str(path), compression="detect"), read_options=read,
+    return pacsv.open_csv(_input_stream(path), read_options=read,
                           parse_options=parse, convert_options=conv)
 
 
@@ -255,12 +269,12 @@ _FIELDS_RE = re.compile(r"Expected (\d+) columns, got (\d+): (.*)", re.DOTALL)
 _INT64_VALUE_RE = re.compile(r"to int64: invalid value '(\s*[+-]?\d+\s*)'")
 
 
-def _first_line(path: Path, schema: Schema) -> list[str] | None:
+def _first_line(path: Location, schema: Schema) -> list[str] | None:
     """The fields of the first line of ``path`` (split at the schema's delimiter, quotes removed); None for an empty
     or unreadable file."""
     try:
         r = pacsv.open_csv(
-            pa.input_stream(str(path), compression="detect"),
+            _input_stream(path),
             read_options=pacsv.ReadOptions(use_threads=False, block_size=1 << 16),
             parse_options=pacsv.ParseOptions(delimiter=schema.text.delimiter),
             convert_options=pacsv.ConvertOptions(column_types={}, include_columns=[]),
@@ -270,7 +284,7 @@ def _first_line(path: Path, schema: Schema) -> list[str] | None:
         return None
 
 
-def _has_header(path: Path, schema: Schema) -> bool:
+def _has_header(path: Location, schema: Schema) -> bool:
     """Whether the first line of ``path`` is a header: ``text.header`` true or false, or with ``auto``, whether that
     line equals the schema's column names (all of them, dropped ones included, in order)."""
     if schema.text.header == "auto":
@@ -278,13 +292,13 @@ def _has_header(path: Path, schema: Schema) -> bool:
     return bool(schema.text.header)
 
 
-def header_names(path: Path, schema: Schema) -> list[str] | None:
+def header_names(path: Location, schema: Schema) -> list[str] | None:
     """The names of the fields of ``path``'s lines: its header's (None for an empty or unreadable file) when it
     has one (``text.header``, or ``auto`` and a first line equal to the column names), else the schema's."""
     return _first_line(path, schema) if _has_header(path, schema) else schema.text_names
 
 
-def _check_header(path: Path, schema: Schema) -> None:
+def _check_header(path: Location, schema: Schema) -> None:
     """Raise ``InputError`` unless the header of ``path`` names every column of the raw layout (in any order, among
     other names); the message lists the expected and the found names and where they first differ."""
     found = _first_line(path, schema)
@@ -308,7 +322,7 @@ def _int64_hint(value: str) -> str:
     return " (beyond the int64 range: integer ids up to 2**64 - 1 are read with dtype string and encoding int)"
 
 
-def _explain(path: Path, schema: Schema, err: Exception, header: bool, *, single_threaded: bool) -> InputError:
+def _explain(path: Location, schema: Schema, err: Exception, header: bool, *, single_threaded: bool) -> InputError:
     """Turn a pyarrow CSV error into an InputError naming the file, line and column.
 
     Multi-threaded reading does not report line numbers, so the file is re-read single-threaded up to the error.
@@ -346,14 +360,14 @@ def _explain(path: Path, schema: Schema, err: Exception, header: bool, *, single
     return InputError(str(path), msg, column=column)
 
 
-def _finish(batch: pa.RecordBatch, schema: Schema, path: Path, arrow_schema: pa.Schema, first_line: int) -> pa.RecordBatch:
+def _finish(batch: pa.RecordBatch, schema: Schema, path: Location, arrow_schema: pa.Schema, first_line: int) -> pa.RecordBatch:
     """A batch as the CSV reader gives it → the raw layout (``first_line``: the 1-based line of its first row)."""
     own_nulls = _own_nulls(schema)
     arrays = [_finish_column(batch.column(i), c, schema, own_nulls, path, first_line) for i, c in enumerate(schema.columns)]
     return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema)
 
 
-def _finish_column(a: pa.Array, c: ColumnSpec, schema: Schema, own_nulls: bool, path: Path, first_line: int) -> pa.Array:
+def _finish_column(a: pa.Array, c: ColumnSpec, schema: Schema, own_nulls: bool, path: Location, first_line: int) -> pa.Array:
     """One column of ``_finish``: missing texts applied (when the schema has per-column ``null_values``), list text
     split, text of a numeric column with its own ``null_values`` parsed."""
     if own_nulls and _read_as_text(c):
@@ -394,7 +408,7 @@ def _first_unconvertible(values: pa.Array, target: pa.DataType) -> int | None:
     return lo
 
 
-def _split_one(text: pa.Array, c: ColumnSpec, path: Path, first_line: int) -> pa.Array:
+def _split_one(text: pa.Array, c: ColumnSpec, path: Location, first_line: int) -> pa.Array:
     """A list column's text split at its separator (null text → null list; elements kept verbatim but for those
     in the column's ``null_values``, which are dropped) and cast to the element type."""
     lists = pc.split_pattern(text, pattern=c.separator)
@@ -422,7 +436,7 @@ def _drop_elements(lists: pa.ListArray, missing: tuple[str, ...]) -> pa.ListArra
     return pa.ListArray.from_arrays(pa.array(offsets), values.filter(keep), mask=pa.array(lengths == 0))
 
 
-def read_text(path: Path, schema: Schema, arrow_schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+def read_text(path: Location, schema: Schema, arrow_schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     """Stream ``path`` as raw-layout record batches (one CSV block at a time)."""
     header = _has_header(path, schema)
     if header:
@@ -446,13 +460,13 @@ def read_text(path: Path, schema: Schema, arrow_schema: pa.Schema) -> Iterator[p
 
 
 def convert(
-    inputs: Sequence[str | Path],
+    inputs: Sequence[str | Location],
     schema: Schema,
-    out_dir: Path,
+    out_dir: str | Location,
     rows_per_file: int = 1_000_000,
     progress: Callable[[int], None] | None = None,
     side: SideTable | None = None,
-) -> list[Path]:
+) -> list[Location]:
     """Convert delimited text files to raw-layout Parquet shards in ``out_dir``; return the shard paths in order.
 
     Reading follows ``schema.text``: ``delimiter``; ``header``: true (the first line names the columns; every
@@ -499,7 +513,7 @@ def convert(
     if side is not None:
         for path in paths:
             side.check_input(path)
-    with ShardSetWriter(Path(out_dir), raw_arrow_schema(schema)) as shards:
+    with ShardSetWriter(out_dir, raw_arrow_schema(schema)) as shards:
         sharder = _Sharder(shards, rows_per_file, progress)
         try:
             for path in paths:

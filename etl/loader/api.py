@@ -12,7 +12,8 @@ How it works: ``etl.loader.order`` fixes which row-group pieces this rank reads,
 one pass (``etl.loader.epoch.EpochPass``; with ``num_workers=0``, ``InlinePass``, which does the same work in the
 training loop's thread when it asks for a batch, like torch's DataLoader): ``num_workers`` threads read and transform the pieces
 (``etl.loader.pieces``; Parquet decoding and the numba kernels release the GIL), at most ``num_workers + prefetch``
-ahead of the assembler. One assembler thread (``etl.loader.assembler``) gathers their rows in order into shuffle
+ahead of the assembler (from object storage, each of those pieces has a thread of its own, so that their requests
+overlap and hide the store's latency). One assembler thread (``etl.loader.assembler``) gathers their rows in order into shuffle
 buffers of ``shuffle_buffer`` rows, permutes each buffer with a generator drawn from (seed, epoch, rank, buffer
 number), cuts ``batch_size``-row batches (the remainder carries over across pieces and shards), copies each into a
 free slot of ``etl.loader.ring.Ring`` and starts its host→device copy. The consumer (this module: position,
@@ -46,6 +47,7 @@ import torch
 
 from etl.allocator import tune_allocator
 from etl.errors import ArtifactError, ConfigError
+from etl.io.fs import Location, Url, location, locations
 from etl.io.parquet import list_shards
 from etl.io.processed import ProcessedOutput, is_processed, open_processed
 from etl.loader.assembler import PassSettings
@@ -112,13 +114,17 @@ class Loader:
     asked for (the same batches as with worker threads). ``copy``: hand out batches that own their tensors
     instead of views of the reused ring slot (see ``LoaderBatch``). A setting that cannot work raises
     ``ConfigError``, among them a ``batch_size`` larger than a rank's rows with ``drop_last`` (no batch at all);
-    without ``drop_last`` such a rank yields one short batch."""
+    without ``drop_last`` such a rank yields one short batch. ``source`` and ``artifacts`` may be object-storage
+    URLs (``s3://bucket/raw``, ``gs://...``, see ``etl.io.fs``), with ``storage_options`` for their filesystem
+    (credentials and endpoints otherwise come from the environment, e.g. ``AWS_ENDPOINT_URL``); from object storage,
+    ``num_workers + prefetch`` pieces are read at once, so that their requests overlap (with ``num_workers=0`` each
+    request's latency is the training loop's)."""
 
     def __init__(
         self,
-        source: str | Path | list[str | Path],
+        source: str | Location | list[str | Location],
         pipeline: str | Path | None = None,
-        artifacts: str | Path | None = None,
+        artifacts: str | Location | None = None,
         *,
         batch_size: int = 65536,
         shuffle: bool = False,
@@ -133,6 +139,7 @@ class Loader:
         transform_on: str = "host",
         allow_partial: bool = False,
         copy: bool = False,
+        storage_options: dict[str, Any] | None = None,
     ):
         tune_allocator()
         if batch_size < 1 or prefetch < 1:
@@ -141,12 +148,13 @@ class Loader:
             raise ConfigError(f"num_workers must be >= 0 (0: no worker threads), got {num_workers}")
         if transform_on not in ("host", "device"):
             raise ConfigError(f"transform_on must be 'host' or 'device', got {transform_on!r}")
-        self.pipeline, output, shards = _open_source(source, pipeline, artifacts, allow_partial)
+        self.pipeline, output, shards = _open_source(source, pipeline, artifacts, allow_partial, storage_options)
         self.processed = output is not None
         if transform_on == "device" and self.processed:
             raise ConfigError("transform_on='device' transforms raw shards; this source is already transformed")
         self.layout = Layout.of(self.pipeline)
         self.groups = row_groups(shards)
+        self.remote = any(isinstance(path, Url) for path in shards)  # reads wait on requests: see EpochPass io_bound
         self.stage = DeviceStage(self.pipeline, self.layout, self.groups) if transform_on == "device" else None
         self.total_rows = sum(g.num_rows for g in self.groups)
         if rank is None and world_size is None:
@@ -251,7 +259,7 @@ class Loader:
         if self.num_workers == 0:
             return InlinePass(settings, self.groups, guarded(_read_weakly(self)), self._slots(), self.stats, stage=self.stage, empty=empty)
         return EpochPass(settings, self.groups, guarded(_read_weakly(self)), self._slots(), self.stats, num_workers=self.num_workers,
-                         prefetch=self.prefetch, stage=self.stage, empty=empty, after=after)  # fmt: skip
+                         prefetch=self.prefetch, stage=self.stage, empty=empty, after=after, io_bound=self.remote)  # fmt: skip
 
     def _close_active(self) -> None:
         it = self._active() if self._active is not None else None
@@ -283,16 +291,22 @@ def _read_weakly(loader: Loader) -> Callable[[Piece], Chunk]:
 
 
 def _open_source(
-    source: str | Path | list[str | Path], pipeline: str | Path | None, artifacts: str | Path | None, allow_partial: bool
-) -> tuple[Pipeline, ProcessedOutput | None, list[Path]]:
+    source: str | Location | list[str | Location],
+    pipeline: str | Path | None,
+    artifacts: str | Location | None,
+    allow_partial: bool,
+    storage_options: dict[str, Any] | None,
+) -> tuple[Pipeline, ProcessedOutput | None, list[Location]]:
     """The pipeline, the processed output when the source is one (read as is), and the shards to read."""
-    items = source if isinstance(source, list) else [source]
-    if len(items) == 1 and is_processed(Path(items[0])):
-        processed = open_processed(Path(items[0]), allow_partial=allow_partial)
+    items = locations(source if isinstance(source, list) else [source], storage_options)
+    if artifacts is not None:
+        artifacts = location(artifacts, storage_options)
+    if len(items) == 1 and is_processed(items[0]):
+        processed = open_processed(items[0], allow_partial=allow_partial)
         fitted = Pipeline.load(processed.artifacts)
         if pipeline is not None:
             check_match(fitted, Pipeline.from_file(pipeline), processed.artifacts)
-        if artifacts is not None and _read_bytes(Path(artifacts) / "pipeline.json") != _read_bytes(processed.artifacts / "pipeline.json"):
+        if artifacts is not None and _read_bytes(artifacts / "pipeline.json") != _read_bytes(processed.artifacts / "pipeline.json"):
             raise ArtifactError(f"{artifacts}: not the artifacts {items[0]} was made with ({processed.artifacts})")
         return fitted, processed, processed.parts
     if pipeline is None:
@@ -302,14 +316,14 @@ def _open_source(
         check_match(p, Pipeline.from_file(pipeline), artifacts)
     if not p.is_fitted:
         raise ConfigError(f"{pipeline} has ops to fit: run `etl fit` and pass artifacts=")
-    return p, None, list_shards([Path(i) for i in items])
+    return p, None, list_shards(items)
 
 
-def _read_bytes(path: Path) -> bytes:
+def _read_bytes(path: Location) -> bytes:
     try:
         return path.read_bytes()
     except OSError as e:
-        raise ArtifactError(f"{path}: cannot read: {e.strerror}") from None
+        raise ArtifactError(f"{path}: cannot read: {e.strerror or e}") from None
 
 
 class _Iteration:

@@ -28,17 +28,21 @@ class EpochPass:
 
     Events for whoever sequences passes: ``all_submitted``, set once every piece went to the workers (the next
     epoch may start reading), and ``assembled``, set once the pass takes no more ring slots (its last batch is
-    queued, or it was closed). With ``after``, the pass takes ring slots only once that event is set."""
+    queued, or it was closed). With ``after``, the pass takes ring slots only once that event is set.
+
+    ``io_bound``: the pieces come from object storage, where a read mostly waits on requests: the pool then has one
+    thread per piece in flight (``num_workers + prefetch``) instead of ``num_workers``, so the requests of every
+    piece read ahead overlap (how many pieces are in flight, hence the memory they hold, does not change)."""
 
     def __init__(self, settings: PassSettings, groups: list[RowGroup], read: Callable[[Piece], Chunk], ring: Ring,
                  stats: LoaderStats, *, num_workers: int, prefetch: int, stage: DeviceStage | None = None, empty: Chunk,
-                 after: threading.Event | None = None) -> None:  # fmt: skip
+                 after: threading.Event | None = None, io_bound: bool = False) -> None:  # fmt: skip
         self.settings, self.epoch, self.ring = settings, settings.epoch, ring
         self.all_submitted = threading.Event()
         self.assembled = threading.Event()
         self.stop = threading.Event()
         self.ready: queue.Queue = queue.Queue(maxsize=prefetch + 1)
-        self.pool = ThreadPoolExecutor(num_workers, thread_name_prefix="etl-loader")
+        self.pool = ThreadPoolExecutor(num_workers + prefetch if io_bound else num_workers, thread_name_prefix="etl-loader")
         assembler = Assembler(settings, groups, read, self.pool, ring, stats, read_ahead=num_workers + prefetch,
                               stop=self.stop, all_submitted=self.all_submitted, after=after, stage=stage, empty=empty)  # fmt: skip
         self.thread = threading.Thread(target=_assemble, args=(assembler, self.ready, self.assembled), daemon=True, name="etl-assembler")

@@ -8,21 +8,23 @@ at most one. Every rank derives the same stream from the same arguments; nothing
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow.parquet as pq
 
-from etl.errors import InputError
+from etl.io.fs import Location
+from etl.io.parquet import read_footer
 
 
 @dataclass(frozen=True)
 class RowGroup:
-    path: Path
+    path: Location
     index: int  # row group number within the file
     first_row: int  # row number (within the file) of its first row
     num_rows: int
+    #: the file's footer, as read when the groups were listed (reading a piece from object storage needs it)
+    footer: pq.FileMetaData | None = field(default=None, compare=False, hash=False, repr=False)
 
 
 @dataclass(frozen=True)
@@ -34,19 +36,16 @@ class Piece:
     length: int
 
 
-def row_groups(shards: list[Path]) -> list[RowGroup]:
+def row_groups(shards: list[Location]) -> list[RowGroup]:
     """Every non-empty row group of ``shards``, in file order (from the Parquet footers only)."""
     out = []
     for path in shards:
-        try:
-            meta = pq.ParquetFile(path).metadata
-        except (OSError, ValueError) as e:
-            raise InputError(str(path), f"not a readable Parquet file: {e}") from None
+        meta = read_footer(path)
         first = 0
         for i in range(meta.num_row_groups):
             n = meta.row_group(i).num_rows
             if n:
-                out.append(RowGroup(Path(path), i, first, n))
+                out.append(RowGroup(path, i, first, n, meta))
             first += n
     return out
 

@@ -39,7 +39,7 @@ class PieceReader:
     def __call__(self, piece: Piece) -> Chunk:
         g = piece.group
         t0 = time.perf_counter()
-        table = read_rows(g.path, self.columns, g.first_row + piece.start, piece.length, g.index)
+        table = read_rows(g.path, self.columns, g.first_row + piece.start, piece.length, g.index, g.footer)
         t1 = time.perf_counter()
         chunk = self.convert(table, piece)
         t2 = time.perf_counter()
@@ -54,20 +54,22 @@ class PieceReader:
 class ProcessedReader(PieceReader):
     """A shard of ``etl preprocess`` output: its columns already are the layout's. Before its first rows are
     read, each file is checked against the sha256 its manifest entry records (``etl.io.processed.verify_part``):
-    once per file and reader."""
+    once per file and reader. Files are verified concurrently (one lock per file), so that from object storage the
+    download of one does not hold up the others."""
 
     def __init__(self, layout: Layout, stats: LoaderStats, output: ProcessedOutput):
         super().__init__(layout.columns, stats)
         self.layout, self.output = layout, output
         self._unverified = dict(zip(output.parts, output.manifest.files))
-        self._verify_lock = threading.Lock()
+        self._verify_locks = {path: threading.Lock() for path in output.parts}
 
     def __call__(self, piece: Piece) -> Chunk:
-        with self._verify_lock:  # a file's other pieces wait until it is verified
-            entry = self._unverified.get(piece.group.path)
+        path = piece.group.path
+        with self._verify_locks[path]:  # the file's other pieces wait until it is verified
+            entry = self._unverified.get(path)
             if entry is not None:
                 verify_part(self.output, entry)
-                del self._unverified[piece.group.path]
+                del self._unverified[path]
         return super().__call__(piece)
 
     def convert(self, table: pa.Table, piece: Piece) -> Chunk:

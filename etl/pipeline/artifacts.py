@@ -17,6 +17,7 @@ import pyarrow.parquet as pq
 from etl.errors import ArtifactError, SpecError
 from etl.ids import DESCRIPTION as ID_ENCODING
 from etl.io.files import atomic_write_bytes, atomic_write_parquet
+from etl.io.fs import Location, Url, arrow_source, is_within, location
 from etl.ops.base import InvalidState
 from etl.schema import parse_schema, schema_to_dict
 
@@ -27,12 +28,12 @@ ARTIFACT_FORMAT = "etl-artifacts"
 ARTIFACT_VERSION = 1
 
 
-def save(pipeline: Pipeline, directory: str | Path) -> None:
+def save(pipeline: Pipeline, directory: str | Location) -> None:
     """Write the fitted state of ``pipeline``: ``pipeline.json`` plus one Parquet file per fitted table (atomic
     per file). A NaN or infinite number in the JSON state raises ``ArtifactError`` (JSON never holds them)."""
     if not pipeline.is_fitted:
         raise ArtifactError("cannot save an unfitted pipeline")
-    d = Path(directory)
+    d = location(directory)
     d.mkdir(parents=True, exist_ok=True)
     ops_doc = []
     for i, op in enumerate(pipeline.ops):
@@ -61,13 +62,13 @@ def save(pipeline: Pipeline, directory: str | Path) -> None:
     atomic_write_bytes(d / "pipeline.json", text.encode())
 
 
-def load(directory: str | Path, xp: Backend, build: type[Pipeline]) -> Pipeline:
+def load(directory: str | Location, xp: Backend, build: type[Pipeline]) -> Pipeline:
     """Rebuild a fitted pipeline (of class ``build``, with backend ``xp``) from artifacts written by ``save``.
 
     Raises ``ArtifactError`` naming the file (and the field of ``pipeline.json``) when the directory holds no
     artifacts, artifacts of another format version, a malformed ``pipeline.json``, a table path that is not a
     relative path inside the directory, or files that cannot be read or hold an invalid fitted state."""
-    d = Path(directory)
+    d = location(directory)
     path = d / "pipeline.json"
     manifest = _read_manifest(d)
     try:
@@ -93,11 +94,11 @@ def load(directory: str | Path, xp: Backend, build: type[Pipeline]) -> Pipeline:
     return pipe
 
 
-def _read_manifest(d: Path) -> dict[str, Any]:
+def _read_manifest(d: Location) -> dict[str, Any]:
     """The parsed ``pipeline.json`` of ``d``: a JSON object of this format and version."""
     path = d / "pipeline.json"
     try:
-        manifest = json.loads(path.read_text())
+        manifest = json.loads(path.read_bytes())
     except FileNotFoundError:
         raise ArtifactError(f"{d}: no pipeline.json (not an artifacts directory)") from None
     except (OSError, UnicodeDecodeError) as e:
@@ -112,7 +113,7 @@ def _read_manifest(d: Path) -> dict[str, Any]:
     return manifest
 
 
-def _field(doc: dict[str, Any], key: str, kind: type, path: Path, where: str = "") -> Any:
+def _field(doc: dict[str, Any], key: str, kind: type, path: Location, where: str = "") -> Any:
     """``doc[key]``, which must be of type ``kind``; ``where`` prefixes the field name in the error."""
     name = f"{where}.{key}" if where else key
     if key not in doc:
@@ -122,20 +123,22 @@ def _field(doc: dict[str, Any], key: str, kind: type, path: Path, where: str = "
     return doc[key]
 
 
-def _read_table(d: Path, rel: Any, field: str) -> pa.Table:
-    """Read the table at ``rel``, which must be a relative path resolving (symbolic links followed) inside ``d``."""
+def _read_table(d: Location, rel: Any, field: str) -> pa.Table:
+    """Read the table at ``rel``, which must be a relative path resolving (symbolic links followed) inside ``d``
+    (in object storage: a relative key without ``..``)."""
     if not isinstance(rel, str) or not rel or Path(rel).is_absolute():
         raise ArtifactError(f"{d / 'pipeline.json'}: field '{field}': expected a relative path, got {rel!r}")
     target = d / rel
-    if not target.resolve().is_relative_to(d.resolve()):
+    if ".." in Path(rel).parts if isinstance(d, Url) else not is_within(target.resolve(), d.resolve()):
         raise ArtifactError(f"{d / 'pipeline.json'}: field '{field}': {rel!r} resolves outside the artifacts directory")
+    source, filesystem = arrow_source(target)
     try:
-        return pq.read_table(target)
+        return pq.read_table(source, filesystem=filesystem)
     except (OSError, pa.ArrowException) as e:
         raise ArtifactError(f"{target}: cannot read: {e}") from None
 
 
-def check_match(fitted: Pipeline, spec: Pipeline, artifacts: str | Path) -> None:
+def check_match(fitted: Pipeline, spec: Pipeline, artifacts: str | Location) -> None:
     """Raise ``ArtifactError`` unless ``fitted`` (loaded from ``artifacts``) was fitted with the pipeline document
     and the schema columns of ``spec``."""
     if fitted.doc != spec.doc or fitted.schema.columns != spec.schema.columns:

@@ -47,6 +47,7 @@ from etl.backends import cpu
 from etl.batch import Batch, Column, Strings
 from etl.errors import ArtifactError, InputError, RowError, SpecError
 from etl.ids import id_dtype
+from etl.io.fs import Location
 from etl.io.memory import SOURCE, arrow_table
 from etl.io.parquet import batch_from_arrow
 from etl.io.text import raw_arrow_schema
@@ -190,7 +191,7 @@ class Pipeline:
         return cls(doc, schema, str(p), xp)
 
     @classmethod
-    def load(cls, directory: str | Path, xp: Backend = cpu) -> Pipeline:
+    def load(cls, directory: str | Location, xp: Backend = cpu) -> Pipeline:
         """Rebuild a fitted pipeline from artifacts written by ``save`` (JSON + Parquet only)."""
         return artifacts.load(directory, xp, cls)
 
@@ -248,7 +249,7 @@ class Pipeline:
 
     def fit(
         self,
-        shards: list[Path],
+        shards: list[Location],
         workers: int = 1,
         on_error: OnError = "raise",
         progress: Progress | None = None,
@@ -259,7 +260,7 @@ class Pipeline:
         called with the name of the fitting pass and the number of rows of each row group read."""
         fit_shards(self, shards, workers, on_error, progress)
 
-    def save(self, directory: str | Path) -> None:
+    def save(self, directory: str | Location) -> None:
         """Write the fitted state to ``directory`` (see ``etl.pipeline.artifacts``)."""
         artifacts.save(self, directory)
 

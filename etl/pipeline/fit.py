@@ -14,9 +14,9 @@ import functools
 import itertools
 import threading
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from etl.io.fs import Location
 from etl.io.parquet import open_shard
 from etl.ops import Op
 from etl.progress import Progress
@@ -31,7 +31,7 @@ Unit = tuple[Op, dict[str, Any]]
 
 def fit_shards(
     pipeline: Pipeline,
-    shards: list[Path],
+    shards: list[Location],
     workers: int = 1,
     on_error: OnError = "raise",
     progress: Progress | None = None,
@@ -51,7 +51,7 @@ def fit_shards(
 def _fit_stage(
     pipeline: Pipeline,
     stage: list[Op],
-    shards: list[Path],
+    shards: list[Location],
     workers: int,
     on_error: OnError,
     progress: Callable[[int], None] | None,
@@ -71,7 +71,7 @@ def _fit_stage(
     units: list[Unit] = [(op, _columns_of(st, c)) for op, st in zip(stage, stats) for c in st]
     unit_locks = [threading.Lock() for _ in units]
 
-    def prepare(path: Path, emit: Callable[[Any], None], stop: threading.Event) -> None:
+    def prepare(path: Location, emit: Callable[[Any], None], stop: threading.Event) -> None:
         shard = open_shard(path, pipeline.schema)
         for i in range(shard.num_row_groups):
             if stop.is_set():

@@ -28,9 +28,10 @@ def new_ring(batch_size: int) -> Ring:
     return Ring(SLOTS, batch_size, LAYOUT.batch_fields(), torch.device("cpu"))
 
 
-def new_pass(ring: Ring, read=fake_read, after: threading.Event | None = None, **kw) -> EpochPass:
+def new_pass(ring: Ring, read=fake_read, after: threading.Event | None = None, io_bound: bool = False, **kw) -> EpochPass:
     s = settings(ring.host[0]["label"].shape[0], 50, shuffle=False, **kw)
-    return EpochPass(s, GROUPS, read, ring, LoaderStats(), num_workers=2, prefetch=PREFETCH, empty=LAYOUT.empty(), after=after)
+    return EpochPass(s, GROUPS, read, ring, LoaderStats(), num_workers=2, prefetch=PREFETCH, empty=LAYOUT.empty(), after=after,
+                     io_bound=io_bound)  # fmt: skip
 
 
 def wait_until(condition, timeout: float = 5.0) -> bool:
@@ -52,6 +53,23 @@ def test_a_whole_pass_hands_over_every_row_once_and_sets_its_events() -> None:
     assert wait_until(p.assembled.is_set) and p.all_submitted.is_set()
     p.close()
     assert ring.free.qsize() == SLOTS
+
+
+def test_an_io_bound_pass_reads_every_piece_in_flight_at_once() -> None:
+    """From object storage, the num_workers + prefetch pieces read ahead are read concurrently: here each read
+    waits for all of them to have started, which only one thread per piece in flight lets happen."""
+    in_flight = threading.Barrier(2 + PREFETCH)
+
+    def read(piece: Piece) -> Chunk:
+        if GROUPS.index(piece.group) < in_flight.parties:  # the first pieces, read ahead together
+            in_flight.wait(timeout=5)  # raises BrokenBarrierError (the pass fails) if fewer reads overlap
+        return fake_read(piece)
+
+    ring = new_ring(30)
+    p = new_pass(ring, read=read, io_bound=True)
+    first, n, _ = p.take()
+    assert n == 30 and not in_flight.broken
+    p.close()
 
 
 def test_a_pass_closed_midway_stops_its_threads_and_gives_back_its_slots() -> None:

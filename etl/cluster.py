@@ -1,0 +1,73 @@
+"""Where distributed work runs: a Dask cluster named by a spec string.
+
+``--cluster`` (and ``connect``) accept:
+
+- ``local:N``: a ``LocalCluster`` of N worker processes on this machine, one thread each, started for the run and
+  stopped when it ends (``N`` >= 1);
+- ``tcp://HOST:PORT`` (any address a Dask scheduler listens on, e.g. ``tls://``): an existing cluster, left
+  running when the run ends.
+
+Without a spec, the ``DASK_SCHEDULER_ADDRESS`` environment variable names the scheduler when it is set; otherwise
+work runs in this process's threads (``connect`` yields None). Dask is imported only here and only when a cluster
+is asked for: it is the optional ``dist`` extra.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from etl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+#: The environment variable that names a scheduler when no spec is given (Dask's own convention).
+SCHEDULER_ENV = "DASK_SCHEDULER_ADDRESS"
+
+_LOCAL = re.compile(r"local:(\d+)")
+_ADDRESS = re.compile(r"[a-z][a-z0-9+.-]*://\S+")
+
+
+def cluster_spec(spec: str | None) -> str | None:
+    """The spec to use: ``spec`` itself when given, else ``DASK_SCHEDULER_ADDRESS`` when set, else None (threads).
+    Raises ``ConfigError`` naming the spec when it is neither ``local:N`` (N >= 1) nor a scheduler address."""
+    if spec is None:
+        spec = os.environ.get(SCHEDULER_ENV) or None
+        if spec is None:
+            return None
+    m = _LOCAL.fullmatch(spec)
+    if m is not None and int(m.group(1)) >= 1:
+        return spec
+    if m is None and _ADDRESS.fullmatch(spec):
+        return spec
+    raise ConfigError(f"--cluster '{spec}': expected local:N (N >= 1 worker processes) or a scheduler address such as tcp://HOST:PORT")
+
+
+@contextlib.contextmanager
+def connect(spec: str | None, timeout: float = 30.0) -> Iterator[Client | None]:
+    """A Dask client for ``spec`` (see ``cluster_spec``), or None to run in threads. A local cluster started here is
+    closed on exit, whatever ends the block; an existing cluster is only disconnected from. A scheduler not
+    reached within ``timeout`` seconds is a ``ConfigError``."""
+    spec = cluster_spec(spec)
+    if spec is None:
+        yield None
+        return
+    try:
+        from distributed import Client, LocalCluster
+    except ImportError as e:
+        raise ConfigError(f"--cluster {spec}: Dask is not installed (pip install 'etl[dist]')") from e
+    m = _LOCAL.fullmatch(spec)
+    if m is None:
+        try:
+            client = Client(spec, timeout=timeout)
+        except OSError as e:
+            raise ConfigError(f"--cluster {spec}: cannot reach the scheduler ({e})") from e
+        with client:
+            yield client
+        return
+    with LocalCluster(n_workers=int(m.group(1)), threads_per_worker=1, processes=True, dashboard_address=None) as cluster, Client(cluster) as client:
+        yield client

@@ -1,0 +1,119 @@
+"""Every data path on s3:// (a real S3 API: moto in server mode, see the ``s3`` fixture): convert → fit →
+preprocess → inspect through the CLI and the Loader in Python give the same bytes and batches as the same run on
+local paths; a missing bucket or key is one line naming the URL, exit status 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from etl.io.fs import Url, location
+from etl.io.parquet import list_shards
+from etl.io.text import convert
+from etl.loader import Loader
+from etl.pipeline import Pipeline
+from etl.preprocess import preprocess
+from etl.schema import load_schema
+from tests.conftest import REPO, run_etl
+
+pytest.importorskip("s3fs")
+
+TEXT = ("dev.csv", "test.csv")  # 800 real Criteo rows
+SCHEMA = REPO / "schemas/criteo.yaml"
+PIPELINE = REPO / "pipelines/criteo.yaml"
+#: manifest fields that name or fingerprint the source file, which differ between a local and an S3 run
+SOURCE_FIELDS = ("source", "source_mtime_ns")
+
+
+def _files(root: Path | Url) -> dict[str, bytes]:
+    """Every file under ``root`` (recursively) by its relative name, with its bytes."""
+    if isinstance(root, Path):
+        return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file() and p.name != ".etl.lock"}
+    keys = root.fs.find(root.key)
+    return {k[len(root.key) + 1 :]: bytes(root.fs.cat_file(k)) for k in sorted(keys)}
+
+
+def _without_sources(manifest: bytes) -> dict:
+    doc = json.loads(manifest)
+    for f in doc["files"]:
+        for k in SOURCE_FIELDS:
+            f.pop(k)
+    return doc
+
+
+def _batches(loader: Loader) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    try:
+        return [(b.label.numpy().copy(), b.dense.numpy().copy(), b.sparse.numpy().copy()) for b in loader]
+    finally:
+        loader.close()
+
+
+@pytest.fixture(scope="module")
+def local_run(criteo_8k: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The reference: the same steps on local paths, through the Python API."""
+    root = tmp_path_factory.mktemp("local")
+    convert([criteo_8k / f for f in TEXT], load_schema(SCHEMA), root / "raw", rows_per_file=300)
+    p = Pipeline.from_file(PIPELINE)
+    p.fit(list_shards(root / "raw"))
+    p.save(root / "artifacts")
+    preprocess(Pipeline.from_file(PIPELINE), list_shards(root / "raw"), root / "out", artifacts=root / "artifacts")
+    return root
+
+
+def test_s3_run_matches_local_run(criteo_8k: Path, local_run: Path, s3: str) -> None:
+    text = location(f"{s3}/text")
+    assert isinstance(text, Url)
+    for name in TEXT:
+        text.fs.put_file(str(criteo_8k / name), f"{text.key}/{name}")
+
+    run_etl("convert", f"{s3}/text/*.csv", "--schema", SCHEMA, "--out", f"{s3}/raw", "--rows-per-file", 300)
+    run_etl("fit", "--pipeline", PIPELINE, "--input", f"{s3}/raw", "--artifacts", f"{s3}/artifacts")
+    run_etl("preprocess", "--pipeline", PIPELINE, "--input", f"{s3}/raw/*.parquet", "--out", f"{s3}/out", "--artifacts", f"{s3}/artifacts")
+
+    raw, artifacts, out = (location(f"{s3}/{d}") for d in ("raw", "artifacts", "out"))
+    assert isinstance(raw, Url) and isinstance(artifacts, Url) and isinstance(out, Url)
+    assert _files(raw) == _files(local_run / "raw")
+    assert len(_files(raw)) == 3
+    assert _files(artifacts) == _files(local_run / "artifacts")
+    ours, theirs = _files(out), _files(local_run / "out")
+    assert sorted(ours) == sorted(theirs)  # outputs, artifacts, manifest; no temporary left behind
+    for name in ours:
+        if name == "manifest.json":
+            assert _without_sources(ours[name]) == _without_sources(theirs[name])
+        else:
+            assert ours[name] == theirs[name], name
+    manifest = json.loads(ours["manifest.json"])
+    assert [f["source"] for f in manifest["files"]] == [f"{s3}/raw/part-0000{i}.parquet" for i in range(3)]
+
+    rerun = run_etl("preprocess", "--pipeline", PIPELINE, "--input", f"{s3}/raw", "--out", f"{s3}/out", "--artifacts", f"{s3}/artifacts")
+    assert "3 already complete, skipped" in rerun.stdout  # fingerprints from the objects' metadata match
+
+    shown = run_etl("inspect", f"{s3}/out").stdout
+    assert f"processed output: {s3}/out" in shown and "rows in: 800" in shown
+
+    s3_batches = _batches(Loader(f"{s3}/out", batch_size=128, shuffle=True, seed=3, num_workers=2))
+    local_batches = _batches(Loader(local_run / "out", batch_size=128, shuffle=True, seed=3, num_workers=2))
+    assert len(s3_batches) == len(local_batches) == 7
+    for a, b in zip(s3_batches, local_batches):
+        assert all(np.array_equal(x, y) for x, y in zip(a, b))
+
+    raw_batches = _batches(Loader(f"{s3}/raw", PIPELINE, f"{s3}/artifacts", batch_size=128, num_workers=1))
+    assert sum(len(label) for label, _, _ in raw_batches) == 800
+
+
+def _one_line_error(*args: object) -> str:
+    proc = run_etl(*args, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    return " ".join(proc.stderr.split())
+
+
+def test_missing_bucket_and_key_name_the_url(s3: str, criteo_8k: Path) -> None:
+    missing = "s3://etl-no-such-bucket/raw"
+    assert missing in _one_line_error("fit", "--pipeline", PIPELINE, "--input", missing, "--artifacts", f"{s3}/a")
+    assert f"{s3}/nothing" in _one_line_error("inspect", f"{s3}/nothing")
+    line = _one_line_error("convert", criteo_8k / "dev.csv", "--schema", SCHEMA, "--out", missing)
+    assert "s3://etl-no-such-bucket/raw/" in line and "cannot write" in line

@@ -47,10 +47,6 @@ class KeyCounts:
         return len(self.keys)
 
     @classmethod
-    def empty(cls, with_texts: bool) -> KeyCounts:
-        return cls(np.zeros(0, np.uint64), np.zeros(0, np.int64), 0, pa.array([], pa.string()) if with_texts else None)
-
-    @classmethod
     def of(cls, keys: np.ndarray, counts: np.ndarray, nulls: int = 0, texts: pa.Array | None = None) -> KeyCounts:
         """A partial from distinct keys in any order (sorted here)."""
         order = np.argsort(keys, kind="stable")

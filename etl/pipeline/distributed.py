@@ -39,7 +39,6 @@ from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from etl.backends.hashing import check_buckets
 from etl.errors import ConfigError
 from etl.io.files import temporary_path
 from etl.io.parquet import open_shard
@@ -114,8 +113,6 @@ def fit_stage_on_cluster(
 ) -> None:
     """Fit the ops of ``stage`` over ``shards`` with the workers of ``client`` (see the module docstring);
     ``progress`` hears the rows of each counting task as it completes."""
-    if partitions is not None:
-        check_partitions(partitions)
     pieces = plan_pieces(pipeline, shards)
     positions = [pipeline.ops.index(op) for op in stage]
     with _work_directory(workdir) as work, _cancelled_on_exit(client) as futures:
@@ -144,14 +141,6 @@ def fit_stage_on_cluster(
             merged = {c: reduce(op.merge, (r.partials[(i, c)] for r in results)) for c in op.columns if (i, c) in results[0].partials}
             if merged:
                 op.finalize_partials(merged, pipeline.xp)
-
-
-def check_partitions(partitions: int) -> None:
-    """``ConfigError`` unless ``partitions`` is a usable partition count (1 .. 2**31)."""
-    try:
-        check_buckets(partitions)
-    except ValueError:
-        raise ConfigError(f"--partitions {partitions!r}: expected an integer in [1, 2**31]") from None
 
 
 def _gather_in_order(futures: list[Future], progress: Callable[[int], None] | None) -> list[Counted]:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from etl.backends.hashing import MAX_BUCKETS
 from etl.errors import ConfigError
 from etl.io.parquet import open_shard
 from etl.ops import Op
@@ -55,8 +56,11 @@ def fit_shards(
     (default: from the estimated distinct keys) and spilled to a temporary directory inside ``workdir`` (default:
     the system's temporary directory; on a cluster of several machines, a directory every worker sees), removed
     when fitting ends. The fitted state is the same, to the byte, either way."""
-    if client is None and partitions is not None:
-        raise ConfigError("--partitions applies to a fit on a Dask cluster (--cluster); threads keep one count table per column")
+    if partitions is not None:
+        if client is None:
+            raise ConfigError("--partitions applies to a fit on a Dask cluster (--cluster); threads keep one count table per column")
+        if isinstance(partitions, bool) or not isinstance(partitions, int) or not 1 <= partitions <= MAX_BUCKETS:
+            raise ConfigError(f"--partitions {partitions!r}: expected an integer in [1, 2**31]")
     lock = threading.Lock()
     stages = fit_stages(pipeline.ops)
     for k, stage in enumerate(stages):

@@ -70,6 +70,8 @@ def read_partition(path: Path, p: int, partitions: int, with_texts: bool) -> Key
     md = f.metadata
     groups = []
     for i in range(md.num_row_groups):
+        if not md.row_group(i).num_rows:
+            continue
         stats = md.row_group(i).column(0).statistics
         if stats is None or not stats.has_min_max:
             raise InputError(str(path), "spilled counts without hash statistics", row_group=i)

@@ -39,7 +39,7 @@ from functools import reduce
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from etl.errors import ConfigError
+from etl.errors import ConfigError, EtlError
 from etl.io.files import temporary_path
 from etl.io.parquet import open_shard
 from etl.ops import Op
@@ -120,7 +120,7 @@ def fit_stage_on_cluster(
         (work / "ranked").mkdir()
         shipped = client.scatter(pipeline, broadcast=True, hash=False)
         counting = [
-            client.submit(_count_piece, shipped, positions, piece, on_error, str(work), j, pure=False) for j, piece in enumerate(pieces)
+            client.submit(_task, _count_piece, shipped, positions, piece, on_error, str(work), j, pure=False) for j, piece in enumerate(pieces)
         ]
         futures.extend(counting)
         results = _gather_in_order(counting, progress)
@@ -128,10 +128,10 @@ def fit_stage_on_cluster(
         for i, c in sorted({key for r in results for key in r.spilled}, key=lambda ic: (ic[0], pipeline.ops[ic[0]].columns.index(ic[1]))):
             n = partitions or default_partitions(sum(r.spilled[(i, c)][0] for r in results))
             _column_dir(work / "ranked", pipeline.ops[i], i, c).mkdir()
-            merging[(i, c)] = [client.submit(_merge_partition, shipped, i, c, len(pieces), p, n, str(work), pure=False) for p in range(n)]
+            merging[(i, c)] = [client.submit(_task, _merge_partition, shipped, i, c, len(pieces), p, n, str(work), pure=False) for p in range(n)]
             futures.extend(merging[(i, c)])
         for (i, c), fs in merging.items():
-            client.gather(fs)
+            _gather_in_order(fs, None)
             op, where = pipeline.ops[i], _column_dir(work / "ranked", pipeline.ops[i], i, c)
             ranked = merge_ranked([read_ranked(where / _file(p), _with_texts(op, c)) for p in range(len(fs))], op.max_size)
             ranked.nulls = sum(r.spilled[(i, c)][1] for r in results)
@@ -143,19 +143,22 @@ def fit_stage_on_cluster(
                 op.finalize_partials(merged, pipeline.xp)
 
 
-def _gather_in_order(futures: list[Future], progress: Callable[[int], None] | None) -> list[Counted]:
-    """The results of ``futures`` in their order, reporting rows as each completes; the first failed task's
-    error is raised (the same exception type the task raised)."""
+def _gather_in_order(futures: list[Future], progress: Callable[[int], None] | None) -> list[Any]:
+    """The results of ``_task`` futures in their order, reporting the rows of each ``Counted`` result to
+    ``progress`` as it completes. The first task that failed raises its error here: a user error (``EtlError``)
+    as the task raised it, any other exception as Dask reports it."""
     from distributed import as_completed
 
     index = {f.key: j for j, f in enumerate(futures)}
-    out: list[Counted | None] = [None] * len(futures)
+    out: list[Any] = [None] * len(futures)
     for f in as_completed(futures):
         r = f.result()
+        if isinstance(r, _Failed):
+            raise r.error
         out[index[f.key]] = r
         if progress is not None:
             progress(r.rows)
-    return out  # type: ignore[return-value]
+    return out
 
 
 @contextlib.contextmanager
@@ -200,6 +203,22 @@ def _with_texts(op: Op, c: str) -> bool:
 
 
 # ---------------------------------------------------------------- tasks (run in the workers)
+
+
+@dataclass
+class _Failed:
+    """A task stopped by a user error (bad input): returned, not raised, so that the worker does not log it as a
+    failed computation and Dask does not retry it; the client raises it."""
+
+    error: EtlError
+
+
+def _task(work: Callable[..., Any], *args: Any) -> Any:
+    """``work(*args)``, or ``_Failed`` holding the ``EtlError`` it raised."""
+    try:
+        return work(*args)
+    except EtlError as e:
+        return _Failed(e)
 
 
 def _count_piece(pipeline: Pipeline, positions: list[int], piece: Piece, on_error: OnError, work: str, j: int) -> Counted:

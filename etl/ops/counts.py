@@ -56,6 +56,11 @@ class KeyCounts:
         """The entries at positions ``idx`` (same ``nulls``)."""
         return KeyCounts(self.keys[idx], self.counts[idx], self.nulls, None if self.texts is None else self.texts.take(pa.array(idx)))
 
+    def slice(self, start: int, stop: int) -> KeyCounts:
+        """Entries ``[start, stop)``, without copying (same ``nulls``)."""
+        texts = None if self.texts is None else self.texts.slice(start, stop - start)
+        return KeyCounts(self.keys[start:stop], self.counts[start:stop], self.nulls, texts)
+
     def ranked(self, threshold: int, limit: int | None) -> KeyCounts:
         """The keys counted at least ``threshold`` times, by count descending then key ascending, the first
         ``limit`` (all when None)."""
@@ -115,9 +120,9 @@ def merge_ranked(tables: list[Iterator[KeyCounts]], limit: int | None = None) ->
         ready, rest = [], []
         for head, it in heads:
             n = _rank_prefix(head, -bound[0], bound[1])
-            ready.append(head.take(np.arange(n)))
+            ready.append(head.slice(0, n))
             if n < len(head):
-                rest.append((head.take(np.arange(n, len(head))), it))
+                rest.append((head.slice(n, len(head)), it))
             else:
                 nxt = _next_nonempty(it)
                 if nxt is not None:
@@ -125,7 +130,7 @@ def merge_ranked(tables: list[Iterator[KeyCounts]], limit: int | None = None) ->
         step = _concat(ready)
         step = step.take(np.lexsort((step.keys, -step.counts)))
         if limit is not None:
-            step = step.take(np.arange(min(len(step), limit - done)))
+            step = step.slice(0, min(len(step), limit - done))
         out.append(step)
         done += len(step)
         heads = rest

@@ -114,6 +114,10 @@ def fit_stage_on_cluster(
     """Fit the ops of ``stage`` over ``shards`` with the workers of ``client`` (see the module docstring);
     ``progress`` hears the rows of each counting task as it completes."""
     pieces = plan_pieces(pipeline, shards)
+    if not pieces:  # no row group to count: the state of no rows, as the threaded fit gives it
+        for op in stage:
+            op.finalize(op.new_stats(pipeline.xp), pipeline.xp)
+        return
     positions = [pipeline.ops.index(op) for op in stage]
     with _work_directory(workdir) as work, _cancelled_on_exit(client) as futures:
         (work / "counts").mkdir()

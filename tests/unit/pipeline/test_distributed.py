@@ -123,3 +123,9 @@ def test_partitions_are_checked(local2, criteo, tmp_path):
 def test_default_partitions_follow_the_estimate():
     k = distributed.KEYS_PER_PARTITION
     assert [distributed.default_partitions(n) for n in (0, 1, k, k + 1, 20 * k)] == [1, 1, 1, 2, 20]
+
+
+def test_no_shards_give_the_threaded_state_of_no_rows(local1, tmp_path):
+    (tmp_path / "work").mkdir()
+    ref = fit_to(tmp_path / "t", PIPELINES / "criteo.yaml", [], tmp_path / "work")
+    assert fit_to(tmp_path / "d", PIPELINES / "criteo.yaml", [], tmp_path / "work", client=local1) == ref

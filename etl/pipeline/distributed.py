@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import math
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import reduce
@@ -176,7 +177,18 @@ def _work_directory(workdir: Path) -> Iterator[Path]:
     try:
         yield work
     finally:
+        _remove(work)
+
+
+def _remove(work: Path, attempts: int = 100) -> None:
+    """Remove the work directory. A task cancelled by an error may still be writing in it (Dask cannot stop a
+    running task); once the directory is gone, such a task finds nowhere to write (tasks never create parent
+    directories), so removal is retried until it succeeds (up to ``attempts`` tenths of a second)."""
+    for _ in range(attempts):
         shutil.rmtree(work, ignore_errors=True)
+        if not work.exists():
+            return
+        time.sleep(0.1)
 
 
 @contextlib.contextmanager

@@ -213,15 +213,18 @@ class Categorify(Op):
     def partials(self, stats: Stats, xp: Backend) -> dict[str, KeyCounts]:
         """Per column: every key counted (ascending) with its count, the missing values and, for string keys, the
         texts."""
-        out = {}
-        for c in self.columns:
-            s = stats[c]
-            keys, counts = s["counter"].at_least(1)
-            texts = None
-            if self.specs[c].encoding == "string":
-                texts = pa.array([s["raw"][k] for k in keys.tolist()], pa.string())
-            out[c] = KeyCounts.of(keys, counts, s["nulls"], texts)
-        return out
+        return {c: self._counts(stats[c], c, 1) for c in self.columns}
+
+    def _counts(self, s: dict[str, Any], c: str, threshold: int) -> KeyCounts:
+        """The count table of column ``c``'s accumulator ``s``, keys counted fewer than ``threshold`` times left out."""
+        keys, counts = s["counter"].at_least(threshold)
+        texts = pa.array([s["raw"][k] for k in keys.tolist()], pa.string()) if self.specs[c].encoding == "string" else None
+        return KeyCounts.of(keys, counts, s["nulls"], texts)
+
+    def finalize(self, stats: Stats, xp: Backend) -> None:
+        """``finalize_partials(partials(stats))``, with the threshold applied by the counter (when no partial is
+        merged any more, keys below it can be left out before they are sorted)."""
+        self.finalize_partials({c: self._counts(stats[c], c, self.freq_threshold) for c in self.columns}, xp)
 
     def merge(self, a: KeyCounts, b: KeyCounts) -> KeyCounts:
         return merge_counts([a, b])

@@ -49,6 +49,8 @@ class KeyCounts:
     @classmethod
     def of(cls, keys: np.ndarray, counts: np.ndarray, nulls: int = 0, texts: pa.Array | None = None) -> KeyCounts:
         """A partial from distinct keys in any order (sorted here)."""
+        if bool(np.all(keys[1:] > keys[:-1])):
+            return cls(keys, counts, nulls, texts)
         order = np.argsort(keys, kind="stable")
         return cls(keys[order], counts[order], nulls, None if texts is None else texts.take(pa.array(order)))
 

@@ -124,28 +124,32 @@ def fit_stage_on_cluster(
         (work / "counts").mkdir()
         (work / "ranked").mkdir()
         shipped = client.scatter(pipeline, broadcast=True, hash=False)
-        counting = [
-            client.submit(_task, _count_piece, shipped, positions, piece, on_error, str(work), j, pure=False) for j, piece in enumerate(pieces)
-        ]
-        futures.extend(counting)
-        results = _gather_in_order(counting, progress)
+        for j, piece in enumerate(pieces):
+            futures.append(client.submit(_task, _count_piece, shipped, positions, piece, on_error, str(work), j, pure=False))
+        results: list[Counted] = _gather_in_order(futures, progress)
+        tables = sorted({key for r in results for key in r.spilled}, key=lambda ic: (ic[0], pipeline.ops[ic[0]].columns.index(ic[1])))
         merging = {}
-        for i, c in sorted({key for r in results for key in r.spilled}, key=lambda ic: (ic[0], pipeline.ops[ic[0]].columns.index(ic[1]))):
+        for i, c in tables:  # every partition task is submitted before any result is awaited
             n = partitions or default_partitions(sum(r.spilled[(i, c)][0] for r in results))
             _column_dir(work / "ranked", pipeline.ops[i], i, c).mkdir()
             merging[(i, c)] = [client.submit(_task, _merge_partition, shipped, i, c, len(pieces), p, n, str(work), pure=False) for p in range(n)]
             futures.extend(merging[(i, c)])
         for (i, c), fs in merging.items():
             _gather_in_order(fs, None)
-            op, where = pipeline.ops[i], _column_dir(work / "ranked", pipeline.ops[i], i, c)
-            ranked = merge_ranked([read_ranked(where / _file(p), _with_texts(op, c)) for p in range(len(fs))], op.max_size)
-            ranked.nulls = sum(r.spilled[(i, c)][1] for r in results)
-            op.finalize_ranked(c, ranked, pipeline.xp)
-        for i in positions:
-            op = pipeline.ops[i]
-            merged = {c: reduce(op.merge, (r.partials[(i, c)] for r in results)) for c in op.columns if (i, c) in results[0].partials}
-            if merged:
-                op.finalize_partials(merged, pipeline.xp)
+            _assign_ids(pipeline, i, c, work, len(fs), sum(r.spilled[(i, c)][1] for r in results))
+    for i in positions:
+        op = pipeline.ops[i]
+        merged = {c: reduce(op.merge, (r.partials[(i, c)] for r in results)) for c in op.columns if (i, c) in results[0].partials}
+        if merged:
+            op.finalize_partials(merged, pipeline.xp)
+
+
+def _assign_ids(pipeline: Pipeline, i: int, c: str, work: Path, partitions: int, nulls: int) -> None:
+    """Finalize column ``c`` of the op at position ``i`` from the k-way merge of its ranked partitions."""
+    op, where = pipeline.ops[i], _column_dir(work / "ranked", pipeline.ops[i], i, c)
+    ranked = merge_ranked([read_ranked(where / _file(p), _with_texts(op, c)) for p in range(partitions)], op.max_size)
+    ranked.nulls = nulls
+    op.finalize_ranked(c, ranked, pipeline.xp)
 
 
 def _gather_in_order(futures: list[Future], progress: Callable[[int], None] | None) -> list[Any]:

@@ -129,3 +129,14 @@ def test_no_shards_give_the_threaded_state_of_no_rows(local1, tmp_path):
     (tmp_path / "work").mkdir()
     ref = fit_to(tmp_path / "t", PIPELINES / "criteo.yaml", [], tmp_path / "work")
     assert fit_to(tmp_path / "d", PIPELINES / "criteo.yaml", [], tmp_path / "work", client=local1) == ref
+
+
+@pytest.mark.parametrize(("task_rows", "groups"), [(1, [1, 1, 1, 1]), (120, [2, 2]), (179, [2, 2]), (180, [3, 1]), (10**6, [4])])
+def test_tasks_are_whole_row_groups_up_to_task_rows(criteo, monkeypatch, task_rows, groups):
+    """The first criteo shard: 230 rows in row groups of 60, 60, 60, 50."""
+    monkeypatch.setattr(distributed, "TASK_ROWS", task_rows)
+    path = criteo[0][0]
+    pieces = distributed.plan_pieces(Pipeline.from_file(PIPELINES / "criteo.yaml"), [path])
+    assert [p.stop - p.first for p in pieces] == groups
+    assert pieces[0].first == 0 and pieces[-1].stop == 4 and all(a.stop == b.first for a, b in zip(pieces, pieces[1:]))
+    assert {p.path for p in pieces} == {str(path)}

@@ -105,11 +105,11 @@ def _first_texts(texts: pa.Array, starts: np.ndarray) -> pa.Array:
     return pa.array(out, pa.string())
 
 
-def merge_ranked(tables: list[Iterator[KeyCounts]], limit: int | None = None) -> KeyCounts:
+def merge_ranked(tables: list[Iterator[KeyCounts]], limit: int | None = None, with_texts: bool = False) -> KeyCounts:
     """k-way merge of ranked tables over disjoint key sets, each given as an iterator of its chunks in order, into
-    the ranked table of their union, cut to ``limit`` entries. Only what can already be placed is merged at each
-    step: every entry up to the smallest last entry among the chunks in hand (each table's later entries rank
-    after it)."""
+    the ranked table of their union, cut to ``limit`` entries (``with_texts``: the tables hold texts). Only what
+    can already be placed is merged at each step: every entry up to the smallest last entry among the chunks in
+    hand (each table's later entries rank after it)."""
     heads: list[tuple[KeyCounts, Iterator[KeyCounts]]] = []
     for it in tables:
         head = _next_nonempty(it)
@@ -136,7 +136,9 @@ def merge_ranked(tables: list[Iterator[KeyCounts]], limit: int | None = None) ->
         out.append(step)
         done += len(step)
         heads = rest
-    return _concat(out) if out else KeyCounts(np.zeros(0, np.uint64), np.zeros(0, np.int64))
+    if not out:
+        return KeyCounts(np.zeros(0, np.uint64), np.zeros(0, np.int64), 0, pa.array([], pa.string()) if with_texts else None)
+    return _concat(out)
 
 
 def _next_nonempty(it: Iterator[KeyCounts]) -> KeyCounts | None:

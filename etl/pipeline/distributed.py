@@ -147,7 +147,8 @@ def fit_stage_on_cluster(
 def _assign_ids(pipeline: Pipeline, i: int, c: str, work: Path, partitions: int, nulls: int) -> None:
     """Finalize column ``c`` of the op at position ``i`` from the k-way merge of its ranked partitions."""
     op, where = pipeline.ops[i], _column_dir(work / "ranked", pipeline.ops[i], i, c)
-    ranked = merge_ranked([read_ranked(where / _file(p), _with_texts(op, c)) for p in range(partitions)], op.max_size)
+    with_texts = _with_texts(op, c)
+    ranked = merge_ranked([read_ranked(where / _file(p), with_texts) for p in range(partitions)], op.max_size, with_texts)
     ranked.nulls = nulls
     op.finalize_ranked(c, ranked, pipeline.xp)
 

@@ -109,7 +109,8 @@ def test_k_way_merge_carries_texts_and_handles_empty_tables():
     got = merge_ranked([iter([a]), iter([empty]), iter([]), chunks(b, 1)])
     assert pairs(got) == [(1, 5), (7, 5), (3, 2), (9, 1)]
     assert got.texts.to_pylist() == ["one", "seven", "three", "nine"]
-    assert len(merge_ranked([iter([])])) == 0
+    assert len(merge_ranked([iter([])])) == 0 and merge_ranked([iter([])]).texts is None
+    assert merge_ranked([iter([empty])], with_texts=True).texts.to_pylist() == []
 
 
 def test_partition_function_is_the_documented_hash_and_reduce():

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from etl.cluster import connect
 from etl.errors import ConfigError, RowError
 from etl.pipeline import Pipeline, distributed
-from tests.unit.pipeline.conftest import DLRM, PIPELINES, write_pipeline
+from tests.unit.pipeline.conftest import DLRM, PIPELINES, ROOT, write_pipeline
 from tests.unit.pipeline.test_fit import tree_bytes
 
 pytest.importorskip("distributed")
@@ -56,11 +57,17 @@ def test_artifacts_are_the_threaded_fits_bytes(request, criteo, fitted, tmp_path
     assert got == tree_bytes(fitted[1])
 
 
-def test_string_keys_lists_and_normalize_match_threads(local2, ml_shards, tmp_path):
+@pytest.mark.parametrize("threshold", [1, 10**6])  # 10**6: every vocabulary empty
+def test_string_keys_lists_and_normalize_match_threads(local2, ml_shards, tmp_path, threshold):
     paths, _ = ml_shards
+    ops = yaml.safe_load((PIPELINES / "movielens.yaml").read_text())["ops"]
+    for op in ops:
+        if op["op"] == "Categorify":
+            op["freq_threshold"] = threshold
+    spec = write_pipeline(tmp_path, ops, schema=str(ROOT / "schemas/movielens.yaml"))
     (tmp_path / "work").mkdir()
-    ref = fit_to(tmp_path / "t", PIPELINES / "movielens.yaml", paths, tmp_path / "work", workers=2)
-    got = fit_to(tmp_path / "d", PIPELINES / "movielens.yaml", paths[::-1], tmp_path / "work", client=local2, partitions=2)
+    ref = fit_to(tmp_path / "t", spec, paths, tmp_path / "work", workers=2)
+    got = fit_to(tmp_path / "d", spec, paths[::-1], tmp_path / "work", client=local2, partitions=2)
     assert got == ref
 
 

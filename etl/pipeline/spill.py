@@ -4,8 +4,10 @@ Two Parquet layouts, both owned (written and checked on read) here:
 
 - a *spilled partial* (``write_partial`` / ``read_partition``): one column's ``KeyCounts`` from one fit task, with
   columns ``hash`` (``etl.ops.counts.key_hashes`` of the key), ``key``, ``count`` and, for string keys, ``raw``,
-  sorted by ``hash`` in row groups of ``SPILL_ROW_GROUP`` rows. Partition ``p`` of any count ``P`` is the run of
-  rows whose hash lies in ``hash_range(p, P)``: it is read from the row groups whose hash statistics overlap it.
+  ordered by the top ``BUCKET_BITS`` bits of the hash (a linear-time radix sort; the order within a bucket is
+  the partial's) in row groups of ``SPILL_ROW_GROUP`` rows. The rows of partition ``p`` of any count ``P`` (hash
+  in ``hash_range(p, P)``) lie in the run of the buckets that range overlaps: they are read from the row groups
+  whose hash statistics overlap it, and picked by their hash.
 - a *ranked partition* (``write_ranked`` / ``read_ranked``): the vocabulary entries of one partition (``key``,
   ``count``, ``raw`` for string keys) in rank order (count descending, then key ascending), read back in chunks.
 
@@ -19,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -32,6 +34,12 @@ from etl.ops.counts import KeyCounts, hash_range, key_hashes
 
 T = TypeVar("T")
 
+#: Parquet options of both layouts: hashes and keys are incompressible 64-bit words, so only counts (few distinct
+#: values) are dictionary-encoded (trying a dictionary on the others costs more than the rest of the write).
+_WRITE: dict[str, Any] = {"compression": "lz4", "use_dictionary": ["count"]}
+
+#: Spilled partials are ordered by this many top bits of the hash.
+BUCKET_BITS = 16
 #: Rows per row group of a spilled partial: the granularity at which a partition's rows are found.
 SPILL_ROW_GROUP = 1 << 16
 #: Rows per row group of a ranked partition: the chunks in which it is read back.
@@ -55,11 +63,11 @@ def _table(counts: KeyCounts, hashes: np.ndarray | None) -> pa.Table:
 
 
 def write_partial(path: Path, counts: KeyCounts) -> None:
-    """Spill the partial ``counts`` (its ``nulls`` aside: callers carry them) to ``path``, sorted by hash."""
+    """Spill the partial ``counts`` (its ``nulls`` aside: callers carry them) to ``path``, in hash bucket order."""
     hashes = key_hashes(counts.keys)
-    order = np.argsort(hashes)
+    order = np.argsort(_buckets(hashes), kind="stable")
     table = _table(counts.take(order), hashes[order])
-    atomic_write_parquet(table, path, row_group_size=SPILL_ROW_GROUP, compression="lz4")
+    atomic_write_parquet(table, path, row_group_size=SPILL_ROW_GROUP, **_WRITE)
 
 
 def read_partition(path: Path, p: int, partitions: int, with_texts: bool) -> KeyCounts:
@@ -80,18 +88,25 @@ def read_partition(path: Path, p: int, partitions: int, with_texts: bool) -> Key
     table = _read(path, partial(f.read_row_groups, groups)) if groups else _schema(True, with_texts).empty_table()
     _check_values(path, table)
     hashes = table.column("hash").to_numpy()
-    keys = table.column("key").to_numpy()
-    if np.any(hashes[1:] <= hashes[:-1]) or not np.array_equal(hashes, key_hashes(keys)):
-        raise InputError(str(path), "spilled counts out of hash order, or a hash that is not its key's")
-    first, last = np.searchsorted(hashes, np.uint64(lo)), len(hashes) if hi >> 64 else np.searchsorted(hashes, np.uint64(hi))
-    table = table.slice(first, last - first)
+    buckets = _buckets(hashes)
+    if np.any(buckets[1:] < buckets[:-1]) or not np.array_equal(hashes, key_hashes(table.column("key").to_numpy())):
+        raise InputError(str(path), "spilled counts out of hash bucket order, or a hash that is not its key's")
+    mine = hashes >= np.uint64(lo)
+    if hi < 2**64:
+        mine &= hashes < np.uint64(hi)
+    table = table.filter(pa.array(mine))
     texts = table.column("raw").combine_chunks() if with_texts else None
     return KeyCounts.of(table.column("key").to_numpy(), table.column("count").to_numpy(), 0, texts)
 
 
+def _buckets(hashes: np.ndarray) -> np.ndarray:
+    """The top ``BUCKET_BITS`` bits of each hash (uint16)."""
+    return (hashes >> np.uint64(64 - BUCKET_BITS)).astype(np.uint16)
+
+
 def write_ranked(path: Path, ranked: KeyCounts) -> None:
     """Write a ranked table (``nulls`` aside)."""
-    atomic_write_parquet(_table(ranked, None), path, row_group_size=RANKED_CHUNK, compression="lz4")
+    atomic_write_parquet(_table(ranked, None), path, row_group_size=RANKED_CHUNK, **_WRITE)
 
 
 def read_ranked(path: Path, with_texts: bool) -> Iterator[KeyCounts]:

@@ -261,7 +261,7 @@ def fit(
         None, help="Fit on Dask: local:N (N worker processes) or a scheduler address tcp://HOST:PORT (default: $DASK_SCHEDULER_ADDRESS or threads)."
     ),
     partitions: int | None = typer.Option(
-        None, min=1, max=2**31, help="With --cluster: partitions of each count table (default: one per 2**20 estimated distinct keys)."
+        None, min=1, max=2**31, help="With --cluster: partitions of each count table (default: one per 2**22 estimated distinct keys)."
     ),
 ) -> None:
     """Fit the pipeline's statistics and vocabularies over all shards, in bounded memory. With --cluster, count tables

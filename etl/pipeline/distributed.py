@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 #: The most rows one counting task reads (whole row groups, at least one).
 TASK_ROWS = 1 << 20
 #: Default partitioning: one partition per this many estimated distinct keys of a column.
-KEYS_PER_PARTITION = 1 << 20
+KEYS_PER_PARTITION = 1 << 22
 
 
 @dataclass(frozen=True)

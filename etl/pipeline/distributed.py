@@ -3,7 +3,8 @@
 1. **Count.** The shards are cut into tasks of whole row groups (at most ``TASK_ROWS`` rows, at least one row
    group). A task runs the stage's feeding ops and counts its rows exactly as the threaded fit does, then turns
    its accumulators into partials (``Op.partials``). A count table (``KeyCounts``, Categorify) is spilled to the
-   work directory, sorted by the partition hash (``etl.pipeline.spill``); any other partial (Normalize's
+   work directory in the order of the partition hash's top bits (``etl.pipeline.spill``), so that any partition
+   of it is a run of rows to read, whatever ``P`` is chosen next; any other partial (Normalize's
    triples: a few numbers per row group) comes back with the task's row count. The client counts rows for the
    progress bar as tasks complete.
 2. **Merge by partition.** Each count-table column is cut into ``P`` partitions by a hash of the key
@@ -12,7 +13,8 @@
    bound of the column's distinct keys). One task per (column, partition) reads that partition's run from every
    spilled partial, merges the counts, ranks them (``Op.rank``: threshold, count descending then key ascending,
    cut to ``max_size``) and writes the ranked partition. Dask spreads these tasks over the workers, so a worker's
-   memory holds about (distinct keys) / P entries at a time.
+   memory holds about (distinct keys) / P entries at a time (a counting task: the distinct keys of at most
+   ``TASK_ROWS`` rows).
 3. **Assign ids.** The client merges the ranked partitions of a column with a k-way merge, chunk by chunk
    (``etl.ops.counts.merge_ranked``), stopping at ``max_size``, and the op assigns ids in that order
    (``Op.finalize_ranked``). The other partials are merged with ``Op.merge`` and finalized.

@@ -266,10 +266,11 @@ def fit(
 ) -> None:
     """Fit the pipeline's statistics and vocabularies over all shards, in bounded memory. With --cluster, count tables
     are spilled to a temporary directory inside --artifacts (on a cluster of several machines, storage every worker
-    sees) and removed at the end."""
+    sees), removed at the end (or by the next fit into --artifacts, after an interrupted one)."""
     import time
 
     from etl.cluster import connect
+    from etl.io.files import remove_temporaries
     from etl.io.parquet import list_shards
     from etl.pipeline import Pipeline
 
@@ -280,6 +281,7 @@ def fit(
         with connect(cluster) as client:
             if client is not None:
                 artifacts.mkdir(parents=True, exist_ok=True)
+                remove_temporaries(artifacts)  # the work directory of an interrupted fit
             t0 = time.perf_counter()
             with progress_bars(_total_rows(shards)) as report:
                 mode = cast("OnError", on_error)

@@ -14,6 +14,7 @@ import io
 import os
 import re
 import secrets
+import shutil
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -82,10 +83,15 @@ def is_temporary(name: str) -> bool:
 
 
 def remove_temporaries(directory: Path) -> None:
-    """Remove the temporary files an interrupted writer left in ``directory`` (not recursive)."""
+    """Remove the temporaries an interrupted writer left in ``directory``: files, and directories with a temporary
+    name and all they hold (the work directory of a distributed fit); other entries are not looked into."""
     if directory.is_dir():
         for p in directory.iterdir():
-            if is_temporary(p.name):
+            if not is_temporary(p.name):
+                continue
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
                 p.unlink(missing_ok=True)
 
 

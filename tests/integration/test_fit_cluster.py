@@ -1,6 +1,7 @@
 """``etl fit --cluster`` as a user runs it, on the real Criteo sample: the same artifact bytes as the threaded fit,
 an invalid value found by a worker reported in one line naming file, row and column (exit status 2), and
-``--partitions`` refused without a cluster. Nothing is left in the artifacts directory but the artifacts."""
+``--partitions`` refused without a cluster. Nothing is left in the artifacts directory but the artifacts (a work
+directory an interrupted fit left there is removed)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,9 @@ def raw(criteo_8k: Path, tmp_path_factory) -> Path:
 
 def test_cluster_fit_writes_the_threaded_fits_bytes_and_a_worker_error_is_one_line(raw: Path, tmp_path: Path) -> None:
     run_etl("fit", "--pipeline", CRITEO, "--input", raw, "--artifacts", tmp_path / "threads", "--workers", 1)
+    stale = tmp_path / "dask" / ".fit.123-abcd1234.tmp" / "counts"  # left by a fit killed with SIGKILL
+    stale.mkdir(parents=True)
+    (stale / "000000.parquet").write_bytes(b"spilled")
     run_etl("fit", "--pipeline", CRITEO, "--input", raw, "--artifacts", tmp_path / "dask", "--cluster", "local:2", "--partitions", 3)
     assert tree_bytes(tmp_path / "dask") == tree_bytes(tmp_path / "threads")
     assert sorted(p.name for p in (tmp_path / "dask").iterdir()) == sorted(p.name for p in (tmp_path / "threads").iterdir())

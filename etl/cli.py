@@ -259,12 +259,23 @@ def fit(
     pipeline: Path = typer.Option(..., help="Pipeline YAML."),
     input: list[str] = typer.Option(..., help=f"Raw Parquet shards or directories of them ({SEVERAL})."),
     artifacts: str = typer.Option(..., help="Directory to write the fitted artifacts to."),
-    workers: int = typer.Option(2, min=1, help="Worker threads."),
+    workers: int = typer.Option(2, min=1, help="Worker threads (without --cluster)."),
     on_error: str = typer.Option("raise", help="raise | quarantine (skip invalid rows while fitting)."),
+    cluster: str | None = typer.Option(
+        None, help="Fit on Dask: local:N (N worker processes) or a scheduler address tcp://HOST:PORT (default: $DASK_SCHEDULER_ADDRESS or threads)."
+    ),
+    partitions: int | None = typer.Option(
+        None, min=1, max=2**31, help="With --cluster: partitions of each count table (default: one per 2**22 estimated distinct keys)."
+    ),
 ) -> None:
-    """Fit the pipeline's statistics and vocabularies over all shards, in bounded memory."""
+    """Fit the pipeline's statistics and vocabularies over all shards, in bounded memory. With --cluster, count tables
+    are spilled to a temporary directory inside --artifacts (on a cluster of several machines, storage every worker
+    sees; the system's temporary directory when --artifacts is in object storage), removed at the end (or by the next
+    fit into --artifacts, after an interrupted one)."""
     import time
 
+    from etl.cluster import connect
+    from etl.io.files import remove_temporaries
     from etl.io.parquet import list_shards
     from etl.pipeline import Pipeline
 
@@ -272,11 +283,18 @@ def fit(
         _check_choice("--on-error", on_error, ("raise", "quarantine"))
         p = Pipeline.from_file(pipeline)
         shards = list_shards(list(input))
-        t0 = time.perf_counter()
-        with progress_bars(_total_rows(shards)) as report:
-            p.fit(shards, workers=workers, on_error=cast("OnError", on_error), progress=report)
-        seconds = time.perf_counter() - t0
-        p.save(location(artifacts))
+        art = location(artifacts)
+        with connect(cluster) as client:
+            workdir = art if client is not None and isinstance(art, Path) else None  # spill files: a file system
+            if workdir is not None:
+                workdir.mkdir(parents=True, exist_ok=True)
+                remove_temporaries(workdir)  # the work directory of an interrupted fit
+            t0 = time.perf_counter()
+            with progress_bars(_total_rows(shards)) as report:
+                mode = cast("OnError", on_error)
+                p.fit(shards, workers=workers, on_error=mode, progress=report, client=client, partitions=partitions, workdir=workdir)
+            seconds = time.perf_counter() - t0
+        p.save(art)
     rows = _total_rows(shards)
     console.print(f"fitted {p.name} on {rows:,} rows in {seconds:.2f} s ({rows / max(seconds, 1e-9):,.0f} rows/s) → {artifacts}")
     _print_cardinalities(p.cardinalities())

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 
 class EtlError(Exception):
-    """Base class of errors caused by the user's input or configuration (the CLI exits 2 on them)."""
+    """Base class of errors caused by the user's input or configuration (the CLI exits 2 on them).
+
+    Errors pickle with their message and fields (the subclasses' own ``__init__`` arguments are not replayed), so
+    an error raised in a Dask worker process reaches the client as the same type, naming the same file, row and
+    column."""
+
+    def __reduce__(self) -> tuple:
+        return _rebuild, (type(self), self.args, self.__dict__)
 
 
 class SpecError(EtlError, ValueError):
@@ -63,6 +70,14 @@ class FitError(EtlError, ValueError):
 class ConfigError(EtlError, ValueError):
     """An argument or option has a value that cannot work (``batch_size=0``, an unknown mode, a CUDA device
     without CUDA...). The message names the argument."""
+
+
+def _rebuild(cls: type[EtlError], args: tuple, fields: dict) -> EtlError:
+    """An error of class ``cls`` with message arguments ``args`` and attributes ``fields`` (unpickling)."""
+    e = cls.__new__(cls)
+    e.args = args
+    e.__dict__.update(fields)
+    return e
 
 
 class LoaderError(EtlError):

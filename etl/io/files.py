@@ -19,8 +19,9 @@ import io
 import os
 import re
 import secrets
+import shutil
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import Any, BinaryIO, cast, overload
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -41,6 +42,10 @@ def is_shard_name(name: str) -> bool:
     return _SHARD_RE.fullmatch(name) is not None
 
 
+@overload
+def temporary_path(path: Path) -> Path: ...
+@overload
+def temporary_path(path: Location) -> Location: ...
 def temporary_path(path: Location) -> Location:
     """A fresh temporary name for writing ``path``, in the same directory (so the final rename is atomic)."""
     return path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}{_TMP_SUFFIX}")
@@ -92,10 +97,15 @@ def is_temporary(name: str) -> bool:
 
 
 def remove_temporaries(directory: Location) -> None:
-    """Remove the temporary files an interrupted writer left in ``directory`` (not recursive)."""
+    """Remove the temporaries an interrupted writer left in ``directory``: files, and directories with a temporary
+    name and all they hold (the work directory of a distributed fit); other entries are not looked into."""
     if directory.is_dir():
         for p in directory.iterdir():
-            if is_temporary(p.name):
+            if not is_temporary(p.name):
+                continue
+            if isinstance(p, Path) and p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
                 p.unlink(missing_ok=True)
 
 

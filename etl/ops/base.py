@@ -10,7 +10,15 @@ with the same bits out. Fittable ops add:
   pipeline gives each column its own accumulator, which fitting threads update in turn); the result must not
   depend on the order of the batches (counts, sums reduced canonically at the end), so shards are fitted in any
   order by any number of workers with the same result;
-- ``finalize(stats, xp)``: set the fitted state;
+- ``partials(stats, xp) -> {column: partial}``: the accumulator as plain data (numpy arrays, Arrow arrays,
+  numbers: it pickles, no backend objects), so statistics gathered in other processes can be combined;
+- ``merge(a, b) -> partial``: the partial of the union of two sets of rows; associative and commutative;
+- ``finalize_partials(partials, xp)``: set the fitted state from one partial per column (merged over all rows);
+  ``finalize(stats, xp)`` is ``finalize_partials(partials(stats, xp), xp)``;
+- ops whose partials are count tables (``etl.ops.counts.KeyCounts``: Categorify) also have ``rank(counts)``, the
+  table thresholded, ordered and cut as the fitted state keeps it, and ``finalize_ranked(column, ranked, xp)``,
+  which sets a column's state from the ranked table of all rows: a distributed fit ranks partitions of the keys
+  separately and merges them (``etl.ops.counts.merge_ranked``);
 - ``state() -> (json_dict, tables)`` and ``load_state(json_dict, tables)``: the fitted state as JSON plus named
   Arrow tables (saved as Parquet), never pickle.
 
@@ -21,7 +29,7 @@ row and column, or quarantines those rows and runs the op again on the rest. Fit
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -29,6 +37,9 @@ import pyarrow as pa
 from etl.backends import Array, Backend
 from etl.batch import Batch, Column
 from etl.schema import ColumnSpec
+
+if TYPE_CHECKING:
+    from etl.ops.counts import KeyCounts
 
 Stats = Any
 
@@ -113,7 +124,27 @@ class Op:
     def partial_fit(self, stats: Stats, batch: Batch, xp: Backend) -> None:
         raise NotImplementedError
 
+    def partials(self, stats: Stats, xp: Backend) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def merge(self, a: Any, b: Any) -> Any:
+        raise NotImplementedError
+
+    def finalize_partials(self, partials: dict[str, Any], xp: Backend) -> None:
+        raise NotImplementedError
+
     def finalize(self, stats: Stats, xp: Backend) -> None:
+        """Set the fitted state from an accumulator."""
+        self.finalize_partials(self.partials(stats, xp), xp)
+
+    # ops whose partials are count tables override these
+    #: the most vocabulary entries kept (None: no limit)
+    max_size: int | None = None
+
+    def rank(self, counts: KeyCounts) -> KeyCounts:
+        raise NotImplementedError
+
+    def finalize_ranked(self, column: str, ranked: KeyCounts, xp: Backend) -> None:
         raise NotImplementedError
 
     def state(self) -> tuple[dict[str, Any], dict[str, pa.Table]]:

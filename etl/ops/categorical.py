@@ -22,6 +22,7 @@ from etl.backends.hashing import check_buckets, check_seed
 from etl.batch import Batch, Column, Strings
 from etl.ids import RESERVED, id_dtype
 from etl.ops.base import InvalidRows, InvalidState, Op, Stats, rows_with_bad_elements
+from etl.ops.counts import KeyCounts, merge_counts
 from etl.schema import ColumnSpec
 
 
@@ -209,23 +210,47 @@ class Categorify(Op):
             if col.raw is not None:
                 _remember_raw(s["raw"], col, xp)
 
+    def partials(self, stats: Stats, xp: Backend) -> dict[str, KeyCounts]:
+        """Per column: every key counted (ascending) with its count, the missing values and, for string keys, the
+        texts."""
+        return {c: self._counts(stats[c], c, 1) for c in self.columns}
+
+    def _counts(self, s: dict[str, Any], c: str, threshold: int) -> KeyCounts:
+        """The count table of column ``c``'s accumulator ``s``, keys counted fewer than ``threshold`` times left out."""
+        keys, counts = s["counter"].at_least(threshold)
+        texts = pa.array([s["raw"][k] for k in keys.tolist()], pa.string()) if self.specs[c].encoding == "string" else None
+        return KeyCounts.of(keys, counts, s["nulls"], texts)
+
     def finalize(self, stats: Stats, xp: Backend) -> None:
+        """``finalize_partials(partials(stats))``, with the threshold applied by the counter (when no partial is
+        merged any more, keys below it can be left out before they are sorted)."""
+        self.finalize_partials({c: self._counts(stats[c], c, self.freq_threshold) for c in self.columns}, xp)
+
+    def merge(self, a: KeyCounts, b: KeyCounts) -> KeyCounts:
+        return merge_counts([a, b])
+
+    def rank(self, counts: KeyCounts) -> KeyCounts:
+        """The vocabulary entries a count table gives: keys counted at least ``freq_threshold`` times, by count
+        descending then key ascending, the first ``max_size``."""
+        return counts.ranked(self.freq_threshold, self.max_size)
+
+    def finalize_partials(self, partials: dict[str, KeyCounts], xp: Backend) -> None:
         for c in self.columns:
-            keys, counts = stats[c]["counter"].at_least(self.freq_threshold)
-            order = np.lexsort((keys, -counts))
-            if self.max_size is not None:
-                order = order[: self.max_size]
-            keys, counts = keys[order], counts[order]
-            raw_map = stats[c]["raw"]
-            if self.specs[c].encoding == "string":
-                raw = pa.array([raw_map[int(k)] for k in keys], pa.string())
-            else:
-                raw = render_keys(keys, self.specs[c], xp)
-            ids = np.arange(len(keys), dtype=np.int64) + RESERVED + self.oov_buckets
-            self.vocab[c] = pa.table(
-                {"key": pa.array(keys, pa.uint64()), "raw": raw, "count": pa.array(counts, pa.int64()), "id": pa.array(ids, pa.int64())}
-            )
-            self.vocab[c] = self.vocab[c].replace_schema_metadata({"nulls": str(stats[c]["nulls"])})
+            self.finalize_ranked(c, self.rank(partials[c]), xp)
+
+    def finalize_ranked(self, column: str, ranked: KeyCounts, xp: Backend) -> None:
+        """Set the vocabulary of ``column`` from the ranked table of all rows (``rank`` of the merged partials, or
+        the k-way merge of ranked partitions): ids in table order from ``2 + oov_buckets``."""
+        keys, counts = ranked.keys, ranked.counts
+        if ranked.texts is not None:
+            raw = ranked.texts
+        else:
+            raw = render_keys(keys, self.specs[column], xp)
+        ids = np.arange(len(keys), dtype=np.int64) + RESERVED + self.oov_buckets
+        table = pa.table(
+            {"key": pa.array(keys, pa.uint64()), "raw": raw, "count": pa.array(counts, pa.int64()), "id": pa.array(ids, pa.int64())}
+        )
+        self.vocab[column] = table.replace_schema_metadata({"nulls": str(ranked.nulls)})
         self._tables = {}
 
     # ---- transform

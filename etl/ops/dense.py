@@ -66,10 +66,11 @@ class Log1p(Op):
 class Normalize(Op):
     """(x - mean) / std with mean and population std fitted over the present values of all shards.
 
-    Fitting keeps one (count, sum, sum of squared deviations from the batch mean) triple per batch; finalize
-    combines them as the parallel variance formula says, adding every sum with ``math.fsum`` (exactly rounded,
-    so independent of the order of the terms): the fitted numbers are the same bits whatever the order in which
-    shards and batches were seen. A column whose std is 0 (constant values) is divided by 1; values so large that
+    Fitting keeps one (count, sum, sum of squared deviations from the batch mean) triple per batch (a column's
+    partial is the sorted list of its triples; merging two concatenates them); finalize combines them as the
+    parallel variance formula says, adding every sum with ``math.fsum`` (exactly rounded, so independent of the
+    order of the terms): the fitted numbers are the same bits whatever the order in which shards and batches were
+    seen. A column whose std is 0 (constant values) is divided by 1; values so large that
     the mean or std overflows float64 are refused at fit (``FitError``)."""
 
     name = "Normalize"
@@ -93,11 +94,18 @@ class Normalize(Op):
             if m is not None:
                 stats[c].append(m)
 
-    def finalize(self, stats: Stats, xp: Backend) -> None:
+    def partials(self, stats: Stats, xp: Backend) -> dict[str, list[tuple[int, float, float]]]:
+        """Per column: the sorted list of per-batch (count, sum, sum of squared deviations) triples."""
+        return {c: sorted(stats[c]) for c in self.columns}
+
+    def merge(self, a: list[tuple[int, float, float]], b: list[tuple[int, float, float]]) -> list[tuple[int, float, float]]:
+        return sorted(a + b)
+
+    def finalize_partials(self, partials: dict[str, list[tuple[int, float, float]]], xp: Backend) -> None:
         """Set mean and std of every column; ``FitError`` when a column has no values, or values so large that
         the mean or the std is beyond the float64 range (clamp or Log1p such a column first)."""
         for c in self.columns:
-            self.mean[c], self.std[c] = _mean_std(stats[c], c)
+            self.mean[c], self.std[c] = _mean_std(partials[c], c)
 
     def transform(self, batch: Batch, xp: Backend) -> dict[str, Column]:
         return {

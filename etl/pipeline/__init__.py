@@ -1,8 +1,8 @@
 """Pipelines: a schema plus an ordered list of ops.
 
 Rooms: ``core`` (the spec, column-kind flow, host/device split, transforming one batch), ``fit`` (fitting over
-shards: the plan and the threaded executor), ``artifacts`` (saving and loading the fitted state, and checking
-that artifacts match a pipeline).
+shards: the plan and the threaded executor), ``distributed`` (the Dask executor) and ``spill`` (its count-table
+files), ``artifacts`` (saving and loading the fitted state, and checking that artifacts match a pipeline).
 """
 
 from etl.pipeline.artifacts import check_match

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal, TypeAlias, get_args
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias, get_args
 
 import numpy as np
 import pyarrow as pa
@@ -56,6 +56,9 @@ from etl.pipeline import artifacts
 from etl.pipeline.fit import fit_shards
 from etl.progress import Progress
 from etl.schema import ColumnSpec, Schema, load_schema, read_yaml
+
+if TYPE_CHECKING:
+    from distributed import Client
 
 #: What to do with a row holding an invalid value: raise ``RowError``, or leave the row out and list it.
 OnError = Literal["raise", "quarantine"]
@@ -253,12 +256,16 @@ class Pipeline:
         workers: int = 1,
         on_error: OnError = "raise",
         progress: Progress | None = None,
+        client: Client | None = None,
+        partitions: int | None = None,
+        workdir: str | Path | None = None,
     ) -> None:
         """Fit every fittable op, streaming over ``shards`` row group by row group in bounded memory with ``workers``
-        threads (see ``etl.pipeline.fit``). The fitted state does not depend on shard order or worker count. Invalid
-        rows raise ``RowError`` or, with ``on_error="quarantine"``, are left out; ``progress`` (``etl.progress``) is
-        called with the name of the fitting pass and the number of rows of each row group read."""
-        fit_shards(self, shards, workers, on_error, progress)
+        threads, or on the workers of the Dask ``client`` (see ``etl.pipeline.fit``: ``partitions`` and
+        ``workdir`` are for a cluster). The fitted state does not depend on shard order, worker count, executor
+        or partitions. Invalid rows raise ``RowError`` or, with ``on_error="quarantine"``, are left out;
+        ``progress`` (``etl.progress``) is called with the name of the fitting pass and numbers of rows read."""
+        fit_shards(self, shards, workers, on_error, progress, client, partitions, workdir)
 
     def save(self, directory: str | Location) -> None:
         """Write the fitted state to ``directory`` (see ``etl.pipeline.artifacts``)."""

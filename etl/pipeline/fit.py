@@ -1,4 +1,5 @@
-"""Fitting a pipeline over shards: stages of ops, the plan of a stage, and the threaded executor.
+"""Fitting a pipeline over shards: stages of ops, the plan of a stage, and the threaded executor (the Dask
+executor is ``etl.pipeline.distributed``).
 
 Ops are fitted in stages: a stage is every unfitted op whose inputs do not depend on another unfitted op (an op
 that reads what an unfitted op writes waits for a later stage). For each stage, the plan says which fitted ops
@@ -12,10 +13,14 @@ from __future__ import annotations
 
 import functools
 import itertools
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from etl.backends.hashing import MAX_BUCKETS
+from etl.errors import ConfigError
 from etl.io.fs import Location
 from etl.io.parquet import open_shard
 from etl.ops import Op
@@ -23,6 +28,8 @@ from etl.progress import Progress
 from etl.workers import run_staged
 
 if TYPE_CHECKING:
+    from distributed import Client
+
     from etl.pipeline.core import Backend, OnError, Pipeline, Transformed
 
 #: An (op, accumulator of one of its columns) pair: the unit of work of the fitting threads.
@@ -35,17 +42,38 @@ def fit_shards(
     workers: int = 1,
     on_error: OnError = "raise",
     progress: Progress | None = None,
+    client: Client | None = None,
+    partitions: int | None = None,
+    workdir: str | Path | None = None,
 ) -> None:
     """Fit every fittable op of ``pipeline``, streaming over ``shards`` row group by row group in bounded memory,
     one pass per stage. Invalid rows raise ``RowError`` or, with ``on_error="quarantine"``, are left out of the
     statistics. ``progress`` (``etl.progress``) is called with the pass name (``"fit"``, or ``"fit 1/2"``,
-    ``"fit 2/2"``... with several stages) and the number of rows of each row group read."""
+    ``"fit 2/2"``... with several stages) and a number of rows read: of each row group in threads, of each
+    counting task on a cluster.
+
+    Without ``client``, the work runs in ``workers`` threads of this process. With a Dask ``client``, it runs on
+    the cluster's workers (``etl.pipeline.distributed``): count tables are cut into ``partitions`` partitions
+    (default: from the estimated distinct keys) and spilled to a temporary directory inside ``workdir`` (default:
+    the system's temporary directory; on a cluster of several machines, a directory every worker sees), removed
+    when fitting ends. The fitted state is the same, to the byte, either way."""
+    if partitions is not None:
+        if client is None:
+            raise ConfigError("--partitions applies to a fit on a Dask cluster (--cluster); threads keep one count table per column")
+        if isinstance(partitions, bool) or not isinstance(partitions, int) or not 1 <= partitions <= MAX_BUCKETS:
+            raise ConfigError(f"--partitions {partitions!r}: expected an integer in [1, 2**31]")
     lock = threading.Lock()
     stages = fit_stages(pipeline.ops)
     for k, stage in enumerate(stages):
         name = "fit" if len(stages) == 1 else f"fit {k + 1}/{len(stages)}"
         report = None if progress is None else functools.partial(progress, name)
-        _fit_stage(pipeline, stage, shards, workers, on_error, report, lock)
+        if client is None:
+            _fit_stage(pipeline, stage, shards, workers, on_error, report, lock)
+        else:
+            from etl.pipeline.distributed import fit_stage_on_cluster
+
+            work = Path(tempfile.gettempdir() if workdir is None else workdir)
+            fit_stage_on_cluster(pipeline, stage, shards, client, on_error, report, partitions, work)
 
 
 def _fit_stage(
@@ -65,7 +93,7 @@ def _fit_stage(
     accumulator per column: no duplicated count tables; a busy column is put off while the thread claims others,
     so the work balances whatever the columns cost)."""
     xp = pipeline.xp
-    prep, columns = _fit_plan(pipeline, stage)
+    prep, columns = fit_plan(pipeline, stage)
     fitters = max(1, workers)
     stats = [op.new_stats(xp) for op in stage]
     units: list[Unit] = [(op, _columns_of(st, c)) for op, st in zip(stage, stats) for c in st]
@@ -130,7 +158,7 @@ def fit_stages(ops: list[Op]) -> list[list[Op]]:
     return stages
 
 
-def _fit_plan(pipeline: Pipeline, stage: list[Op]) -> tuple[list[Op], list[str]]:
+def fit_plan(pipeline: Pipeline, stage: list[Op]) -> tuple[list[Op], list[str]]:
     """What fitting ``stage`` needs: the fitted ops that feed it, in pipeline order, and the columns to read
     (theirs, the stage's and the labels: rows without a label are skipped by fit as by transform).
 

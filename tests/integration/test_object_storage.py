@@ -71,6 +71,7 @@ def test_s3_run_matches_local_run(criteo_8k: Path, local_run: Path, s3: str) -> 
 
     run_etl("convert", f"{s3}/text/*.csv", "--schema", SCHEMA, "--out", f"{s3}/raw", "--rows-per-file", 300)
     run_etl("fit", "--pipeline", PIPELINE, "--input", f"{s3}/raw", "--artifacts", f"{s3}/artifacts")
+    run_etl("fit", "--pipeline", PIPELINE, "--input", f"{s3}/raw", "--artifacts", f"{s3}/artifacts_dask", "--cluster", "local:1")
     run_etl("preprocess", "--pipeline", PIPELINE, "--input", f"{s3}/raw/*.parquet", "--out", f"{s3}/out", "--artifacts", f"{s3}/artifacts")
 
     raw, artifacts, out = (location(f"{s3}/{d}") for d in ("raw", "artifacts", "out"))
@@ -78,6 +79,7 @@ def test_s3_run_matches_local_run(criteo_8k: Path, local_run: Path, s3: str) -> 
     assert _files(raw) == _files(local_run / "raw")
     assert len(_files(raw)) == 3
     assert _files(artifacts) == _files(local_run / "artifacts")
+    assert _files(location(f"{s3}/artifacts_dask")) == _files(local_run / "artifacts")  # fitted on Dask workers
     ours, theirs = _files(out), _files(local_run / "out")
     assert sorted(ours) == sorted(theirs)  # outputs, artifacts, manifest; no temporary left behind
     for name in ours:

@@ -109,6 +109,9 @@ def test_remove_temporaries_removes_only_temporaries(tmp_path: Path) -> None:
     sub.mkdir()
     nested = temporary_path(sub / "part-00000.parquet")
     nested.write_bytes(b"partial")
+    work = temporary_path(tmp_path / "fit")  # a distributed fit's work directory, left by a killed run
+    (work / "counts").mkdir(parents=True)
+    (work / "counts" / "000000.parquet").write_bytes(b"spilled")
     remove_temporaries(tmp_path)
     assert _names(tmp_path) == sorted(keep + ["quarantine"])
     assert nested.exists()  # not recursive

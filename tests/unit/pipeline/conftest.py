@@ -112,6 +112,42 @@ def transform_file(pipe: Pipeline, path: Path, on_error="raise"):
     return [pipe.transform(shard.read(i), on_error) for i in range(shard.num_row_groups)]
 
 
+# ---------------------------------------------------------------- movielens (lists, string keys, Normalize)
+
+
+GENRES = ["Action", "Adventure", "Animation", "Children", "Comedy", "Crime", "Drama", "Fantasy", "Horror", "Sci-Fi"]
+
+
+@pytest.fixture(scope="session")
+def ml_shards(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ml")
+    rng = np.random.default_rng(7)
+    paths, tables = [], []
+    for i, n in enumerate([80, 120, 45]):
+        genres = []
+        for _ in range(n):
+            r = rng.random()
+            if r < 0.05:
+                genres.append(None)
+            elif r < 0.1:
+                genres.append([])
+            else:
+                genres.append([GENRES[int(g)] for g in np.minimum(rng.zipf(1.5, rng.integers(1, 6)) - 1, 9)])
+        ts = rng.integers(800_000_000, 1_700_000_000, n)
+        t = pa.table({
+            "userId": pa.array(rng.zipf(1.4, n) % 50, pa.int64()),
+            "movieId": pa.array(rng.integers(1, 30, n), pa.int64(), mask=rng.random(n) < 0.05),
+            "rating": pa.array(rng.integers(1, 11, n) / 2.0, pa.float64()),
+            "timestamp": pa.array(ts, pa.int64(), mask=rng.random(n) < 0.05),
+            "genres": pa.array(genres, pa.list_(pa.string())),
+        })  # fmt: skip
+        p = d / f"ml-{i}.parquet"
+        pq.write_table(t, p, row_group_size=40)
+        paths.append(p)
+        tables.append(t)
+    return paths, tables
+
+
 # ---------------------------------------------------------------- pipeline files
 
 

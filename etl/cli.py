@@ -90,6 +90,9 @@ console = Console(soft_wrap=True)
 
 #: help text of the options that take several paths
 SEVERAL = "several values or glob patterns: --input a.parquet b.parquet, --input 'raw/*.parquet'"
+#: help text of --cluster
+CLUSTER = ("Run on Dask: local:N (N worker processes here) or a scheduler address such as tcp://HOST:PORT "
+           "(default: $DASK_SCHEDULER_ADDRESS when set, else --workers threads).")  # fmt: skip
 
 
 def _show_version(show: bool) -> None:
@@ -287,8 +290,10 @@ def preprocess(
     workers: int = typer.Option(2, min=1, help="Worker threads."),
     on_error: str = typer.Option("raise", help="raise: stop at the first invalid value; quarantine: set invalid rows aside."),
     compression: str = typer.Option("none", help="Output Parquet compression: none | snappy | lz4 | zstd."),
+    cluster: str | None = typer.Option(None, help=CLUSTER),
 ) -> None:
     """Fit (when no artifacts are given) and transform every shard; resumable after an interruption."""
+    from etl.cluster import connect
     from etl.io.parquet import list_shards
     from etl.pipeline import Pipeline
     from etl.preprocess import COMPRESSIONS, check_apart
@@ -301,9 +306,10 @@ def preprocess(
         inputs = expand_globs(input)
         check_apart(out, inputs)
         shards = list_shards(inputs)
-        with progress_bars(_total_rows(shards)) as report:
+        with connect(cluster) as client, progress_bars(_total_rows(shards)) as report:
             mode = cast("OnError", on_error)
-            summary = run(p, shards, out, artifacts=artifacts, workers=workers, on_error=mode, compression=compression, progress=report)
+            summary = run(p, shards, out, artifacts=artifacts, workers=workers, on_error=mode, compression=compression, progress=report,
+                          client=client)  # fmt: skip
     c = console
     c.print(f"files: {summary.files}" + (f" ({summary.files_skipped} already complete, skipped)" if summary.files_skipped else ""))
     c.print(f"rows: {summary.rows_in:,} in = {summary.rows_out:,} out + {summary.rows_quarantined:,} quarantined")
@@ -364,12 +370,14 @@ def bench(
     ),
     json_out: Path | None = typer.Option(None, "--json", help="Write the results as JSON."),
     plot_out: Path | None = typer.Option(None, "--plot", help="Write a PNG chart of the stages and the stall timeline."),
+    cluster: str | None = typer.Option(None, help=f"Also preprocess on Dask, beside the threaded figures. {CLUSTER}"),
 ) -> None:
     """Measure read floor, every stage, fit, preprocess, the loader, data wait and baselines in one run."""
     import torch
 
     from etl.bench.report import plot
     from etl.bench.run import run_bench
+    from etl.cluster import connect
     from etl.resources import resource_path
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
@@ -382,9 +390,11 @@ def bench(
             raise EtlError(f"--device {device!r}: not a device (cpu, cuda, cuda:N or auto)") from None
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise EtlError(f"--device {device}: torch {torch.__version__} sees no CUDA device")
-        report = run_bench(pipelines, input_dir=input, rows=rows, files=files, workers=workers, batch_size=batch_size,
-                           device=device, step_factor=step_factor, model=model, run_baselines=baselines,
-                           device_placement=device_placement, progress=lambda msg: status.update(msg))  # fmt: skip
+        with connect(cluster) as client:
+            report = run_bench(pipelines, input_dir=input, rows=rows, files=files, workers=workers, batch_size=batch_size,
+                               device=device, step_factor=step_factor, model=model, run_baselines=baselines,
+                               device_placement=device_placement, progress=lambda msg: status.update(msg),
+                               client=client)  # fmt: skip
     _print_report(report)
     if json_out:
         json_out.write_text(report.to_json())

@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class EtlError(Exception):
-    """Base class of errors caused by the user's input or configuration (the CLI exits 2 on them)."""
+    """Base class of errors caused by the user's input or configuration (the CLI exits 2 on them).
+
+    They pickle (a worker process of a cluster raises them in the client) without calling the subclass's
+    constructor again: the message and the attributes travel as they are."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.args), self.__dict__)
+
+
+def _rebuild(cls: type[EtlError], args: tuple[Any, ...]) -> EtlError:
+    """An ``EtlError`` of class ``cls`` with ``args``, its constructor bypassed (unpickling restores the rest)."""
+    return cls.__new__(cls, *args)
 
 
 class SpecError(EtlError, ValueError):

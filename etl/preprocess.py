@@ -4,11 +4,18 @@ The output directory is a processed output (layout and manifest: ``etl.io.proces
 input shard (input order) with one row group per input row group; the quarantine files hold the rejected raw rows
 with _row (row number in the source), _column and _reason.
 
-Every file is written under a temporary name and renamed when complete; the manifest is rewritten (atomically)
-after each shard. A rerun skips the shards whose manifest entry still matches (``_reusable``: the same source
-file by path, size, modification time and footer checksum, the same fitted artifacts, the output present with
-the recorded checksum, and no quarantined row when the rerun's ``on_error`` is "raise"), so a run killed at any
-point and rerun ends with the same bytes as an uninterrupted run. Rows are accounted exactly:
+Every file is written under a unique temporary name; the driver (the process that called ``preprocess``, sole
+owner of the manifest and of the directory's lock) renames it onto its final name and rewrites the manifest
+(atomically) after each shard. The manifest written last is the commit record: readers trust only the files it
+lists. Shards are transformed by worker threads, or, given a Dask ``client`` (``etl.cluster``), by tasks on its
+workers, each loading the fitted pipeline from the artifacts this run saved (``_shard_task``): the input and output
+paths must then name the same files on every worker (shared storage). A task whose worker dies is run again
+elsewhere, and what the killed attempt left under a temporary name is removed at the end of the run.
+
+A rerun skips the shards whose manifest entry still matches (``_reusable``: the same source file by path, size,
+modification time and footer checksum, the same fitted artifacts, the output present with the recorded checksum,
+and no quarantined row when the rerun's ``on_error`` is "raise"), so a run killed at any point and rerun ends with
+the same bytes as an uninterrupted run. Rows are accounted exactly:
 rows_in = rows_out + rows_quarantined.
 """
 
@@ -16,17 +23,21 @@ from __future__ import annotations
 
 import functools
 import os
+import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from etl.errors import InputError, OutputError
+from etl.cluster_tasks import Stop, run_tasks
+from etl.errors import ConfigError, InputError, OutputError
 from etl.io.files import ExclusiveParquetWriter, HashingFile, is_shard_name, remove_temporaries, sha256_file, temporary_path
 from etl.io.lock import locked
 from etl.io.parquet import batch_from_arrow, footer_sha256, open_shard
@@ -44,6 +55,9 @@ from etl.io.processed import (
 from etl.pipeline import ON_ERROR, OnError, Pipeline, Transformed, check_match
 from etl.progress import Progress
 from etl.workers import run_workers
+
+if TYPE_CHECKING:
+    from distributed import Client
 
 COMPRESSIONS = ("none", "snappy", "lz4", "zstd")
 
@@ -134,55 +148,100 @@ def _quarantine_table(raw: pa.Table, source_schema: pa.Schema, first_row: int, t
     return q.append_column("_reason", pa.array(reasons[order].tolist(), pa.string()))
 
 
+@dataclass(frozen=True)
+class WrittenShard:
+    """The output of one shard, complete under temporary names and not yet committed: ``output`` and
+    ``quarantine`` (None when no row was rejected) are the temporary files of ``entry.output`` and
+    ``entry.quarantine``."""
+
+    entry: ManifestEntry
+    output: Path
+    quarantine: Path | None
+
+
 def process_shard(
     pipeline: Pipeline,
     source: Path,
     out: Path,
     on_error: OnError,
-    stop: threading.Event,
+    stop: Stop,
     compression: str = "none",
     progress: Callable[[int], None] | None = None,
-) -> ManifestEntry | None:
-    """Transform one shard into ``out`` (and rejected rows into its quarantine file); returns its manifest
-    entry (without ``artifacts_sha256``), or None when ``stop`` was set before the end. ``progress`` is called
+) -> WrittenShard | None:
+    """Transform one shard into a temporary file of ``out`` (and rejected rows into one of its quarantine file);
+    returns them with the shard's manifest entry (without ``artifacts_sha256``) for ``commit_shard``, or None when
+    ``stop`` was set before the end. The temporary files are removed when it stops or fails. ``progress`` is called
     with the number of rows of each row group transformed.
 
     Output columns are written with plain encoding (no dictionary: ids and floats decode at memcpy speed in the
     loader), without column statistics (nothing reads them; computing them cost ~5 % of the write), and
     ``compression`` (none by default; zstd or snappy trade write speed for size). The checksum is computed while
     the file is written."""
+    quarantine = out.parent / quarantine_name(out.name)
+    out_tmp, q_tmp = temporary_path(out), temporary_path(quarantine)
+    try:
+        entry = _write_shard(pipeline, source, out, out_tmp, q_tmp, on_error, stop, compression, progress)
+    except BaseException:
+        out_tmp.unlink(missing_ok=True)
+        q_tmp.unlink(missing_ok=True)
+        raise
+    if entry is None:
+        out_tmp.unlink(missing_ok=True)
+        q_tmp.unlink(missing_ok=True)
+        return None
+    return WrittenShard(entry, out_tmp, q_tmp if entry.quarantine is not None else None)
+
+
+def commit_shard(directory: Path, written: WrittenShard) -> ManifestEntry:
+    """Rename the temporary files of ``written`` onto their final names in ``directory``; returns its entry."""
+    if written.quarantine is not None and written.entry.quarantine is not None:
+        os.replace(written.quarantine, directory / written.entry.quarantine)
+    os.replace(written.output, directory / written.entry.output)
+    return written.entry
+
+
+def _write_shard(
+    pipeline: Pipeline,
+    source: Path,
+    out: Path,
+    out_tmp: Path,
+    q_tmp: Path,
+    on_error: OnError,
+    stop: Stop,
+    compression: str,
+    progress: Callable[[int], None] | None,
+) -> ManifestEntry | None:
+    """``process_shard``'s writing, into ``out_tmp`` and ``q_tmp``."""
     stat = source.stat()
     footer = footer_sha256(source)
     shard = open_shard(source, pipeline.schema)
     schema = pipeline.output_schema()
     rows_in = rows_out = rows_q = 0
-    q_writer = None
-    quarantine = out.parent / quarantine_name(out.name)
-    out_tmp, q_tmp = temporary_path(out), temporary_path(quarantine)
+    q_writer: ExclusiveParquetWriter | None = None
     sink = HashingFile(out_tmp)
-    with sink, pq.ParquetWriter(sink, schema, use_dictionary=False, compression=compression, write_statistics=False) as writer:
-        for i in range(shard.num_row_groups):
-            if stop.is_set():
-                return None
-            raw = shard.read_table(i)
-            first = shard.row_group_starts[i]
-            t = pipeline.transform(batch_from_arrow(raw, pipeline.schema, str(source), i, first), on_error)
-            writer.write_table(pipeline.to_arrow(t.batch))
-            rows_in += raw.num_rows
-            rows_out += t.batch.num_rows
-            if t.rejected:
-                q = _quarantine_table(raw, shard.file.schema_arrow, first, t)
-                if q_writer is None:
-                    quarantine.parent.mkdir(exist_ok=True)
-                    q_writer = ExclusiveParquetWriter(q_tmp, q.schema)
-                q_writer.write_table(q)
-                rows_q += q.num_rows
-            if progress is not None:
-                progress(raw.num_rows)
-    if q_writer is not None:
-        q_writer.close()
-        os.replace(q_tmp, quarantine)
-    os.replace(out_tmp, out)
+    try:
+        with sink, pq.ParquetWriter(sink, schema, use_dictionary=False, compression=compression, write_statistics=False) as writer:
+            for i in range(shard.num_row_groups):
+                if stop.is_set():
+                    return None
+                raw = shard.read_table(i)
+                first = shard.row_group_starts[i]
+                t = pipeline.transform(batch_from_arrow(raw, pipeline.schema, str(source), i, first), on_error)
+                writer.write_table(pipeline.to_arrow(t.batch))
+                rows_in += raw.num_rows
+                rows_out += t.batch.num_rows
+                if t.rejected:
+                    q = _quarantine_table(raw, shard.file.schema_arrow, first, t)
+                    if q_writer is None:
+                        q_tmp.parent.mkdir(exist_ok=True)
+                        q_writer = ExclusiveParquetWriter(q_tmp, q.schema)
+                    q_writer.write_table(q)
+                    rows_q += q.num_rows
+                if progress is not None:
+                    progress(raw.num_rows)
+    finally:
+        if q_writer is not None:
+            q_writer.close()
     if rows_in != rows_out + rows_q:
         raise RuntimeError(f"{source}: row accounting broke: {rows_in} in, {rows_out} out, {rows_q} quarantined")
     return ManifestEntry(
@@ -209,8 +268,11 @@ def preprocess(
     on_error: OnError = "raise",
     compression: str = "none",
     progress: Progress | None = None,
+    client: Client | None = None,
 ) -> Summary:
-    """Fit (unless ``artifacts`` holds a fitted state of this pipeline), then transform every shard.
+    """Fit (unless ``artifacts`` holds a fitted state of this pipeline), then transform every shard: in
+    ``workers`` threads, or, given a Dask ``client``, in tasks on its cluster (one per shard; the fit still runs
+    here). The output bytes are the same either way.
 
     ``progress`` (``etl.progress``) hears of the fitting passes and of the ``"transform"`` pass, which counts the
     rows of the shards a previous run completed (skipped now) at its start.
@@ -225,7 +287,7 @@ def preprocess(
     check_apart(out_dir, shards)
     out_dir.mkdir(parents=True, exist_ok=True)
     with locked(out_dir):
-        return _preprocess(pipeline, shards, out_dir, artifacts, workers, on_error, compression, progress)
+        return _preprocess(pipeline, shards, out_dir, artifacts, workers, on_error, compression, progress, client)
 
 
 def _preprocess(
@@ -237,6 +299,7 @@ def _preprocess(
     on_error: OnError,
     compression: str,
     progress: Progress | None,
+    client: Client | None,
 ) -> Summary:
     """``preprocess`` once the arguments are checked and ``out_dir`` is locked."""
     fit_seconds = None
@@ -273,19 +336,32 @@ def _preprocess(
     if transformed is not None and len(entries):
         transformed(sum(e.rows_in for e in entries.values()))
 
-    def work(w: int, i: int, stop: threading.Event) -> None:
-        out = outputs[i]
-        entry = process_shard(pipeline, shards[i], out, on_error, stop, compression, transformed)
-        if entry is None:
+    def record(i: int, written: WrittenShard | None) -> None:
+        """Commit the output of shard ``i`` and list it in the manifest (nothing when it was stopped)."""
+        if written is None:
             return
+        if written.entry.output != outputs[i].name:
+            raise RuntimeError(f"{shards[i]}: its task wrote {written.entry.output}, expected {outputs[i].name}")
         with lock:
-            entries[out.name] = replace(entry, artifacts_sha256=artifacts_sha)
+            entry = commit_shard(out_dir, written)
+            entries[entry.output] = replace(entry, artifacts_sha256=artifacts_sha)
             save_manifest()
+
+    def work(w: int, i: int, stop: threading.Event) -> None:
+        record(i, process_shard(pipeline, shards[i], outputs[i], on_error, stop, compression, transformed))
 
     t1 = time.perf_counter()
     _remove_stale(out_dir, previous, set(entries))
     save_manifest()
-    run_workers(todo, workers, work)
+    if client is None:
+        run_workers(todo, workers, work)
+    else:
+        task = functools.partial(_shard_task, out_dir / ARTIFACTS, artifacts_sha, uuid.uuid4().hex, on_error, compression)
+        try:
+            run_tasks(client, task, [(shards[i], outputs[i]) for i in todo], lambda k, w: record(todo[k], w), transformed)
+        finally:  # what the attempts of tasks whose worker died, or that were stopped, left behind
+            remove_temporaries(out_dir)
+            remove_temporaries(out_dir / QUARANTINE)
     seconds = time.perf_counter() - t1
     totals = Totals.of(list(entries.values()))
     return Summary(
@@ -298,3 +374,34 @@ def _preprocess(
         transform_seconds=seconds,
         rows_processed=sum(entries[outputs[i].name].rows_in for i in todo),
     )
+
+
+def _shard_task(
+    artifacts: Path,
+    artifacts_sha: str,
+    run: str,
+    on_error: OnError,
+    compression: str,
+    shard: tuple[Path, Path],
+    stop: Stop,
+    progress: Callable[[int], None],
+) -> WrittenShard | None:
+    """``process_shard`` in a task on a cluster worker, for ``shard`` = (source, output path), with the pipeline
+    fitted by the run ``run`` (loaded once per worker and run from ``artifacts``)."""
+    source, out = shard
+    return process_shard(_fitted(artifacts, artifacts_sha, run), source, out, on_error, stop, compression, progress)
+
+
+@functools.lru_cache(maxsize=1)
+def _fitted(artifacts: Path, artifacts_sha: str, run: str) -> Pipeline:
+    """The pipeline of ``artifacts`` as a worker sees them, which must be the ones the driver of run ``run`` saved
+    (their pipeline.json checksum is ``artifacts_sha``); kept for the rest of the run."""
+    where = f"--cluster worker on {socket.gethostname()}"
+    shared = "every worker must see the input and output paths on shared storage, at the same paths as the driver"
+    try:
+        sha = sha256_file(artifacts / "pipeline.json")
+    except OSError as e:
+        raise ConfigError(f"{artifacts}: {where} cannot read the artifacts of this run ({e.strerror}); {shared}") from None
+    if sha != artifacts_sha:
+        raise ConfigError(f"{artifacts}: {where} sees other artifacts than those this run saved; {shared}")
+    return Pipeline.load(artifacts)

@@ -10,8 +10,8 @@ let the driver commit). Each task gets:
 - ``progress(n)``: counts ``n`` more rows done; the counts travel as Dask events, and with the result, and the
   driver reports each item's rows once, even when its task ran twice (it keeps the largest count seen per item).
 
-The first exception of a task (a ``RowError`` pickles with its message and fields) is re-raised in the driver
-after the other tasks were told to stop and have ended, or ``STOP_GRACE`` seconds have passed.
+The first error of a task (an ``EtlError`` such as ``RowError`` travels with its message and fields) is raised in
+the driver after the other tasks were told to stop and have ended, or ``STOP_GRACE`` seconds have passed.
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
+
+from etl.errors import EtlError
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -60,9 +62,11 @@ def run_tasks(
     try:
         for future in as_completed(futures):
             k = index[future.key]
-            result, rows = future.result()
+            result, rows, error = future.result()
+            if error is not None:
+                raise error
             counter.update(k, rows)  # the rows of the attempt that made the result, whatever events are still on the way
-            on_result(k, result)
+            on_result(k, cast(R, result))
     except BaseException:
         stop.set()
         try:
@@ -100,9 +104,10 @@ class _RowCounter:
         self._progress(more)
 
 
-def _task(work: Callable[[T, Stop, Callable[[int], None]], R], k: int, item: T, run: str) -> tuple[R, int]:
+def _task(work: Callable[[T, Stop, Callable[[int], None]], R], k: int, item: T, run: str) -> tuple[R | None, int, EtlError | None]:
     """What runs on a worker: ``work`` with this run's stop flag and a progress reporter for item ``k``; returns its
-    result and the rows it reported."""
+    result, the rows it reported and the error of the input or configuration that stopped it, if any (handed to the
+    driver as a value: it is the user's error, not a failure of the worker, which would log it as one)."""
     from distributed import Event, get_worker
 
     worker = get_worker()
@@ -113,5 +118,7 @@ def _task(work: Callable[[T, Stop, Callable[[int], None]], R], k: int, item: T, 
         done += rows
         worker.log_event(f"etl-progress-{run}", (k, done))
 
-    result = work(item, Event(f"etl-stop-{run}"), progress)
-    return result, done
+    try:
+        return work(item, Event(f"etl-stop-{run}"), progress), done, None
+    except EtlError as e:
+        return None, done, e

@@ -395,7 +395,9 @@ def _shard_task(
 @functools.lru_cache(maxsize=1)
 def _fitted(artifacts: Path, artifacts_sha: str, run: str) -> Pipeline:
     """The pipeline of ``artifacts`` as a worker sees them, which must be the ones the driver of run ``run`` saved
-    (their pipeline.json checksum is ``artifacts_sha``); kept for the rest of the run."""
+    (their pipeline.json checksum is ``artifacts_sha``): loaded by a worker process's first task of the run and
+    kept for its next ones (until a task of another run replaces it). A worker that cannot read them, or reads
+    others, raises ``ConfigError``."""
     where = f"--cluster worker on {socket.gethostname()}"
     shared = "every worker must see the input and output paths on shared storage, at the same paths as the driver"
     try:

@@ -179,17 +179,14 @@ def process_shard(
     the file is written."""
     quarantine = out.parent / quarantine_name(out.name)
     out_tmp, q_tmp = temporary_path(out), temporary_path(quarantine)
+    entry = None
     try:
         entry = _write_shard(pipeline, source, out, out_tmp, q_tmp, on_error, stop, compression, progress)
-    except BaseException:
-        out_tmp.unlink(missing_ok=True)
-        q_tmp.unlink(missing_ok=True)
-        raise
-    if entry is None:
-        out_tmp.unlink(missing_ok=True)
-        q_tmp.unlink(missing_ok=True)
-        return None
-    return WrittenShard(entry, out_tmp, q_tmp if entry.quarantine is not None else None)
+        return None if entry is None else WrittenShard(entry, out_tmp, q_tmp if entry.quarantine is not None else None)
+    finally:
+        if entry is None:  # stopped or failed
+            out_tmp.unlink(missing_ok=True)
+            q_tmp.unlink(missing_ok=True)
 
 
 def commit_shard(directory: Path, written: WrittenShard) -> ManifestEntry:

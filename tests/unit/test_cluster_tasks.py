@@ -7,6 +7,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -27,16 +28,19 @@ def square_in_steps(item: int, stop: Stop, progress: Callable[[int], None]) -> t
     return item * item, os.getpid()
 
 
-def bad_row_or_wait(item: int, stop: Stop, progress: Callable[[int], None]) -> str | None:
-    if item == 0:
-        time.sleep(0.5)  # the other task has started
+def bad_row_or_wait(item: tuple[int, str], stop: Stop, progress: Callable[[int], None]) -> None:
+    """Item 0 raises a RowError once the other has started; the other waits for ``stop`` and leaves a mark."""
+    k, marks = item
+    deadline = time.monotonic() + 30  # never hang the suite
+    if k == 0:
+        while not os.path.exists(os.path.join(marks, "started")) and time.monotonic() < deadline:
+            time.sleep(0.01)
         raise RowError("raw/a.parquet", 1, 7, "C3", "malformed value: 'zz'")
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if stop.is_set():
-            return None
+    open(os.path.join(marks, "started"), "w").close()
+    while not stop.is_set() and time.monotonic() < deadline:
         time.sleep(0.01)
-    return "never stopped"
+    if stop.is_set():
+        open(os.path.join(marks, "stopped"), "w").close()
 
 
 def test_every_result_once_in_the_driver_and_rows_counted_once(client) -> None:
@@ -57,14 +61,13 @@ def test_every_result_once_in_the_driver_and_rows_counted_once(client) -> None:
     assert sum(reported) == 3 * sum(items)
 
 
-def test_a_task_error_reaches_the_driver_as_itself_and_stops_the_others(client) -> None:
-    seen: list[object] = []
+def test_a_task_error_reaches_the_driver_as_itself_after_the_others_stopped(client, tmp_path: Path) -> None:
     with pytest.raises(RowError) as info:
-        run_tasks(client, bad_row_or_wait, [0, 1], lambda k, r: seen.append(r))
+        run_tasks(client, bad_row_or_wait, [(0, str(tmp_path)), (1, str(tmp_path))], lambda k, r: None)
     e = info.value
     assert str(e) == "raw/a.parquet, row group 1, row 7, column 'C3': malformed value: 'zz'"
     assert (e.path, e.row_group, e.row, e.column) == ("raw/a.parquet", 1, 7, "C3")
-    assert "never stopped" not in seen
+    assert (tmp_path / "stopped").exists()  # the other task saw stop and ended before the error was raised here
 
 
 def test_rows_of_a_rerun_task_are_not_counted_twice() -> None:

@@ -226,8 +226,9 @@ def test_a_cluster_resumes_what_the_manifest_proves_complete(shards: list[Path],
 def test_a_row_error_on_a_worker_is_raised_here_and_nothing_is_left(tmp_path: Path, client) -> None:
     good = write(criteo_table(200, seed=1), tmp_path / "raw" / "a.parquet")
     bad = write(with_bad_c3(criteo_table(50), [7]), tmp_path / "raw" / "b.parquet")
+    run([good], tmp_path / "fitted")  # artifacts, so that the bad value is met by a worker, not by the fit
     with pytest.raises(RowError, match=r"b.parquet, row group 0, row 7, column 'C3'"):
-        run([good, bad], tmp_path / "out", client=client)
+        run([good, bad], tmp_path / "out", artifacts=tmp_path / "fitted" / "artifacts", client=client)
     names = [p.name for p in (tmp_path / "out").rglob("*")]
     assert not [n for n in names if is_temporary(n)] and "part-00001.parquet" not in names
     assert [e.output for e in read_manifest(tmp_path / "out").files] in ([], ["part-00000.parquet"])

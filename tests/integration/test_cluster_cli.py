@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from etl.pipeline import Pipeline
 from etl.schema import load_schema
 from etl.synth import generate
 from tests.conftest import REPO, criteo_table, run_etl
@@ -47,7 +48,11 @@ def test_threads_and_clusters_of_one_and_two_workers_write_the_same_bytes(raw: P
 
 
 def test_a_bad_value_on_a_worker_is_one_line_and_exit_2(raw: Path, tmp_path: Path) -> None:
-    proc = run_etl("preprocess", "--pipeline", CRITEO, "--input", raw, "--out", tmp_path / "out", "--cluster", "local:2", check=False)
+    fitted = Pipeline.from_file(CRITEO)
+    fitted.fit([raw / "0.parquet"])  # so that the bad value is met by a worker, not by the fit
+    fitted.save(tmp_path / "artifacts")
+    proc = run_etl("preprocess", "--pipeline", CRITEO, "--input", raw, "--out", tmp_path / "out", "--artifacts", tmp_path / "artifacts",
+                   "--cluster", "local:2", check=False)  # fmt: skip
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [f"error: {raw / '2.parquet'}, row group 0, row 5, column 'C3': "
                                                 "malformed value (expected 8 hex digits): 'zz123456'"]  # fmt: skip

@@ -36,6 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from etl.allocator import tune_allocator
 from etl.cluster_tasks import Stop, run_tasks
 from etl.errors import ConfigError, InputError, OutputError
 from etl.io.files import ExclusiveParquetWriter, HashingFile, is_shard_name, remove_temporaries, sha256_file, temporary_path
@@ -384,7 +385,10 @@ def _shard_task(
     progress: Callable[[int], None],
 ) -> WrittenShard | None:
     """``process_shard`` in a task on a cluster worker, for ``shard`` = (source, output path), with the pipeline
-    fitted by the run ``run`` (loaded once per worker and run from ``artifacts``)."""
+    fitted by the run ``run`` (loaded once per worker and run from ``artifacts``). The worker process's allocator
+    is tuned as the command line tunes its own (``etl.allocator``; Dask starts workers with malloc returning freed
+    memory to the system at once, which makes every row group page-fault its arrays in again)."""
+    tune_allocator()
     source, out = shard
     return process_shard(_fitted(artifacts, artifacts_sha, run), source, out, on_error, stop, compression, progress)
 

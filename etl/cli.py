@@ -287,7 +287,7 @@ def preprocess(
     input: list[Path] = typer.Option(..., help=f"Raw Parquet shards or directories of them ({SEVERAL})."),
     out: Path = typer.Option(..., help="Output directory."),
     artifacts: Path | None = typer.Option(None, help="Fitted artifacts to use (fits first when omitted)."),
-    workers: int = typer.Option(2, min=1, help="Worker threads."),
+    workers: int = typer.Option(2, min=1, help="Worker threads (with --cluster: of the fit, which runs in this process)."),
     on_error: str = typer.Option("raise", help="raise: stop at the first invalid value; quarantine: set invalid rows aside."),
     compression: str = typer.Option("none", help="Output Parquet compression: none | snappy | lz4 | zstd."),
     cluster: str | None = typer.Option(None, help=CLUSTER),
@@ -370,7 +370,9 @@ def bench(
     ),
     json_out: Path | None = typer.Option(None, "--json", help="Write the results as JSON."),
     plot_out: Path | None = typer.Option(None, "--plot", help="Write a PNG chart of the stages and the stall timeline."),
-    cluster: str | None = typer.Option(None, help=f"Also preprocess on Dask, beside the threaded figures. {CLUSTER}"),
+    cluster: str | None = typer.Option(
+        None, help="Also preprocess on Dask, beside the threaded figures: local:N or a scheduler address (default: $DASK_SCHEDULER_ADDRESS)."
+    ),
 ) -> None:
     """Measure read floor, every stage, fit, preprocess, the loader, data wait and baselines in one run."""
     import torch

@@ -70,8 +70,9 @@ def connect(spec: str | None, timeout: float = 30.0) -> Iterator[Client | None]:
         with client:
             yield client
         return
+    # no dashboard; the scheduler's HTTP endpoint on a free port (its default, 8787, warns on stderr when taken)
     with LocalCluster(n_workers=int(m.group(1)), threads_per_worker=1, processes=True, dashboard_address=None,
-                      preload=[__name__]) as cluster, Client(cluster) as client:  # fmt: skip
+                      scheduler_kwargs={"dashboard_address": ":0"}, preload=[__name__]) as cluster, Client(cluster) as client:  # fmt: skip
         yield client
 
 

@@ -135,6 +135,16 @@ def _remove_stale(out_dir: Path, previous: dict[str, ManifestEntry], keep: set[s
             (out_dir / e.quarantine).unlink(missing_ok=True)
 
 
+def _remove_artifact_temporaries(artifacts: Path) -> None:
+    """Remove what a run killed while it saved the artifacts left under temporary names in ``artifacts`` and its
+    table directories (not following symlinks)."""
+    remove_temporaries(artifacts)
+    if artifacts.is_dir() and not artifacts.is_symlink():
+        for d in artifacts.iterdir():
+            if d.is_dir() and not d.is_symlink():
+                remove_temporaries(d)
+
+
 def _quarantine_table(raw: pa.Table, source_schema: pa.Schema, first_row: int, t: Transformed) -> pa.Table:
     """The rejected rows as they were in the source (its column types), with _row, _column and _reason."""
     raw = raw.cast(pa.schema([source_schema.field(c) for c in raw.column_names]))
@@ -309,6 +319,7 @@ def _preprocess(
         t0 = time.perf_counter()
         pipeline.fit(shards, workers=workers, on_error=on_error, progress=progress)
         fit_seconds = time.perf_counter() - t0
+    _remove_artifact_temporaries(out_dir / ARTIFACTS)
     pipeline.save(out_dir / ARTIFACTS)
     artifacts_sha = sha256_file(out_dir / ARTIFACTS / "pipeline.json")
 

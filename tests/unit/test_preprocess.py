@@ -242,3 +242,14 @@ def test_a_worker_that_sees_other_artifacts_says_so(shards: list[Path], tmp_path
     with pytest.raises(ConfigError, match="cannot read the artifacts.*shared storage"):
         _fitted(tmp_path / "elsewhere", sha256_file(artifacts / "pipeline.json"), "run-2")
     assert _fitted(artifacts, sha256_file(artifacts / "pipeline.json"), "run-3").is_fitted
+
+
+def test_temporaries_a_killed_save_left_in_the_artifacts_are_removed(shards: list[Path], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    run(shards, out)
+    first = tree_bytes(out)
+    table_dir = next(p for p in (out / "artifacts").iterdir() if p.is_dir())
+    for d in (out / "artifacts", table_dir):
+        (d / ".C2.parquet.123-abcd1234.tmp").write_bytes(b"partial")
+    run(shards, out, artifacts=out / "artifacts")
+    assert tree_bytes(out) == first

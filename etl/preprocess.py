@@ -8,7 +8,7 @@ Every file is written under a unique temporary name; the driver (the process tha
 owner of the manifest and of the directory's lock) renames it onto its final name and rewrites the manifest
 (atomically) after each shard. The manifest written last is the commit record: readers trust only the files it
 lists. Shards are transformed by worker threads, or, given a Dask ``client`` (``etl.cluster``), by tasks on its
-workers, each loading the fitted pipeline from the artifacts this run saved (``_shard_task``): the input and output
+workers, each loading the fitted pipeline from the artifacts this run saved (``etl.preprocess_tasks``): the input and output
 paths must then name the same files on every worker (shared storage). A task whose worker dies is run again
 elsewhere, and what the killed attempt left under a temporary name is removed at the end of the run.
 
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import os
-import socket
 import threading
 import time
 import uuid
@@ -36,9 +35,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from etl.allocator import tune_allocator
 from etl.cluster_tasks import Stop, run_tasks
-from etl.errors import ConfigError, InputError, OutputError
+from etl.errors import InputError, OutputError
 from etl.io.files import ExclusiveParquetWriter, HashingFile, is_shard_name, remove_temporaries, sha256_file, temporary_path
 from etl.io.lock import locked
 from etl.io.parquet import batch_from_arrow, footer_sha256, open_shard
@@ -365,7 +363,9 @@ def _preprocess(
     if client is None:
         run_workers(todo, workers, work)
     else:
-        task = functools.partial(_shard_task, out_dir / ARTIFACTS, artifacts_sha, uuid.uuid4().hex, on_error, compression)
+        from etl.preprocess_tasks import shard_task  # it imports this module
+
+        task = functools.partial(shard_task, out_dir / ARTIFACTS, artifacts_sha, uuid.uuid4().hex, on_error, compression)
         try:
             run_tasks(client, task, [(shards[i], outputs[i]) for i in todo], lambda k, w: record(todo[k], w), transformed)
         finally:  # what the attempts of tasks whose worker died, or that were stopped, left behind
@@ -384,38 +384,3 @@ def _preprocess(
         rows_processed=sum(entries[outputs[i].name].rows_in for i in todo),
     )
 
-
-def _shard_task(
-    artifacts: Path,
-    artifacts_sha: str,
-    run: str,
-    on_error: OnError,
-    compression: str,
-    shard: tuple[Path, Path],
-    stop: Stop,
-    progress: Callable[[int], None],
-) -> WrittenShard | None:
-    """``process_shard`` in a task on a cluster worker, for ``shard`` = (source, output path), with the pipeline
-    fitted by the run ``run`` (loaded once per worker and run from ``artifacts``). The worker process's allocator
-    is tuned as the command line tunes its own (``etl.allocator``; Dask starts workers with malloc returning freed
-    memory to the system at once, which makes every row group page-fault its arrays in again)."""
-    tune_allocator()
-    source, out = shard
-    return process_shard(_fitted(artifacts, artifacts_sha, run), source, out, on_error, stop, compression, progress)
-
-
-@functools.lru_cache(maxsize=1)
-def _fitted(artifacts: Path, artifacts_sha: str, run: str) -> Pipeline:
-    """The pipeline of ``artifacts`` as a worker sees them, which must be the ones the driver of run ``run`` saved
-    (their pipeline.json checksum is ``artifacts_sha``): loaded by a worker process's first task of the run and
-    kept for its next ones (until a task of another run replaces it). A worker that cannot read them, or reads
-    others, raises ``ConfigError``."""
-    where = f"--cluster worker on {socket.gethostname()}"
-    shared = "every worker must see the input and output paths on shared storage, at the same paths as the driver"
-    try:
-        sha = sha256_file(artifacts / "pipeline.json")
-    except OSError as e:
-        raise ConfigError(f"{artifacts}: {where} cannot read the artifacts of this run ({e.strerror}); {shared}") from None
-    if sha != artifacts_sha:
-        raise ConfigError(f"{artifacts}: {where} sees other artifacts than those this run saved; {shared}")
-    return Pipeline.load(artifacts)

@@ -12,11 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from etl.cluster import connect
-from etl.errors import ConfigError, InputError, RowError
+from etl.errors import InputError, RowError
 from etl.io.files import is_temporary, sha256_file
 from etl.io.processed import MANIFEST, read_manifest
 from etl.pipeline import Pipeline
-from etl.preprocess import Summary, _fitted, preprocess
+from etl.preprocess import Summary, preprocess
 from tests.conftest import REPO, criteo_table
 
 CRITEO = REPO / "pipelines/criteo.yaml"
@@ -232,16 +232,6 @@ def test_a_row_error_on_a_worker_is_raised_here_and_nothing_is_left(tmp_path: Pa
     names = [p.name for p in (tmp_path / "out").rglob("*")]
     assert not [n for n in names if is_temporary(n)] and "part-00001.parquet" not in names
     assert [e.output for e in read_manifest(tmp_path / "out").files] in ([], ["part-00000.parquet"])
-
-
-def test_a_worker_that_sees_other_artifacts_says_so(shards: list[Path], tmp_path: Path) -> None:
-    run(shards, tmp_path / "out")
-    artifacts = tmp_path / "out" / "artifacts"
-    with pytest.raises(ConfigError, match="sees other artifacts.*shared storage"):
-        _fitted(artifacts, "0" * 64, "run-1")
-    with pytest.raises(ConfigError, match="cannot read the artifacts.*shared storage"):
-        _fitted(tmp_path / "elsewhere", sha256_file(artifacts / "pipeline.json"), "run-2")
-    assert _fitted(artifacts, sha256_file(artifacts / "pipeline.json"), "run-3").is_fitted
 
 
 def test_temporaries_a_killed_save_left_in_the_artifacts_are_removed(shards: list[Path], tmp_path: Path) -> None:

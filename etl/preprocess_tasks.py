@@ -3,7 +3,8 @@
 A worker process loads the fitted pipeline at its first task of a run and keeps it for the run's next tasks. It
 keeps it across runs too while the artifacts hold the same bytes (a long-lived cluster running ``etl preprocess``
 again with the same artifacts, e.g. on each new day of logs), since loading large vocabularies costs far more than
-reading their bytes once to compare them.
+reading their bytes once to compare them. The memory of that pipeline stays with the worker process until a run with
+other artifacts replaces it.
 """
 
 from __future__ import annotations

@@ -91,6 +91,11 @@ console = Console(soft_wrap=True)
 
 #: help text of the options that take several paths
 SEVERAL = "several values or glob patterns: --input a.parquet b.parquet, --input 'raw/*.parquet'"
+#: help text of --cluster
+CLUSTER = ("Run on Dask: local:N (N worker processes here) or a scheduler address such as tcp://HOST:PORT "
+           "(default: $DASK_SCHEDULER_ADDRESS when set, else --workers threads).")  # fmt: skip
+#: help text of --partitions
+PARTITIONS = "With --cluster: partitions of each count table (default: one per 2**22 estimated distinct keys)."
 
 
 def _show_version(show: bool) -> None:
@@ -261,12 +266,8 @@ def fit(
     artifacts: str = typer.Option(..., help="Directory to write the fitted artifacts to."),
     workers: int = typer.Option(2, min=1, help="Worker threads (without --cluster)."),
     on_error: str = typer.Option("raise", help="raise | quarantine (skip invalid rows while fitting)."),
-    cluster: str | None = typer.Option(
-        None, help="Fit on Dask: local:N (N worker processes) or a scheduler address tcp://HOST:PORT (default: $DASK_SCHEDULER_ADDRESS or threads)."
-    ),
-    partitions: int | None = typer.Option(
-        None, min=1, max=2**31, help="With --cluster: partitions of each count table (default: one per 2**22 estimated distinct keys)."
-    ),
+    cluster: str | None = typer.Option(None, help=CLUSTER),
+    partitions: int | None = typer.Option(None, min=1, max=2**31, help=PARTITIONS),
 ) -> None:
     """Fit the pipeline's statistics and vocabularies over all shards, in bounded memory. With --cluster, count tables
     are spilled to a temporary directory inside --artifacts (on a cluster of several machines, storage every worker
@@ -306,11 +307,15 @@ def preprocess(
     input: list[str] = typer.Option(..., help=f"Raw Parquet shards or directories of them ({SEVERAL})."),
     out: str = typer.Option(..., help="Output directory."),
     artifacts: str | None = typer.Option(None, help="Fitted artifacts to use (fits first when omitted)."),
-    workers: int = typer.Option(2, min=1, help="Worker threads."),
+    workers: int = typer.Option(2, min=1, help="Worker threads (without --cluster)."),
     on_error: str = typer.Option("raise", help="raise: stop at the first invalid value; quarantine: set invalid rows aside."),
     compression: str = typer.Option("none", help="Output Parquet compression: none | snappy | lz4 | zstd."),
+    cluster: str | None = typer.Option(None, help=CLUSTER),
+    partitions: int | None = typer.Option(None, min=1, max=2**31, help=PARTITIONS),
 ) -> None:
-    """Fit (when no artifacts are given) and transform every shard; resumable after an interruption."""
+    """Fit (when no artifacts are given) and transform every shard; resumable after an interruption. With
+    --cluster, both run on the cluster's workers (the fit's count tables spilled inside --out)."""
+    from etl.cluster import connect
     from etl.io.parquet import list_shards
     from etl.pipeline import Pipeline
     from etl.preprocess import COMPRESSIONS, check_apart
@@ -323,10 +328,11 @@ def preprocess(
         inputs, out_dir = expand_globs(input), location(out)
         check_apart(out_dir, inputs)
         shards = list_shards(inputs)
-        with progress_bars(_total_rows(shards)) as report:
+        with connect(cluster) as client, progress_bars(_total_rows(shards)) as report:
             mode = cast("OnError", on_error)
             fitted = None if artifacts is None else location(artifacts)
-            summary = run(p, shards, out_dir, artifacts=fitted, workers=workers, on_error=mode, compression=compression, progress=report)
+            summary = run(p, shards, out_dir, artifacts=fitted, workers=workers, on_error=mode, compression=compression, progress=report,
+                          client=client, partitions=partitions)  # fmt: skip
     c = console
     c.print(f"files: {summary.files}" + (f" ({summary.files_skipped} already complete, skipped)" if summary.files_skipped else ""))
     c.print(f"rows: {summary.rows_in:,} in = {summary.rows_out:,} out + {summary.rows_quarantined:,} quarantined")
@@ -387,12 +393,16 @@ def bench(
     ),
     json_out: Path | None = typer.Option(None, "--json", help="Write the results as JSON."),
     plot_out: Path | None = typer.Option(None, "--plot", help="Write a PNG chart of the stages and the stall timeline."),
+    cluster: str | None = typer.Option(
+        None, help="Also preprocess on Dask, beside the threaded figures: local:N or a scheduler address (default: $DASK_SCHEDULER_ADDRESS)."
+    ),
 ) -> None:
     """Measure read floor, every stage, fit, preprocess, the loader, data wait and baselines in one run."""
     import torch
 
     from etl.bench.report import plot
     from etl.bench.run import run_bench
+    from etl.cluster import connect
     from etl.resources import resource_path
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
@@ -406,9 +416,11 @@ def bench(
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise EtlError(f"--device {device}: torch {torch.__version__} sees no CUDA device")
         input_dir = None if input is None else location(input)
-        report = run_bench(pipelines, input_dir=input_dir, rows=rows, files=files, workers=workers, batch_size=batch_size,
-                           device=device, step_factor=step_factor, model=model, run_baselines=baselines,
-                           device_placement=device_placement, progress=lambda msg: status.update(msg))  # fmt: skip
+        with connect(cluster) as client:
+            report = run_bench(pipelines, input_dir=input_dir, rows=rows, files=files, workers=workers, batch_size=batch_size,
+                               device=device, step_factor=step_factor, model=model, run_baselines=baselines,
+                               device_placement=device_placement, progress=lambda msg: status.update(msg),
+                               client=client)  # fmt: skip
     _print_report(report)
     if json_out:
         json_out.write_text(report.to_json())

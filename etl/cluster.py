@@ -3,7 +3,7 @@
 ``--cluster`` (and ``connect``) accept:
 
 - ``local:N``: a ``LocalCluster`` of N worker processes on this machine, one thread each, started for the run and
-  stopped when it ends (``N`` >= 1);
+  stopped when it ends (``N`` >= 1; the workers leave Ctrl-C to the process that started them, see ``dask_setup``);
 - ``tcp://HOST:PORT`` (any address a Dask scheduler listens on, e.g. ``tls://``): an existing cluster, left
   running when the run ends.
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import signal
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -69,5 +70,14 @@ def connect(spec: str | None, timeout: float = 30.0) -> Iterator[Client | None]:
         with client:
             yield client
         return
-    with LocalCluster(n_workers=int(m.group(1)), threads_per_worker=1, processes=True, dashboard_address=None) as cluster, Client(cluster) as client:
+    # no dashboard; the scheduler's HTTP endpoint on a free port (its default, 8787, warns on stderr when taken)
+    with LocalCluster(n_workers=int(m.group(1)), threads_per_worker=1, processes=True, dashboard_address=None,
+                      scheduler_kwargs={"dashboard_address": ":0"}, preload=[__name__]) as cluster, Client(cluster) as client:  # fmt: skip
         yield client
+
+
+def dask_setup(worker: object) -> None:
+    """Run by each worker process of a local cluster that ``connect`` starts (a Dask preload, restarted workers
+    included): it ignores SIGINT, so that Ctrl-C in a terminal, which reaches every process of the foreground group,
+    interrupts the ``etl`` process alone; that one stops the tasks and then the cluster."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)

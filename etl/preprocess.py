@@ -4,11 +4,18 @@ The output directory is a processed output (layout and manifest: ``etl.io.proces
 input shard (input order) with one row group per input row group; the quarantine files hold the rejected raw rows
 with _row (row number in the source), _column and _reason.
 
-Every file is written under a temporary name and renamed when complete; the manifest is rewritten (atomically)
-after each shard. A rerun skips the shards whose manifest entry still matches (``_reusable``: the same source
-file by path, size, modification time and footer checksum, the same fitted artifacts, the output present with
-the recorded checksum, and no quarantined row when the rerun's ``on_error`` is "raise"), so a run killed at any
-point and rerun ends with the same bytes as an uninterrupted run. Rows are accounted exactly:
+Every file is written under a unique temporary name; the driver (the process that called ``preprocess``, sole
+owner of the manifest and of the directory's lock) renames it onto its final name and rewrites the manifest
+(atomically) after each shard. The manifest written last is the commit record: readers trust only the files it
+lists. Shards are transformed by worker threads, or, given a Dask ``client`` (``etl.cluster``), by tasks on its
+workers, each loading the fitted pipeline from the artifacts this run saved (``etl.preprocess_tasks``): the input and output
+paths must then name the same files on every worker (shared storage). A task whose worker dies is run again
+elsewhere, and what the killed attempt left under a temporary name is removed at the end of the run.
+
+A rerun skips the shards whose manifest entry still matches (``_reusable``: the same source file by path, size,
+modification time and footer checksum, the same fitted artifacts, the output present with the recorded checksum,
+and no quarantined row when the rerun's ``on_error`` is "raise"), so a run killed at any point and rerun ends with
+the same bytes as an uninterrupted run. Rows are accounted exactly:
 rows_in = rows_out + rows_quarantined.
 
 In object storage (``etl.io.fs``) the "rename" is a copy onto the final key, where the file appears whole.
@@ -19,13 +26,17 @@ from __future__ import annotations
 import functools
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from etl.cluster_tasks import Stop, run_tasks
 from etl.errors import InputError, OutputError
 from etl.io.files import ExclusiveParquetWriter, HashingFile, is_shard_name, remove_temporaries, sha256_file, temporary_path
 from etl.io.fs import Location, Url, fingerprint, is_within
@@ -46,6 +57,9 @@ from etl.io.processed import (
 from etl.pipeline import ON_ERROR, OnError, Pipeline, Transformed, check_match
 from etl.progress import Progress
 from etl.workers import run_workers
+
+if TYPE_CHECKING:
+    from distributed import Client
 
 COMPRESSIONS = ("none", "snappy", "lz4", "zstd")
 
@@ -125,6 +139,21 @@ def _remove_stale(out_dir: Location, previous: dict[str, ManifestEntry], keep: s
             (out_dir / e.quarantine).unlink(missing_ok=True)
 
 
+def _remove_artifact_temporaries(artifacts: Location) -> None:
+    """Remove what a run killed while it saved the artifacts left under temporary names in ``artifacts`` and its
+    table directories (not following symlinks)."""
+    if _is_symlink(artifacts) or not artifacts.is_dir():
+        return
+    remove_temporaries(artifacts)
+    for d in artifacts.iterdir():
+        if d.is_dir() and not _is_symlink(d):
+            remove_temporaries(d)
+
+
+def _is_symlink(path: Location) -> bool:
+    return isinstance(path, Path) and path.is_symlink()  # object storage has none
+
+
 def _quarantine_table(raw: pa.Table, source_schema: pa.Schema, first_row: int, t: Transformed) -> pa.Table:
     """The rejected rows as they were in the source (its column types), with _row, _column and _reason."""
     raw = raw.cast(pa.schema([source_schema.field(c) for c in raw.column_names]))
@@ -139,55 +168,98 @@ def _quarantine_table(raw: pa.Table, source_schema: pa.Schema, first_row: int, t
     return q.append_column("_reason", pa.array(reasons[order].tolist(), pa.string()))
 
 
+@dataclass(frozen=True)
+class WrittenShard:
+    """The output of one shard, complete under temporary names and not yet committed: ``output`` and
+    ``quarantine`` (None when no row was rejected) are the temporary files of ``entry.output`` and
+    ``entry.quarantine``."""
+
+    entry: ManifestEntry
+    output: Location
+    quarantine: Location | None
+
+
 def process_shard(
     pipeline: Pipeline,
     source: Location,
     out: Location,
     on_error: OnError,
-    stop: threading.Event,
+    stop: Stop,
     compression: str = "none",
     progress: Callable[[int], None] | None = None,
-) -> ManifestEntry | None:
-    """Transform one shard into ``out`` (and rejected rows into its quarantine file); returns its manifest
-    entry (without ``artifacts_sha256``), or None when ``stop`` was set before the end. ``progress`` is called
+) -> WrittenShard | None:
+    """Transform one shard into a temporary file of ``out`` (and rejected rows into one of its quarantine file);
+    returns them with the shard's manifest entry (without ``artifacts_sha256``) for ``commit_shard``, or None when
+    ``stop`` was set before the end. The temporary files are removed when it stops or fails. ``progress`` is called
     with the number of rows of each row group transformed.
 
     Output columns are written with plain encoding (no dictionary: ids and floats decode at memcpy speed in the
     loader), without column statistics (nothing reads them; computing them cost ~5 % of the write), and
     ``compression`` (none by default; zstd or snappy trade write speed for size). The checksum is computed while
     the file is written."""
+    quarantine = out.parent / quarantine_name(out.name)
+    out_tmp, q_tmp = temporary_path(out), temporary_path(quarantine)
+    entry = None
+    try:
+        entry = _write_shard(pipeline, source, out, out_tmp, q_tmp, on_error, stop, compression, progress)
+        return None if entry is None else WrittenShard(entry, out_tmp, q_tmp if entry.quarantine is not None else None)
+    finally:
+        if entry is None:  # stopped or failed
+            out_tmp.unlink(missing_ok=True)
+            q_tmp.unlink(missing_ok=True)
+
+
+def commit_shard(directory: Location, written: WrittenShard) -> ManifestEntry:
+    """Rename the temporary files of ``written`` onto their final names in ``directory`` (in object storage: copy
+    them there); returns its entry."""
+    if written.quarantine is not None and written.entry.quarantine is not None:
+        replace_file(written.quarantine, directory / written.entry.quarantine)
+    replace_file(written.output, directory / written.entry.output)
+    return written.entry
+
+
+def _write_shard(
+    pipeline: Pipeline,
+    source: Location,
+    out: Location,
+    out_tmp: Location,
+    q_tmp: Location,
+    on_error: OnError,
+    stop: Stop,
+    compression: str,
+    progress: Callable[[int], None] | None,
+) -> ManifestEntry | None:
+    """``process_shard``'s writing, into ``out_tmp`` and ``q_tmp``."""
     size, mtime_ns = fingerprint(source)
     footer = footer_sha256(source)
     shard = open_shard(source, pipeline.schema)
     schema = pipeline.output_schema()
     rows_in = rows_out = rows_q = 0
-    q_writer = None
-    quarantine = out.parent / quarantine_name(out.name)
-    out_tmp, q_tmp = temporary_path(out), temporary_path(quarantine)
+    q_writer: ExclusiveParquetWriter | None = None
     sink = HashingFile(out_tmp)
-    with sink, pq.ParquetWriter(sink, schema, use_dictionary=False, compression=compression, write_statistics=False) as writer:
-        for i in range(shard.num_row_groups):
-            if stop.is_set():
-                return None
-            raw = shard.read_table(i)
-            first = shard.row_group_starts[i]
-            t = pipeline.transform(batch_from_arrow(raw, pipeline.schema, str(source), i, first), on_error)
-            writer.write_table(pipeline.to_arrow(t.batch))
-            rows_in += raw.num_rows
-            rows_out += t.batch.num_rows
-            if t.rejected:
-                q = _quarantine_table(raw, shard.file.schema_arrow, first, t)
-                if q_writer is None:
-                    quarantine.parent.mkdir(exist_ok=True)
-                    q_writer = ExclusiveParquetWriter(q_tmp, q.schema)
-                q_writer.write_table(q)
-                rows_q += q.num_rows
-            if progress is not None:
-                progress(raw.num_rows)
-    if q_writer is not None:
-        q_writer.close()
-        replace_file(q_tmp, quarantine)
-    replace_file(out_tmp, out)
+    try:
+        with sink, pq.ParquetWriter(sink, schema, use_dictionary=False, compression=compression, write_statistics=False) as writer:
+            for i in range(shard.num_row_groups):
+                if stop.is_set():
+                    return None
+                raw = shard.read_table(i)
+                first = shard.row_group_starts[i]
+                t = pipeline.transform(batch_from_arrow(raw, pipeline.schema, str(source), i, first), on_error)
+                writer.write_table(pipeline.to_arrow(t.batch))
+                rows_in += raw.num_rows
+                rows_out += t.batch.num_rows
+                if t.rejected:
+                    q = _quarantine_table(raw, shard.file.schema_arrow, first, t)
+                    if q_writer is None:
+                        q_tmp.parent.mkdir(exist_ok=True)
+                        q_writer = ExclusiveParquetWriter(q_tmp, q.schema)
+                    q_writer.write_table(q)
+                    rows_q += q.num_rows
+                if progress is not None:
+                    progress(raw.num_rows)
+    finally:
+        if q_writer is not None:
+            q_writer.close()
     if rows_in != rows_out + rows_q:
         raise RuntimeError(f"{source}: row accounting broke: {rows_in} in, {rows_out} out, {rows_q} quarantined")
     return ManifestEntry(
@@ -214,8 +286,13 @@ def preprocess(
     on_error: OnError = "raise",
     compression: str = "none",
     progress: Progress | None = None,
+    client: Client | None = None,
+    partitions: int | None = None,
 ) -> Summary:
-    """Fit (unless ``artifacts`` holds a fitted state of this pipeline), then transform every shard.
+    """Fit (unless ``artifacts`` holds a fitted state of this pipeline), then transform every shard: in
+    ``workers`` threads, or, given a Dask ``client``, on its cluster (the fit as ``Pipeline.fit`` does it with a
+    client, count tables in ``partitions`` partitions spilled inside ``out_dir``; then one task per shard). The
+    output bytes are the same either way.
 
     ``progress`` (``etl.progress``) hears of the fitting passes and of the ``"transform"`` pass, which counts the
     rows of the shards a previous run completed (skipped now) at its start.
@@ -230,7 +307,7 @@ def preprocess(
     check_apart(out_dir, shards)
     out_dir.mkdir(parents=True, exist_ok=True)
     with locked(out_dir):
-        return _preprocess(pipeline, shards, out_dir, artifacts, workers, on_error, compression, progress)
+        return _preprocess(pipeline, shards, out_dir, artifacts, workers, on_error, compression, progress, client, partitions)
 
 
 def _preprocess(
@@ -242,6 +319,8 @@ def _preprocess(
     on_error: OnError,
     compression: str,
     progress: Progress | None,
+    client: Client | None,
+    partitions: int | None,
 ) -> Summary:
     """``preprocess`` once the arguments are checked and ``out_dir`` is locked."""
     fit_seconds = None
@@ -251,8 +330,10 @@ def _preprocess(
         pipeline = fitted
     elif not pipeline.is_fitted:
         t0 = time.perf_counter()
-        pipeline.fit(shards, workers=workers, on_error=on_error, progress=progress)
+        workdir = out_dir if client is not None and isinstance(out_dir, Path) else None  # the fit's spill files
+        pipeline.fit(shards, workers=workers, on_error=on_error, progress=progress, client=client, partitions=partitions, workdir=workdir)
         fit_seconds = time.perf_counter() - t0
+    _remove_artifact_temporaries(out_dir / ARTIFACTS)
     pipeline.save(out_dir / ARTIFACTS)
     artifacts_sha = sha256_file(out_dir / ARTIFACTS / "pipeline.json")
 
@@ -278,19 +359,34 @@ def _preprocess(
     if transformed is not None and len(entries):
         transformed(sum(e.rows_in for e in entries.values()))
 
-    def work(w: int, i: int, stop: threading.Event) -> None:
-        out = outputs[i]
-        entry = process_shard(pipeline, shards[i], out, on_error, stop, compression, transformed)
-        if entry is None:
+    def record(i: int, written: WrittenShard | None) -> None:
+        """Commit the output of shard ``i`` and list it in the manifest (nothing when it was stopped)."""
+        if written is None:
             return
+        if written.entry.output != outputs[i].name:
+            raise RuntimeError(f"{shards[i]}: its task wrote {written.entry.output}, expected {outputs[i].name}")
         with lock:
-            entries[out.name] = replace(entry, artifacts_sha256=artifacts_sha)
+            entry = commit_shard(out_dir, written)
+            entries[entry.output] = replace(entry, artifacts_sha256=artifacts_sha)
             save_manifest()
+
+    def work(w: int, i: int, stop: threading.Event) -> None:
+        record(i, process_shard(pipeline, shards[i], outputs[i], on_error, stop, compression, transformed))
 
     t1 = time.perf_counter()
     _remove_stale(out_dir, previous, set(entries))
     save_manifest()
-    run_workers(todo, workers, work)
+    if client is None:
+        run_workers(todo, workers, work)
+    else:
+        from etl.preprocess_tasks import shard_task  # it imports this module
+
+        task = functools.partial(shard_task, out_dir / ARTIFACTS, artifacts_sha, uuid.uuid4().hex, on_error, compression)
+        try:
+            run_tasks(client, task, [(shards[i], outputs[i]) for i in todo], lambda k, w: record(todo[k], w), transformed)
+        finally:  # what the attempts of tasks whose worker died, or that were stopped, left behind
+            remove_temporaries(out_dir)
+            remove_temporaries(out_dir / QUARANTINE)
     seconds = time.perf_counter() - t1
     totals = Totals.of(list(entries.values()))
     return Summary(
@@ -303,3 +399,4 @@ def _preprocess(
         transform_seconds=seconds,
         rows_processed=sum(entries[outputs[i].name].rows_in for i in todo),
     )
+

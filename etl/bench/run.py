@@ -7,6 +7,9 @@
 - ``fit`` over all shards and ``preprocess`` (offline, all shards → Parquet), each the best of two runs (the first
   also loads compiled kernels and touches fresh memory), and ``loader`` (one shuffled epoch to a
   consumer that does nothing) with ``workers`` threads, in rows/s and input MB/s (Parquet bytes);
+- given a Dask client (``--cluster``), ``preprocess:cluster``: the same preprocess with its shards on the cluster's
+  workers, best of two, beside the threaded figure (its note gives the ratio); its output must equal the threaded
+  one;
 - ``stall``: a consumer whose step costs ``step_factor`` × the loader's own time per batch (``time.sleep``; a
   GPU step leaves the cores to the loader), over two consecutive epochs (the second is what later epochs of a
   training run see: its first batches were prepared while the first epoch drained), or the DLRM of
@@ -30,6 +33,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -39,6 +43,7 @@ from etl.bench.dlrm import DLRM
 from etl.bench.report import PipelineReport, Report, Stage
 from etl.io.fs import Location, fingerprint
 from etl.io.parquet import batch_from_arrow, list_shards, read_rows
+from etl.io.processed import MANIFEST
 from etl.loader import Loader
 from etl.loader.chunk import Chunk, Layout
 from etl.loader.order import row_groups
@@ -47,6 +52,9 @@ from etl.pipeline import Pipeline
 from etl.preprocess import preprocess
 from etl.synth import generate
 from etl.workers import run_workers
+
+if TYPE_CHECKING:
+    from distributed import Client
 
 BASELINES: dict[str, dict[str, Callable[[list[Path], Path], None]]] = {  # the polars ones only where polars is installed
     "Categorify": {"polars": baselines.polars_categorify, "numpy": baselines.numpy_categorify},
@@ -77,6 +85,21 @@ def measure_fit(pipeline: Pipeline, shards: list[Location], workers: int) -> flo
     also loads the compiled kernels from numba's cache and touches fresh memory); ``pipeline`` ends fitted."""
     first = _timed(lambda: Pipeline(pipeline.doc, pipeline.schema, pipeline.path, pipeline.xp).fit(shards, workers=workers))
     return min(first, _timed(lambda: pipeline.fit(shards, workers=workers)))
+
+
+def measure_cluster_preprocess(pipeline: Pipeline, shards: list[Location], work: Path, client: Client, threaded: Path) -> float:
+    """Seconds of ``preprocess`` of the fitted ``pipeline`` with its shards on the cluster of ``client`` (into
+    directories of ``work``): the best of two runs (the first also loads the pipeline on the workers). Its manifest,
+    which holds the checksum of every output file, must equal that of the threaded run into ``threaded``;
+    RuntimeError otherwise."""
+    best = float("inf")
+    for k in range(2):
+        out = work / f"cluster{k}-{pipeline.name}"
+        best = min(best, preprocess(pipeline, shards, out, client=client).transform_seconds)
+        if (out / MANIFEST).read_bytes() != (threaded / MANIFEST).read_bytes():
+            raise RuntimeError(f"preprocess on the cluster wrote other files than the threaded run ({out}, {threaded})")
+        shutil.rmtree(out, ignore_errors=True)
+    return best
 
 
 def measure_stages(pipeline: Pipeline, tables: list, batch_size: int, device: torch.device) -> list[Stage]:
@@ -200,10 +223,13 @@ def run_bench(
     run_baselines: bool = True,
     device_placement: bool | None = None,
     progress: Callable[[str], None] = lambda msg: None,
+    client: Client | None = None,
 ) -> Report:
     """Measure each of ``pipelines`` as the module docstring says, on the shards of ``input_dir`` or, without it, on
-    ``rows`` synthetic rows in ``files`` shards generated from the first pipeline's schema. Temporary files
-    (synthetic shards, artifacts, outputs) live in a temporary directory removed at the end."""
+    ``rows`` synthetic rows in ``files`` shards generated from the first pipeline's schema; with a Dask ``client``,
+    preprocess on its cluster too. Temporary files (synthetic shards, artifacts, outputs) live in a temporary
+    directory removed at the end (on the cluster's shared storage when its workers are on other machines: see
+    ``tempfile``, TMPDIR)."""
     work = Path(tempfile.mkdtemp(prefix="etl-bench-"))
     try:
         first = Pipeline.from_file(pipelines[0])
@@ -245,7 +271,13 @@ def run_bench(
             warm = preprocess(p, shards, work / f"warm-{p.name}", workers=workers).transform_seconds
             shutil.rmtree(work / f"warm-{p.name}", ignore_errors=True)
             summary = preprocess(p, shards, work / f"ours-{p.name}", workers=workers)
-            rep.stages.append(Stage("preprocess", min(warm, summary.transform_seconds), total, mbytes, "offline, to Parquet; best of two"))
+            threaded = min(warm, summary.transform_seconds)
+            rep.stages.append(Stage("preprocess", threaded, total, mbytes, "offline, to Parquet; best of two"))
+            if client is not None:
+                progress(f"{p.name}: preprocess on the cluster")
+                secs = measure_cluster_preprocess(p, shards, work, client, work / f"ours-{p.name}")
+                note = f"Dask, {len(client.scheduler_info()['workers'])} worker process(es); best of two; {secs / threaded:.2f}x the threaded time"
+                rep.stages.append(Stage("preprocess:cluster", secs, total, mbytes, note))
             progress(f"{p.name}: loader and stall")
             loader = Loader(input_dir, **loader_args)
             seconds, rep.data_wait_first_epoch, rep.data_wait, rep.wait_timeline = measure_loader(loader, step_factor)

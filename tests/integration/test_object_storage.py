@@ -90,6 +90,13 @@ def test_s3_run_matches_local_run(criteo_8k: Path, local_run: Path, s3: str) -> 
     manifest = json.loads(ours["manifest.json"])
     assert [f["source"] for f in manifest["files"]] == [f"{s3}/raw/part-0000{i}.parquet" for i in range(3)]
 
+    # fit and transform on Dask workers, every path on s3://: the same files
+    run_etl("preprocess", "--pipeline", PIPELINE, "--input", f"{s3}/raw", "--out", f"{s3}/out_dask", "--cluster", "local:1")
+    dask = _files(location(f"{s3}/out_dask"))
+    assert sorted(dask) == sorted(theirs)
+    assert all(dask[n] == theirs[n] for n in theirs if n != "manifest.json")
+    assert _without_sources(dask["manifest.json"]) == _without_sources(theirs["manifest.json"])
+
     rerun = run_etl("preprocess", "--pipeline", PIPELINE, "--input", f"{s3}/raw", "--out", f"{s3}/out", "--artifacts", f"{s3}/artifacts")
     assert "3 already complete, skipped" in rerun.stdout  # fingerprints from the objects' metadata match
 

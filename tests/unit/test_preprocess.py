@@ -1,17 +1,19 @@
 """etl.preprocess.preprocess called as a function on small synthetic shards: the Summary, the manifest entries, the
-resume rules and the quarantine accounting."""
+resume rules and the quarantine accounting, in threads and on a Dask cluster."""
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from etl.cluster import connect
 from etl.errors import InputError, RowError
-from etl.io.files import sha256_file
+from etl.io.files import is_temporary, sha256_file
 from etl.io.processed import MANIFEST, read_manifest
 from etl.pipeline import Pipeline
 from etl.preprocess import Summary, preprocess
@@ -32,8 +34,25 @@ def shards(tmp_path: Path) -> list[Path]:
     return [write(criteo_table(n, seed=i), tmp_path / "raw" / f"{i}.parquet") for i, n in enumerate(SIZES)]
 
 
+@pytest.fixture(scope="module")
+def client() -> Iterator:
+    with connect("local:2") as c:
+        yield c
+
+
 def run(shards: list[Path], out: Path, **options) -> Summary:
     return preprocess(Pipeline.from_file(CRITEO), shards, out, **options)
+
+
+def tree_bytes(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def with_bad_c3(table: pa.Table, rows: list[int]) -> pa.Table:
+    c3 = table.column("C3").to_pylist()
+    for r in rows:
+        c3[r] = "not-hex!"
+    return table.set_column(table.column_names.index("C3"), "C3", pa.array(c3, pa.string()))
 
 
 def test_summary_and_manifest(shards: list[Path], tmp_path: Path) -> None:
@@ -176,3 +195,51 @@ def test_compression_keeps_the_values(shards: list[Path], tmp_path: Path) -> Non
 def test_missing_input_is_an_input_error(tmp_path: Path) -> None:
     with pytest.raises(InputError):
         run([tmp_path / "missing.parquet"], tmp_path / "out")
+
+
+def test_a_cluster_writes_the_bytes_of_threads(tmp_path: Path, client) -> None:
+    shards = [
+        write(criteo_table(250, seed=1), tmp_path / "raw" / "a.parquet"),
+        write(with_bad_c3(criteo_table(300, seed=2), [4, 150, 299]), tmp_path / "raw" / "b.parquet"),
+        write(criteo_table(130, seed=3), tmp_path / "raw" / "c.parquet"),
+    ]
+    threads = run(shards, tmp_path / "threads", workers=2, on_error="quarantine")
+    seen: list[tuple[str, int]] = []
+    dask = run(shards, tmp_path / "dask", on_error="quarantine", client=client, progress=lambda name, n: seen.append((name, n)))
+    assert tree_bytes(tmp_path / "dask") == tree_bytes(tmp_path / "threads")
+    assert "quarantine/part-00001.parquet" in tree_bytes(tmp_path / "dask")
+    assert (dask.rows_in, dask.rows_out, dask.rows_quarantined) == (threads.rows_in, threads.rows_out, threads.rows_quarantined) == (680, 677, 3)
+    assert sum(n for name, n in seen if name == "fit") == 680  # the fit ran here, with its progress
+    assert sum(n for name, n in seen if name == "transform") == 680  # rows of the workers, each once
+
+
+def test_a_cluster_resumes_what_the_manifest_proves_complete(shards: list[Path], tmp_path: Path, client) -> None:
+    out = tmp_path / "out"
+    run(shards, out, workers=2)
+    first = tree_bytes(out)
+    (out / "part-00002.parquet").unlink()
+    again = run(shards, out, artifacts=out / "artifacts", client=client)
+    assert (again.files_skipped, again.rows_processed) == (2, SIZES[2])
+    assert tree_bytes(out) == first
+
+
+def test_a_row_error_on_a_worker_is_raised_here_and_nothing_is_left(tmp_path: Path, client) -> None:
+    good = write(criteo_table(200, seed=1), tmp_path / "raw" / "a.parquet")
+    bad = write(with_bad_c3(criteo_table(50), [7]), tmp_path / "raw" / "b.parquet")
+    run([good], tmp_path / "fitted")  # artifacts, so that the bad value is met by a worker, not by the fit
+    with pytest.raises(RowError, match=r"b.parquet, row group 0, row 7, column 'C3'"):
+        run([good, bad], tmp_path / "out", artifacts=tmp_path / "fitted" / "artifacts", client=client)
+    names = [p.name for p in (tmp_path / "out").rglob("*")]
+    assert not [n for n in names if is_temporary(n)] and "part-00001.parquet" not in names
+    assert [e.output for e in read_manifest(tmp_path / "out").files] in ([], ["part-00000.parquet"])
+
+
+def test_temporaries_a_killed_save_left_in_the_artifacts_are_removed(shards: list[Path], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    run(shards, out)
+    first = tree_bytes(out)
+    table_dir = next(p for p in (out / "artifacts").iterdir() if p.is_dir())
+    for d in (out / "artifacts", table_dir):
+        (d / ".C2.parquet.123-abcd1234.tmp").write_bytes(b"partial")
+    run(shards, out, artifacts=out / "artifacts")
+    assert tree_bytes(out) == first

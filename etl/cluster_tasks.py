@@ -1,0 +1,124 @@
+"""Shard-level work as tasks on a Dask cluster: the counterpart of ``etl.workers.run_workers`` for ``--cluster``.
+
+The calling process (the driver) submits one task per item and handles each result in its own thread as the task
+completes, so whatever the results feed (a manifest, say) has one owner. A task whose worker process dies is run
+again by Dask on another worker; the work must therefore be safe to repeat (write under unique temporary names and
+let the driver commit). Each task gets:
+
+- ``stop``: set by the driver when another task failed or the driver is interrupted; long-running work checks it
+  between steps (a Dask ``Event`` of this run, read on the scheduler) and returns;
+- ``progress(n)``: counts ``n`` more rows done; the counts travel as Dask events, and with the result, and the
+  driver reports each item's rows once, even when its task ran twice (it keeps the largest count seen per item).
+
+The first error of a task (an ``EtlError`` such as ``RowError`` travels with its message and fields) is raised in
+the driver after the other tasks were told to stop and have ended, or ``STOP_GRACE`` seconds have passed.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
+
+from etl.errors import EtlError
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+#: Seconds the driver waits, after an error or an interrupt, for the running tasks to see ``stop`` and end.
+STOP_GRACE = 10.0
+
+
+class Stop(Protocol):
+    """What work checks between steps: ``threading.Event`` in threads, a Dask ``Event`` on a cluster."""
+
+    def is_set(self) -> bool: ...
+
+
+def run_tasks(
+    client: Client,
+    work: Callable[[T, Stop, Callable[[int], None]], R],
+    items: list[T],
+    on_result: Callable[[int, R], None],
+    progress: Callable[[int], None] | None = None,
+) -> None:
+    """Call ``work(item, stop, progress)`` for every item in a task on the cluster of ``client`` (``work`` and the
+    items are pickled: a module-level function or a ``functools.partial`` of one, and plain data), and
+    ``on_result(index, result)`` here as each task completes. ``progress`` hears of the rows the tasks report."""
+    from distributed import Event, as_completed, wait
+
+    run = uuid.uuid4().hex
+    stop = Event(f"etl-stop-{run}", client=client)
+    topic = f"etl-progress-{run}"
+    counter = _RowCounter(progress or (lambda rows: None))
+    if progress is not None:
+        client.subscribe_topic(topic, counter.on_event)
+    futures = [client.submit(_task, work, k, item, run, key=f"etl-task-{k}-{run}", pure=False) for k, item in enumerate(items)]
+    index = {f.key: k for k, f in enumerate(futures)}
+    try:
+        for future in as_completed(futures):
+            k = index[future.key]
+            result, rows, error = future.result()
+            if error is not None:
+                raise error
+            counter.update(k, rows)  # the rows of the attempt that made the result, whatever events are still on the way
+            on_result(k, cast(R, result))
+    except BaseException:
+        stop.set()
+        try:
+            wait(futures, timeout=STOP_GRACE)
+        except TimeoutError:
+            pass
+        finally:
+            client.cancel(futures)
+        raise
+    finally:
+        if progress is not None:
+            client.unsubscribe_topic(topic)
+
+
+class _RowCounter:
+    """The driver's side of ``progress``: events carry (item index, rows done by this attempt); each item's rows
+    are reported once, however many attempts report them."""
+
+    def __init__(self, progress: Callable[[int], None]):
+        self._progress = progress
+        self._done: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def on_event(self, event: tuple[float, Any]) -> None:
+        """A Dask event (timestamp, (item index, rows done by this attempt))."""
+        self.update(*event[1])
+
+    def update(self, k: int, rows: int) -> None:
+        """An attempt at item ``k`` has done ``rows`` rows."""
+        with self._lock:
+            more = rows - self._done.get(k, 0)
+            if more <= 0:
+                return
+            self._done[k] = rows
+        self._progress(more)
+
+
+def _task(work: Callable[[T, Stop, Callable[[int], None]], R], k: int, item: T, run: str) -> tuple[R | None, int, EtlError | None]:
+    """What runs on a worker: ``work`` with this run's stop flag and a progress reporter for item ``k``; returns its
+    result, the rows it reported and the error of the input or configuration that stopped it, if any (handed to the
+    driver as a value: it is the user's error, not a failure of the worker, which would log it as one)."""
+    from distributed import Event, get_worker
+
+    worker = get_worker()
+    done = 0
+
+    def progress(rows: int) -> None:
+        nonlocal done
+        done += rows
+        worker.log_event(f"etl-progress-{run}", (k, done))
+
+    try:
+        return work(item, Event(f"etl-stop-{run}"), progress), done, None
+    except EtlError as e:
+        return None, done, e

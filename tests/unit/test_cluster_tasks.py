@@ -1,0 +1,80 @@
+"""etl.cluster_tasks.run_tasks on a LocalCluster of two worker processes: every result reaches the driver once, rows
+are reported once, a task's error reaches the driver as itself and the other tasks see ``stop``."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from etl.cluster import connect
+from etl.cluster_tasks import Stop, _RowCounter, run_tasks
+from etl.errors import RowError
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator:
+    with connect("local:2") as c:
+        yield c
+
+
+def square_in_steps(item: int, stop: Stop, progress: Callable[[int], None]) -> tuple[int, int]:
+    for _ in range(3):
+        progress(item)
+    return item * item, os.getpid()
+
+
+def bad_row_or_wait(item: tuple[int, str], stop: Stop, progress: Callable[[int], None]) -> None:
+    """Item 0 raises a RowError once the other has started; the other waits for ``stop`` and leaves a mark."""
+    k, marks = item
+    deadline = time.monotonic() + 30  # never hang the suite
+    if k == 0:
+        while not os.path.exists(os.path.join(marks, "started")) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        raise RowError("raw/a.parquet", 1, 7, "C3", "malformed value: 'zz'")
+    open(os.path.join(marks, "started"), "w").close()
+    while not stop.is_set() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if stop.is_set():
+        open(os.path.join(marks, "stopped"), "w").close()
+
+
+def test_every_result_once_in_the_driver_and_rows_counted_once(client) -> None:
+    items = list(range(1, 11))
+    results: dict[int, int] = {}
+    pids = set()
+    thread = threading.get_ident()
+    reported: list[int] = []
+
+    def on_result(k: int, r: tuple[int, int]) -> None:
+        assert threading.get_ident() == thread and k not in results
+        results[k] = r[0]
+        pids.add(r[1])
+
+    run_tasks(client, square_in_steps, items, on_result, reported.append)
+    assert results == {k: x * x for k, x in enumerate(items)}
+    assert os.getpid() not in pids
+    assert sum(reported) == 3 * sum(items)
+
+
+def test_a_task_error_reaches_the_driver_as_itself_after_the_others_stopped(client, tmp_path: Path) -> None:
+    with pytest.raises(RowError) as info:
+        run_tasks(client, bad_row_or_wait, [(0, str(tmp_path)), (1, str(tmp_path))], lambda k, r: None)
+    e = info.value
+    assert str(e) == "raw/a.parquet, row group 1, row 7, column 'C3': malformed value: 'zz'"
+    assert (e.path, e.row_group, e.row, e.column) == ("raw/a.parquet", 1, 7, "C3")
+    assert (tmp_path / "stopped").exists()  # the other task saw stop and ended before the error was raised here
+
+
+def test_rows_of_a_rerun_task_are_not_counted_twice() -> None:
+    reported: list[int] = []
+    counter = _RowCounter(reported.append)
+    for event in [(0, 100), (1, 50), (0, 200), (0, 100), (0, 300), (1, 50)]:  # item 0's task ran twice
+        counter.on_event((0.0, event))
+    counter.update(1, 80)  # the result of item 1's task, before its last event
+    counter.on_event((0.0, (1, 80)))
+    assert sum(reported) == 380

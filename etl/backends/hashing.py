@@ -16,10 +16,13 @@ All arithmetic is on unsigned 64-bit words, modulo 2**64.
 - ``cross_key(k1, ..., km, seed) = hash64(... hash64(hash64(k1, seed) XOR k2, seed) ... XOR km, seed)``.
 
 This module is plain Python so that tests can state the reference values; backends implement the same formulas
-vectorised.
+vectorised. ``hash64_array`` is ``hash64`` over a numpy array, for host-side bookkeeping (count-table partitions)
+and reference scripts.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 MASK64 = (1 << 64) - 1
 GOLDEN = 0x9E3779B97F4A7C15
@@ -47,6 +50,18 @@ def seed_word(seed: int) -> int:
 
 def hash64(key: int, seed: int) -> int:
     return fmix64((key & MASK64) ^ seed_word(seed))
+
+
+def hash64_array(keys: np.ndarray, seed: int) -> np.ndarray:
+    """``hash64(key, seed)`` of every key of an integer array, as a new uint64 array (wrapping arithmetic)."""
+    k = keys.astype(np.uint64) ^ np.uint64(seed_word(seed))
+    s33 = np.uint64(33)
+    k ^= k >> s33
+    k *= np.uint64(C1)
+    k ^= k >> s33
+    k *= np.uint64(C2)
+    k ^= k >> s33
+    return k
 
 
 def reduce(h: int, n: int) -> int:

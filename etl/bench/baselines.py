@@ -35,9 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from etl.backends.hashing import C1 as _C1
-from etl.backends.hashing import C2 as _C2
-from etl.backends.hashing import check_buckets, seed_word
+from etl.backends.hashing import check_buckets, hash64_array
 from etl.ids import FIRST, MISSING
 from etl.io.files import is_shard_name, shard_name
 
@@ -239,23 +237,11 @@ def _numpy_transform(files: list[Path], out: Path, ids_of: Callable[[str, np.nda
         _write(arrays, _part(out, i))
 
 
-def numpy_fmix64(k: np.ndarray) -> np.ndarray:
-    """MurmurHash3's fmix64 on a uint64 array (wrapping uint64 arithmetic), as in ``etl.backends.hashing``."""
-    k = k.astype(np.uint64, copy=True)
-    s = np.uint64(33)
-    k ^= k >> s
-    k *= np.uint64(_C1)
-    k ^= k >> s
-    k *= np.uint64(_C2)
-    k ^= k >> s
-    return k
-
-
 def numpy_hash_ids(keys: np.ndarray, valid: np.ndarray | None, num_buckets: int, seed: int = 0) -> np.ndarray:
     """etl's hash ids in numpy: ``2 + ((h >> 32) * n >> 32)`` with ``h = fmix64(key XOR seed_word(seed))``;
     missing (``valid`` False) → 1. Returns int32; bit-identical to ``etl.backends.hashing``."""
     check_buckets(num_buckets)
-    h = numpy_fmix64(keys.astype(np.uint64, copy=False) ^ np.uint64(seed_word(seed)))
+    h = hash64_array(keys, seed)
     s = np.uint64(32)
     bucket = ((h >> s) * np.uint64(num_buckets)) >> s  # < 2**63: exact in uint64
     ids = (bucket + np.uint64(FIRST)).astype(np.int32)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from etl.backends.hashing import C1, C2, check_buckets, seed_word
+from etl.backends.hashing import check_buckets, hash64_array
 
 #: The seed of the partition hash.
 PARTITION_SEED = 0
@@ -165,14 +165,7 @@ def _concat(parts: list[KeyCounts]) -> KeyCounts:
 
 def key_hashes(keys: np.ndarray) -> np.ndarray:
     """``hash64(key, PARTITION_SEED)`` of every key (uint64; a bijection, so distinct keys have distinct hashes)."""
-    k = keys.astype(np.uint64) ^ np.uint64(seed_word(PARTITION_SEED))
-    s33 = np.uint64(33)
-    k ^= k >> s33
-    k *= np.uint64(C1)
-    k ^= k >> s33
-    k *= np.uint64(C2)
-    k ^= k >> s33
-    return k
+    return hash64_array(keys, PARTITION_SEED)
 
 
 def partition_of(keys: np.ndarray, partitions: int) -> np.ndarray:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from etl.backends import hashing
@@ -216,3 +217,11 @@ def test_cross_key_definition():
 
 def test_cross_key_order_matters():
     assert hashing.cross_key([1, 2], 0) != hashing.cross_key([2, 1], 0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 12345])
+def test_hash64_array_is_hash64_of_every_key(seed: int) -> None:
+    keys = [0, 1, 2**32 - 1, 2**32, 2**63 - 1, 2**63, 2**64 - 1, 0x68FD1E64]
+    got = hashing.hash64_array(np.array(keys, np.uint64), seed)
+    assert got.dtype == np.uint64 and got.tolist() == [hashing.hash64(k, seed) for k in keys]
+    assert hashing.hash64_array(np.array([-1], np.int64), seed).tolist() == [hashing.hash64(2**64 - 1, seed)]

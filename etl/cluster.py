@@ -15,6 +15,7 @@ is asked for: it is the optional ``dist`` extra.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import signal
@@ -70,14 +71,21 @@ def connect(spec: str | None, timeout: float = 30.0) -> Iterator[Client | None]:
         with client:
             yield client
         return
-    # no dashboard; the scheduler's HTTP endpoint on a free port (its default, 8787, warns on stderr when taken)
+    # no dashboard; the scheduler's HTTP endpoint on a free port (its default, 8787, warns on stderr when taken);
+    # the cluster's own log lines (a worker that loses the scheduler while the run stops, ...) stay off the terminal:
+    # what goes wrong in a task reaches the client as an exception, user errors as one line
     with LocalCluster(n_workers=int(m.group(1)), threads_per_worker=1, processes=True, dashboard_address=None,
-                      scheduler_kwargs={"dashboard_address": ":0"}, preload=[__name__]) as cluster, Client(cluster) as client:  # fmt: skip
+                      scheduler_kwargs={"dashboard_address": ":0"}, preload=[__name__],
+                      silence_logs=logging.CRITICAL) as cluster, Client(cluster) as client:  # fmt: skip
         yield client
 
 
 def dask_setup(worker: object) -> None:
     """Run by each worker process of a local cluster that ``connect`` starts (a Dask preload, restarted workers
-    included): it ignores SIGINT, so that Ctrl-C in a terminal, which reaches every process of the foreground group,
-    interrupts the ``etl`` process alone; that one stops the tasks and then the cluster."""
+    included): it leaves the terminal's foreground process group (a session of its own) and ignores SIGINT, so that
+    Ctrl-C in a terminal interrupts the ``etl`` process alone; that one stops the tasks and then the cluster. Leaving
+    the group is what counts: polars answers SIGINT itself, with a KeyboardInterrupt inside a running query,
+    whatever Python's handler is. The worker still stops with the ``etl`` process (Dask ties it to its parent)."""
+    with contextlib.suppress(OSError):  # already a session leader
+        os.setsid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)

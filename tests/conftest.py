@@ -58,6 +58,11 @@ def movielens_sample() -> Path:
     return MOVIELENS_SAMPLE
 
 
+def tree_bytes(root: Path) -> dict[str, bytes]:
+    """Every file under ``root`` (recursively) by its path relative to ``root``, with its bytes."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
 def criteo_table(n: int, seed: int = 0) -> pa.Table:
     """``n`` raw Criteo-layout rows: 0/1 labels, dense values in [-3, 1000) and 8-digit hex keys from 50 per column,
     with missing values."""

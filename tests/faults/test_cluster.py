@@ -23,14 +23,10 @@ from etl.pipeline import Pipeline
 from etl.preprocess import preprocess
 from etl.schema import load_schema
 from etl.synth import generate
-from tests.conftest import REPO, run_etl
+from tests.conftest import REPO, run_etl, tree_bytes
 
 PIPELINE = REPO / "pipelines/criteo.yaml"
 ROWS, FILES = 240_000, 8
-
-
-def tree_bytes(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture(scope="module")

@@ -9,16 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_etl
+from tests.conftest import REPO, run_etl, tree_bytes
 
 CRITEO = REPO / "pipelines/criteo.yaml"
 HASH = REPO / "pipelines/criteo_hash.yaml"
 SCHEMA = REPO / "schemas/criteo.yaml"
 COMMANDS = ["convert", "generate", "fit", "preprocess", "demo", "bench", "inspect"]
-
-
-def tree_bytes(d: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture(scope="module")

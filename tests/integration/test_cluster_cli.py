@@ -13,13 +13,9 @@ import pytest
 from etl.pipeline import Pipeline
 from etl.schema import load_schema
 from etl.synth import generate
-from tests.conftest import REPO, criteo_table, run_etl
+from tests.conftest import REPO, criteo_table, run_etl, tree_bytes
 
 CRITEO = REPO / "pipelines/criteo.yaml"
-
-
-def tree_bytes(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture(scope="module")

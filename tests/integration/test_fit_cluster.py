@@ -11,16 +11,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import REPO, run_etl
+from tests.conftest import REPO, run_etl, tree_bytes
 
 pytest.importorskip("distributed")
 
 CRITEO = REPO / "pipelines/criteo.yaml"
 SCHEMA = REPO / "schemas/criteo.yaml"
-
-
-def tree_bytes(d: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture(scope="module")

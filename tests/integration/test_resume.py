@@ -12,13 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_etl
+from tests.conftest import REPO, run_etl, tree_bytes
 
 CRITEO = REPO / "pipelines/criteo.yaml"
-
-
-def tree_bytes(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from etl.io.files import is_temporary, sha256_file
 from etl.io.processed import MANIFEST, read_manifest
 from etl.pipeline import Pipeline
 from etl.preprocess import Summary, preprocess
-from tests.conftest import REPO, criteo_table
+from tests.conftest import REPO, criteo_table, tree_bytes
 
 CRITEO = REPO / "pipelines/criteo.yaml"
 SIZES = [250, 0, 130]
@@ -42,10 +42,6 @@ def client() -> Iterator:
 
 def run(shards: list[Path], out: Path, **options) -> Summary:
     return preprocess(Pipeline.from_file(CRITEO), shards, out, **options)
-
-
-def tree_bytes(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def with_bad_c3(table: pa.Table, rows: list[int]) -> pa.Table:

@@ -4,7 +4,6 @@ order and worker count, progress, invalid rows while fitting, list columns (Movi
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -14,6 +13,7 @@ import pytest
 from etl.backends import hashing
 from etl.errors import RowError, SpecError
 from etl.pipeline import Pipeline
+from tests.conftest import tree_bytes
 from tests.unit.pipeline.conftest import (
     BAD_ROWS,
     CATS,
@@ -27,11 +27,6 @@ from tests.unit.pipeline.conftest import (
     transform_file,
     write_pipeline,
 )
-
-
-def tree_bytes(d: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
-
 
 # ---------------------------------------------------------------- criteo
 

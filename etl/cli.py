@@ -312,9 +312,15 @@ def preprocess(
     compression: str = typer.Option("none", help="Output Parquet compression: none | snappy | lz4 | zstd."),
     cluster: str | None = typer.Option(None, help=CLUSTER),
     partitions: int | None = typer.Option(None, min=1, max=2**31, help=PARTITIONS),
+    memory_budget: str | None = typer.Option(
+        None,
+        help="Bytes the single pass may hold in memory between fit and transform, e.g. 512M or 2G (default: a quarter of the "
+        "machine's memory); beyond it, row groups wait in a temporary directory inside --out.",
+    ),
 ) -> None:
-    """Fit (when no artifacts are given) and transform every shard; resumable after an interruption. With
-    --cluster, both run on the cluster's workers (the fit's count tables spilled inside --out)."""
+    """Fit (when no artifacts are given) and transform every shard, reading each shard once (the fit keeps what the
+    transform needs, see --memory-budget); resumable after an interruption. With --cluster, both run on the
+    cluster's workers (the fit's count tables spilled inside --out), and each shard is read by both."""
     from etl.cluster import connect
     from etl.io.parquet import list_shards
     from etl.pipeline import Pipeline
@@ -332,15 +338,22 @@ def preprocess(
             mode = cast("OnError", on_error)
             fitted = None if artifacts is None else location(artifacts)
             summary = run(p, shards, out_dir, artifacts=fitted, workers=workers, on_error=mode, compression=compression, progress=report,
-                          client=client, partitions=partitions)  # fmt: skip
+                          client=client, partitions=partitions, memory_budget=memory_budget)  # fmt: skip
     c = console
     c.print(f"files: {summary.files}" + (f" ({summary.files_skipped} already complete, skipped)" if summary.files_skipped else ""))
     c.print(f"rows: {summary.rows_in:,} in = {summary.rows_out:,} out + {summary.rows_quarantined:,} quarantined")
     if summary.fit_seconds is not None:
         c.print(f"fit: {summary.fit_seconds:.2f} s")
+    if summary.stash_peak_bytes or summary.stash_spilled_bytes:
+        peak, budget, spilled = (_mib(n) for n in (summary.stash_peak_bytes, summary.memory_budget, summary.stash_spilled_bytes))
+        c.print(f"stash: peak {peak} in memory (budget {budget}), {spilled} on disk")
     if summary.files_skipped < summary.files:
         c.print(f"transform: {summary.rows_processed:,} rows in {summary.transform_seconds:.2f} s ({summary.rows_per_second:,.0f} rows/s)")
     c.print(f"output: {out}")
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
 
 
 @app.command()

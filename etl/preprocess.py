@@ -24,6 +24,7 @@ In object storage (``etl.io.fs``) the "rename" is a copy onto the final key, whe
 from __future__ import annotations
 
 import functools
+import tempfile
 import threading
 import time
 import uuid
@@ -42,7 +43,7 @@ from etl.io.files import ExclusiveParquetWriter, HashingFile, is_shard_name, rem
 from etl.io.fs import Location, Url, fingerprint, is_within
 from etl.io.fs import replace as replace_file
 from etl.io.lock import locked
-from etl.io.parquet import batch_from_arrow, footer_sha256, open_shard
+from etl.io.parquet import Shard, batch_from_arrow, footer_sha256, open_shard
 from etl.io.processed import (
     ARTIFACTS,
     QUARANTINE,
@@ -55,6 +56,8 @@ from etl.io.processed import (
     write_manifest,
 )
 from etl.pipeline import ON_ERROR, OnError, Pipeline, Transformed, check_match
+from etl.pipeline.single_pass import Plan, fit_stashing, transform_stashed
+from etl.pipeline.stash import Stash, default_budget, parse_budget
 from etl.progress import Progress
 from etl.workers import run_workers
 
@@ -77,6 +80,10 @@ class Summary:
     rows_processed: int
     fit_seconds: float | None
     transform_seconds: float
+    #: the single pass's stash: the most bytes it held in memory at once, the bytes it wrote to disk, its budget
+    stash_peak_bytes: int = 0
+    stash_spilled_bytes: int = 0
+    memory_budget: int = 0
 
     @property
     def rows_per_second(self) -> float:
@@ -93,19 +100,18 @@ def _previous_entries(out_dir: Location) -> dict[str, ManifestEntry]:
         return {}
 
 
-def _reusable(e: ManifestEntry, source: Location, out: Location, artifacts_sha: str, on_error: OnError) -> bool:
-    """Whether the earlier run's entry ``e`` stands for what this run would write to ``out`` from ``source``: the
-    same source file (path, size, modification time, footer checksum), the same fitted artifacts, the output
-    present with its recorded checksum, and a rerun with ``on_error="raise"`` only over a shard that quarantined
-    nothing (otherwise the shard is redone, and its first invalid row raises). In object storage the size and
-    modification time come from the object's metadata (``etl.io.fs.fingerprint``)."""
+def _complete(e: ManifestEntry, source: Location, out: Location, on_error: OnError) -> bool:
+    """Whether the earlier run's entry ``e`` stands for what this run would write to ``out`` from ``source``, if
+    the fitted artifacts are the same (``_reusable``): the same source file (path, size, modification time,
+    footer checksum), the output present with its recorded checksum, and a rerun with ``on_error="raise"`` only
+    over a shard that quarantined nothing (otherwise the shard is redone, and its first invalid row raises). In
+    object storage the size and modification time come from the object's metadata (``etl.io.fs.fingerprint``)."""
     size, mtime_ns = fingerprint(source)
     return (
         e.source == str(source.resolve())
         and e.source_bytes == size
         and e.source_mtime_ns == mtime_ns
         and e.source_footer_sha256 == footer_sha256(source)
-        and e.artifacts_sha256 == artifacts_sha
         and (on_error == "quarantine" or e.rows_quarantined == 0)
         and out.exists()
         and sha256_file(out) == e.sha256
@@ -179,6 +185,22 @@ class WrittenShard:
     quarantine: Location | None
 
 
+#: How one row group of an open shard becomes output: its number of rows, the transformed batch, and the raw rows
+#: (as read from the source) when some were rejected (they go to the quarantine).
+RowGroupTransform = Callable[[Shard, int], tuple[int, Transformed, pa.Table | None]]
+
+
+def transform_read(pipeline: Pipeline, on_error: OnError) -> RowGroupTransform:
+    """The ``RowGroupTransform`` that reads the row group from the shard and runs ``pipeline.transform``."""
+
+    def run(shard: Shard, i: int) -> tuple[int, Transformed, pa.Table | None]:
+        raw = shard.read_table(i)
+        batch = batch_from_arrow(raw, pipeline.schema, str(shard.path), i, shard.row_group_starts[i])
+        return raw.num_rows, pipeline.transform(batch, on_error), raw
+
+    return run
+
+
 def process_shard(
     pipeline: Pipeline,
     source: Location,
@@ -187,11 +209,13 @@ def process_shard(
     stop: Stop,
     compression: str = "none",
     progress: Callable[[int], None] | None = None,
+    transform: RowGroupTransform | None = None,
 ) -> WrittenShard | None:
     """Transform one shard into a temporary file of ``out`` (and rejected rows into one of its quarantine file);
     returns them with the shard's manifest entry (without ``artifacts_sha256``) for ``commit_shard``, or None when
     ``stop`` was set before the end. The temporary files are removed when it stops or fails. ``progress`` is called
-    with the number of rows of each row group transformed.
+    with the number of rows of each row group transformed. ``transform`` makes each row group's output (default:
+    ``transform_read``; the single pass gives one that takes it from its stash).
 
     Output columns are written with plain encoding (no dictionary: ids and floats decode at memcpy speed in the
     loader), without column statistics (nothing reads them; computing them cost ~5 % of the write), and
@@ -200,8 +224,9 @@ def process_shard(
     quarantine = out.parent / quarantine_name(out.name)
     out_tmp, q_tmp = temporary_path(out), temporary_path(quarantine)
     entry = None
+    run = transform or transform_read(pipeline, on_error)
     try:
-        entry = _write_shard(pipeline, source, out, out_tmp, q_tmp, on_error, stop, compression, progress)
+        entry = _write_shard(pipeline, source, out, out_tmp, q_tmp, run, stop, compression, progress)
         return None if entry is None else WrittenShard(entry, out_tmp, q_tmp if entry.quarantine is not None else None)
     finally:
         if entry is None:  # stopped or failed
@@ -224,7 +249,7 @@ def _write_shard(
     out: Location,
     out_tmp: Location,
     q_tmp: Location,
-    on_error: OnError,
+    transform: RowGroupTransform,
     stop: Stop,
     compression: str,
     progress: Callable[[int], None] | None,
@@ -242,21 +267,21 @@ def _write_shard(
             for i in range(shard.num_row_groups):
                 if stop.is_set():
                     return None
-                raw = shard.read_table(i)
-                first = shard.row_group_starts[i]
-                t = pipeline.transform(batch_from_arrow(raw, pipeline.schema, str(source), i, first), on_error)
+                n, t, raw = transform(shard, i)
                 writer.write_table(pipeline.to_arrow(t.batch))
-                rows_in += raw.num_rows
+                rows_in += n
                 rows_out += t.batch.num_rows
                 if t.rejected:
-                    q = _quarantine_table(raw, shard.file.schema_arrow, first, t)
+                    if raw is None:
+                        raise RuntimeError(f"{source}: rows of row group {i} were rejected without their raw rows")
+                    q = _quarantine_table(raw, shard.file.schema_arrow, shard.row_group_starts[i], t)
                     if q_writer is None:
                         q_tmp.parent.mkdir(exist_ok=True)
                         q_writer = ExclusiveParquetWriter(q_tmp, q.schema)
                     q_writer.write_table(q)
                     rows_q += q.num_rows
                 if progress is not None:
-                    progress(raw.num_rows)
+                    progress(n)
     finally:
         if q_writer is not None:
             q_writer.close()
@@ -288,11 +313,19 @@ def preprocess(
     progress: Progress | None = None,
     client: Client | None = None,
     partitions: int | None = None,
+    memory_budget: int | str | None = None,
 ) -> Summary:
     """Fit (unless ``artifacts`` holds a fitted state of this pipeline), then transform every shard: in
     ``workers`` threads, or, given a Dask ``client``, on its cluster (the fit as ``Pipeline.fit`` does it with a
     client, count tables in ``partitions`` partitions spilled inside ``out_dir``; then one task per shard). The
     output bytes are the same either way.
+
+    In threads, a fit reads each shard once: what the transform needs is stashed while fitting
+    (``etl.pipeline.single_pass``), in memory up to ``memory_budget`` bytes (an int, or text such as ``"512M"``,
+    ``"2G"``; default ``etl.pipeline.stash.default_budget()``, a quarter of the machine's memory), beyond it in a
+    temporary directory inside ``out_dir`` (the system's temporary directory when ``out_dir`` is in object
+    storage), removed when the run ends, however it ends. A fit on a Dask cluster reads the shards twice (fit,
+    then transform); with artifacts, or a pipeline with nothing to fit, there is one pass anyway.
 
     ``progress`` (``etl.progress``) hears of the fitting passes and of the ``"transform"`` pass, which counts the
     rows of the shards a previous run completed (skipped now) at its start.
@@ -306,8 +339,9 @@ def preprocess(
         raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
     check_apart(out_dir, shards)
     out_dir.mkdir(parents=True, exist_ok=True)
+    budget = default_budget() if memory_budget is None else parse_budget(memory_budget)
     with locked(out_dir):
-        return _preprocess(pipeline, shards, out_dir, artifacts, workers, on_error, compression, progress, client, partitions)
+        return _preprocess(pipeline, shards, out_dir, artifacts, workers, on_error, compression, progress, client, partitions, budget)
 
 
 def _preprocess(
@@ -321,34 +355,95 @@ def _preprocess(
     progress: Progress | None,
     client: Client | None,
     partitions: int | None,
+    memory_budget: int,
 ) -> Summary:
     """``preprocess`` once the arguments are checked and ``out_dir`` is locked."""
-    fit_seconds = None
-    if artifacts is not None:
-        fitted = Pipeline.load(artifacts)
-        check_match(fitted, pipeline, artifacts)
-        pipeline = fitted
-    elif not pipeline.is_fitted:
-        t0 = time.perf_counter()
-        workdir = out_dir if client is not None and isinstance(out_dir, Path) else None  # the fit's spill files
-        pipeline.fit(shards, workers=workers, on_error=on_error, progress=progress, client=client, partitions=partitions, workdir=workdir)
-        fit_seconds = time.perf_counter() - t0
-    _remove_artifact_temporaries(out_dir / ARTIFACTS)
-    pipeline.save(out_dir / ARTIFACTS)
-    artifacts_sha = sha256_file(out_dir / ARTIFACTS / "pipeline.json")
-
-    remove_temporaries(out_dir)  # left by an interrupted run
+    remove_temporaries(out_dir)  # left by an interrupted run (a stash's spill directory among them)
     remove_temporaries(out_dir / QUARANTINE)
     previous = _previous_entries(out_dir)
     outputs = [part_path(out_dir, i) for i in range(len(shards))]
-    entries: dict[str, ManifestEntry] = {}
-    todo: list[int] = []
+    complete = set()
     for i, (src, out) in enumerate(zip(shards, outputs)):
         e = previous.get(out.name)
-        if e is not None and _reusable(e, src, out, artifacts_sha, on_error):
-            entries[out.name] = e
-        else:
-            todo.append(i)
+        if e is not None and _complete(e, src, out, on_error):
+            complete.add(i)
+    with Stash(memory_budget, out_dir if isinstance(out_dir, Path) else Path(tempfile.gettempdir())) as stash:
+        pipeline, plan, fit_seconds = _fitted(pipeline, shards, out_dir, artifacts, workers, on_error, progress, client, partitions, stash, complete)
+        _remove_artifact_temporaries(out_dir / ARTIFACTS)
+        pipeline.save(out_dir / ARTIFACTS)
+        artifacts_sha = sha256_file(out_dir / ARTIFACTS / "pipeline.json")
+        reused = [i for i in sorted(complete) if previous[outputs[i].name].artifacts_sha256 == artifacts_sha]
+        todo = [i for i in range(len(shards)) if i not in reused]
+
+        def transform(i: int) -> RowGroupTransform | None:
+            """How the row groups of shard ``i`` are transformed: from the stash when the fit stashed them."""
+            if plan is None or i in complete:
+                return None
+            return functools.partial(_transform_from_stash, pipeline, plan, stash, i, on_error)
+
+        summary = _transform(pipeline, shards, outputs, out_dir, {outputs[i].name: previous[outputs[i].name] for i in reused}, previous,
+                             todo, artifacts_sha, workers, on_error, compression, progress, client, transform)  # fmt: skip
+        stashed = {"stash_peak_bytes": stash.peak_bytes, "stash_spilled_bytes": stash.spilled_bytes, "memory_budget": memory_budget}
+        return replace(summary, fit_seconds=fit_seconds, **stashed)
+
+
+def _fitted(
+    pipeline: Pipeline,
+    shards: list[Location],
+    out_dir: Location,
+    artifacts: Location | None,
+    workers: int,
+    on_error: OnError,
+    progress: Progress | None,
+    client: Client | None,
+    partitions: int | None,
+    stash: Stash,
+    complete: set[int],
+) -> tuple[Pipeline, Plan | None, float | None]:
+    """The fitted pipeline (loaded from ``artifacts``, or ``pipeline`` fitted now unless it is fitted already),
+    the plan of the transform from ``stash`` (None when nothing was stashed) and the seconds the fit took (None
+    when nothing was fitted). Without ``client``, the fit stashes the row groups of the shards not ``complete``."""
+    if artifacts is not None:
+        fitted = Pipeline.load(artifacts)
+        check_match(fitted, pipeline, artifacts)
+        return fitted, None, None
+    if pipeline.is_fitted:
+        return pipeline, None, None
+    t0 = time.perf_counter()
+    plan = None
+    if client is None:
+        plan = fit_stashing(pipeline, shards, stash, set(range(len(shards))) - complete, workers, on_error, progress)
+    else:
+        workdir = out_dir if isinstance(out_dir, Path) else None  # the fit's spill files
+        pipeline.fit(shards, workers=workers, on_error=on_error, progress=progress, client=client, partitions=partitions, workdir=workdir)
+    return pipeline, plan, time.perf_counter() - t0
+
+
+def _transform_from_stash(
+    pipeline: Pipeline, plan: Plan, stash: Stash, index: int, on_error: OnError, shard: Shard, i: int
+) -> tuple[int, Transformed, pa.Table | None]:
+    """The ``RowGroupTransform`` of shard ``index``'s row groups stashed by the fit (each taken out of ``stash``)."""
+    return transform_stashed(pipeline, plan, stash.pop((index, i)), shard, on_error)
+
+
+def _transform(
+    pipeline: Pipeline,
+    shards: list[Location],
+    outputs: list[Location],
+    out_dir: Location,
+    entries: dict[str, ManifestEntry],
+    previous: dict[str, ManifestEntry],
+    todo: list[int],
+    artifacts_sha: str,
+    workers: int,
+    on_error: OnError,
+    compression: str,
+    progress: Progress | None,
+    client: Client | None,
+    transform: Callable[[int], RowGroupTransform | None],
+) -> Summary:
+    """Write the shards ``todo`` (``entries``: those of the others, kept from the earlier run's ``previous``
+    ones), with ``transform(i)`` for shard ``i`` in threads, or on the cluster of ``client``."""
     lock = threading.Lock()
 
     def save_manifest() -> None:
@@ -371,7 +466,7 @@ def _preprocess(
             save_manifest()
 
     def work(w: int, i: int, stop: threading.Event) -> None:
-        record(i, process_shard(pipeline, shards[i], outputs[i], on_error, stop, compression, transformed))
+        record(i, process_shard(pipeline, shards[i], outputs[i], on_error, stop, compression, transformed, transform(i)))
 
     t1 = time.perf_counter()
     _remove_stale(out_dir, previous, set(entries))
@@ -395,7 +490,7 @@ def _preprocess(
         rows_in=totals.rows_in,
         rows_out=totals.rows_out,
         rows_quarantined=totals.rows_quarantined,
-        fit_seconds=fit_seconds,
+        fit_seconds=None,
         transform_seconds=seconds,
         rows_processed=sum(entries[outputs[i].name].rows_in for i in todo),
     )

@@ -17,7 +17,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from etl.backends.hashing import MAX_BUCKETS
 from etl.errors import ConfigError
@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from distributed import Client
 
     from etl.pipeline.core import Backend, OnError, Pipeline, Transformed
+
+T = TypeVar("T")
 
 #: An (op, accumulator of one of its columns) pair: the unit of work of the fitting threads.
 Unit = tuple[Op, dict[str, Any]]
@@ -65,8 +67,7 @@ def fit_shards(
     lock = threading.Lock()
     stages = fit_stages(pipeline.ops)
     for k, stage in enumerate(stages):
-        name = "fit" if len(stages) == 1 else f"fit {k + 1}/{len(stages)}"
-        report = None if progress is None else functools.partial(progress, name)
+        report = stage_progress(progress, k, len(stages))
         if client is None:
             _fit_stage(pipeline, stage, shards, workers, on_error, report, lock)
         else:
@@ -74,6 +75,14 @@ def fit_shards(
 
             work = Path(tempfile.gettempdir() if workdir is None else workdir)
             fit_stage_on_cluster(pipeline, stage, shards, client, on_error, report, partitions, work)
+
+
+def stage_progress(progress: Progress | None, k: int, stages: int) -> Callable[[int], None] | None:
+    """What hears of the rows read by fitting stage ``k`` of ``stages``: ``progress`` with the pass name
+    (``"fit"``, or ``"fit 1/2"``, ``"fit 2/2"``... with several stages)."""
+    if progress is None:
+        return None
+    return functools.partial(progress, "fit" if stages == 1 else f"fit {k + 1}/{stages}")
 
 
 def _fit_stage(
@@ -85,30 +94,52 @@ def _fit_stage(
     progress: Callable[[int], None] | None,
     lock: threading.Lock,
 ) -> None:
-    """Fit the ops of ``stage`` in one pass over ``shards`` (``lock`` serializes the calls to ``progress``).
-
-    Reading, the label check and the ops that feed the stage (Decode...) run in ``workers`` threads. Every
-    prepared batch then goes to ``workers`` fitting threads that share its (op, column) units: each thread claims
-    the next unclaimed unit of the batch and adds it to that column's accumulator, under the column's lock (one
-    accumulator per column: no duplicated count tables; a busy column is put off while the thread claims others,
-    so the work balances whatever the columns cost)."""
-    xp = pipeline.xp
+    """Fit the ops of ``stage`` in one pass over ``shards`` (``lock`` serializes the calls to ``progress``):
+    ``fit_batches`` over the row groups of the shards, each read (the columns of ``fit_plan``) and run through
+    the label check and the ops that feed the stage (Decode...)."""
     prep, columns = fit_plan(pipeline, stage)
+
+    def prepare(path: Location, emit: Callable[[Transformed], None], stop: threading.Event) -> None:
+        shard = open_shard(path, pipeline.schema)
+        for i in range(shard.num_row_groups):
+            if stop.is_set():
+                return
+            emit(pipeline.run_ops(shard.read(i, columns), prep, on_error, labels=True, output=False))
+
+    fit_batches(pipeline, stage, shards, prepare, workers, progress, lock)
+
+
+def fit_batches(
+    pipeline: Pipeline,
+    stage: list[Op],
+    items: list[T],
+    prepare: Callable[[T, Callable[[Transformed], None], threading.Event], None],
+    workers: int,
+    progress: Callable[[int], None] | None,
+    lock: threading.Lock,
+) -> None:
+    """Fit the ops of ``stage`` on the batches ``prepare(item, emit, stop)`` emits for every item of ``items``
+    (prepared batches: rows rejected before fitting listed in them), then finalize them. ``progress`` hears of
+    the rows of each batch, rejected ones included (``lock`` serializes its calls).
+
+    ``prepare`` runs in ``workers`` threads. Every prepared batch then goes to ``workers`` fitting threads that
+    share its (op, column) units: each thread claims the next unclaimed unit of the batch and adds it to that
+    column's accumulator, under the column's lock (one accumulator per column: no duplicated count tables; a busy
+    column is put off while the thread claims others, so the work balances whatever the columns cost)."""
+    xp = pipeline.xp
     fitters = max(1, workers)
     stats = [op.new_stats(xp) for op in stage]
     units: list[Unit] = [(op, _columns_of(st, c)) for op, st in zip(stage, stats) for c in st]
     unit_locks = [threading.Lock() for _ in units]
 
-    def prepare(path: Location, emit: Callable[[Any], None], stop: threading.Event) -> None:
-        shard = open_shard(path, pipeline.schema)
-        for i in range(shard.num_row_groups):
-            if stop.is_set():
-                return
-            t = pipeline.run_ops(shard.read(i, columns), prep, on_error, labels=True, output=False)
+    def produce(item: T, emit: Callable[[Any], None], stop: threading.Event) -> None:
+        def emit_claimed(t: Transformed) -> None:
             emit((t, itertools.count()))  # the batch and its unit claims, shared by the fitting threads
             if progress is not None:
                 with lock:
                     progress(t.batch.num_rows + t.num_rejected)
+
+        prepare(item, emit_claimed, stop)
 
     def gather(f: int, item: tuple[Transformed, Iterator[int]]) -> None:
         t, claims = item
@@ -124,7 +155,7 @@ def _fit_stage(
             unit_locks[u].acquire()
             _fit_unit(units[u], unit_locks[u], t, xp)
 
-    run_staged(shards, workers, fitters, prepare, gather)
+    run_staged(items, workers, fitters, produce, gather)
     for op, st in zip(stage, stats):
         op.finalize(st, xp)
 

@@ -1,0 +1,158 @@
+"""Fitting that keeps what it read for the transform: each shard is read and decoded once (``etl preprocess``).
+
+The first fitting stage reads every row group whole (every schema column), runs the label check and the ops that
+feed the stage (``fit_plan``: Decode...), and puts the result in a ``Stash`` (``etl.pipeline.stash``):
+
+- the prepared batch (those ops applied, every other column as read), when no row was rejected and running those
+  ops first is the same as running every op in pipeline order (``runs_first``: no earlier op reads or writes what
+  they write, nor writes what they read);
+- otherwise the row group as read (``RawRows``): later stages and the transform then treat it exactly as a
+  two-pass run treats the source.
+
+Later stages fit from the stash, never from the shards: from a prepared batch by running the feeding ops not yet
+run (label check and the first stage's feeding ops already passed on every row), from raw rows as a fit from the
+source does. The statistics are therefore computed over the rows a two-pass fit counts, and the fitted state is
+the same, to the byte.
+
+``transform_stashed`` then transforms a stashed row group with the ops left (``Plan.rest``, in pipeline order)
+and the output check. A prepared batch where one of them rejects a row is transformed again from the source the
+two-pass way (its rows are read again: bad rows are rare, and the quarantine keeps the raw rows with the first
+reason in pipeline order), so the output, quarantine included, has the bytes of a two-pass run.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from etl.batch import Batch
+from etl.io.fs import Location
+from etl.io.parquet import Shard, open_shard
+from etl.ops import Op
+from etl.pipeline.core import OnError, Pipeline, Transformed
+from etl.pipeline.fit import fit_batches, fit_plan, fit_stages, stage_progress
+from etl.pipeline.stash import Key, RawRows, Stash
+from etl.progress import Progress
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the transform of stashed row groups runs: the ops the first fitting stage ran before its statistics
+    (``first``; prepared batches hold their output), the others in pipeline order (``rest``)."""
+
+    first: list[Op]
+    rest: list[Op]
+
+
+def runs_first(ops: list[Op], first: list[Op]) -> bool:
+    """Whether running the ops ``first`` (some of ``ops``, in order) before the others gives what running ``ops``
+    in order gives: no op outside ``first`` that comes before one of them reads or writes a column it writes, or
+    writes a column it reads."""
+    chosen = {id(op) for op in first}
+    for i, early in enumerate(ops):
+        if id(early) in chosen:
+            continue
+        touched = set(early.columns) | set(early.outputs)
+        for late in ops[i + 1 :]:
+            if id(late) in chosen and (touched & set(late.outputs) or set(early.outputs) & set(late.columns)):
+                return False
+    return True
+
+
+def fit_stashing(
+    pipeline: Pipeline,
+    shards: list[Location],
+    stash: Stash,
+    stashed: set[int],
+    workers: int = 1,
+    on_error: OnError = "raise",
+    progress: Progress | None = None,
+) -> Plan:
+    """Fit every fittable op of ``pipeline`` (threads, as ``etl.pipeline.fit.fit_shards``: the same fitted state),
+    reading each shard once: the row groups of the shards whose index is in ``stashed`` are kept in ``stash``
+    under (shard index, row group), and later stages fit from it; the other shards are read as a two-pass fit
+    reads them (their output is not to be redone: the caller found it complete). Returns the plan of
+    ``transform_stashed``."""
+    lock = threading.Lock()
+    stages = fit_stages(pipeline.ops)
+    if not stages:
+        return Plan([], list(pipeline.ops))
+    first, columns = fit_plan(pipeline, stages[0])
+    exact = runs_first(pipeline.ops, first)
+    keys: list[Key] = []
+
+    def prepare_first(item: tuple[int, Location], emit: Callable[[Transformed], None], stop: threading.Event) -> None:
+        index, path = item
+        shard = open_shard(path, pipeline.schema)
+        for i in range(shard.num_row_groups):
+            if stop.is_set():
+                return
+            if index not in stashed:
+                emit(pipeline.run_ops(shard.read(i, columns), first, on_error, labels=True, output=False))
+                continue
+            raw = RawRows(shard.read_table(i), str(path), i, shard.row_group_starts[i])
+            t = pipeline.run_ops(raw.batch(pipeline.schema), first, on_error, labels=True, output=False)
+            stash.put((index, i), raw if t.rejected or not exact else t.batch)
+            with lock:
+                keys.append((index, i))
+            emit(t)
+
+    items = list(enumerate(shards))
+    fit_batches(pipeline, stages[0], items, prepare_first, workers, stage_progress(progress, 0, len(stages)), lock)
+    keys.sort()
+    unstashed = [p for i, p in items if i not in stashed]
+    for k, stage in enumerate(stages[1:], 1):
+        report = stage_progress(progress, k, len(stages))
+        _fit_from_stash(pipeline, stage, first, stash, [*keys, *unstashed], workers, on_error, report, lock)
+    return Plan(first, [op for op in pipeline.ops if op not in first])
+
+
+def _fit_from_stash(
+    pipeline: Pipeline,
+    stage: list[Op],
+    first: list[Op],
+    stash: Stash,
+    sources: list[Key | Location],
+    workers: int,
+    on_error: OnError,
+    progress: Callable[[int], None] | None,
+    lock: threading.Lock,
+) -> None:
+    """Fit a later stage over ``sources``: stashed row groups by key (prepared batches, on which the ops of
+    ``first`` ran, or raw rows), and shards not stashed, read from the source."""
+    prep, columns = fit_plan(pipeline, stage)
+    more = [op for op in prep if op not in first]
+
+    def prepare(item: Key | Location, emit: Callable[[Transformed], None], stop: threading.Event) -> None:
+        if isinstance(item, tuple):  # a stashed row group
+            entry = stash.get(item)
+            if isinstance(entry, RawRows):
+                emit(pipeline.run_ops(entry.batch(pipeline.schema, columns), prep, on_error, labels=True, output=False))
+            else:
+                emit(pipeline.run_ops(entry, more, on_error, labels=False, output=False))
+            return
+        shard = open_shard(item, pipeline.schema)
+        for i in range(shard.num_row_groups):
+            if stop.is_set():
+                return
+            emit(pipeline.run_ops(shard.read(i, columns), prep, on_error, labels=True, output=False))
+
+    fit_batches(pipeline, stage, sources, prepare, workers, progress, lock)
+
+
+def transform_stashed(
+    pipeline: Pipeline, plan: Plan, entry: Batch | RawRows, shard: Shard, on_error: OnError
+) -> tuple[int, Transformed, pa.Table | None]:
+    """Transform a stashed row group of ``shard`` as ``pipeline.transform`` transforms it from the source: the
+    number of rows it holds, the transformed batch, and the raw rows when some were rejected (for the
+    quarantine). A prepared batch in which a row is rejected is transformed again from the source."""
+    if isinstance(entry, RawRows):
+        return entry.table.num_rows, pipeline.transform(entry.batch(pipeline.schema), on_error), entry.table
+    t = pipeline.run_ops(entry, plan.rest, "quarantine", labels=False, output=True)
+    if not t.rejected:
+        return entry.num_rows, t, None
+    raw = RawRows(shard.read_table(entry.row_group), entry.source, entry.row_group, shard.row_group_starts[entry.row_group])
+    return raw.table.num_rows, pipeline.transform(raw.batch(pipeline.schema), on_error), raw.table

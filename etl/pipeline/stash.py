@@ -1,0 +1,258 @@
+"""The stash of a single-pass preprocess: the row groups the fit read, kept until the transform writes them.
+
+An entry is one row group of one shard, keyed by (shard index, row group), in one of two forms:
+
+- a prepared ``Batch``: the columns after the ops that ran before fitting (decoded keys with their validity, the
+  columns the fit did not touch as read);
+- ``RawRows``: the row group as read from the source (an Arrow table, with where it comes from), for row groups
+  whose rows are better transformed from scratch (some were rejected while fitting).
+
+Entries stay in memory while the bytes they hold stay within a budget (``--memory-budget``, default
+``DEFAULT_BUDGET_FRACTION`` of the machine's memory); an entry that would exceed it is written to a spill
+directory instead, as an Arrow IPC file, and memory-mapped when it is read back. The spill directory is made on
+the first spill, under a temporary name (``etl.io.files.temporary_path``) inside the directory the stash is given,
+so that a run killed before ``close`` leaves a name the next run removes (``etl.io.files.remove_temporaries``);
+``close`` removes it with all it holds, and refuses later entries.
+
+A prepared batch is spilled as a one-row table with one ``large_list`` column per array (``<column>:<part>``:
+``values``, ``valid``, ``offsets``, ``raw``; text as ``data``/``starts``/``ends`` or ``views``), read back as
+arrays that view the mapped file; the batch's source, row group and row numbers come back with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from etl.batch import Batch, Column, InlineStrings, Strings
+from etl.errors import ConfigError
+from etl.io.files import temporary_path
+from etl.io.parquet import batch_from_arrow
+from etl.schema import Schema
+
+#: The default budget: this fraction of the machine's memory (``MemTotal`` of /proc/meminfo).
+DEFAULT_BUDGET_FRACTION = 0.25
+
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_budget(text: str | int) -> int:
+    """A number of bytes from ``text``: digits with an optional binary suffix (``512M``, ``2G``, ``1.5g``,
+    ``64KiB``; K, M, G, T are powers of 1024). ``ConfigError`` for anything else."""
+    if isinstance(text, int) and not isinstance(text, bool) and text >= 0:
+        return text
+    m = _SIZE.fullmatch(str(text))
+    if m is None:
+        raise ConfigError(f"--memory-budget {text!r}: expected a number of bytes, e.g. 512M or 2G")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def default_budget() -> int:
+    """``DEFAULT_BUDGET_FRACTION`` of the machine's memory (from /proc/meminfo, else the physical page count)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(int(line.split()[1]) * 1024 * DEFAULT_BUDGET_FRACTION)
+    except OSError:
+        pass
+    return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * DEFAULT_BUDGET_FRACTION)
+
+
+@dataclass(frozen=True)
+class RawRows:
+    """The rows of a row group as read from ``source`` (row ``first_row`` onwards, in row group ``row_group``)."""
+
+    table: pa.Table
+    source: str
+    row_group: int
+    first_row: int
+
+    def batch(self, schema: Schema, columns: list[str] | None = None) -> Batch:
+        """The rows as a ``Batch`` (of ``columns``, default every schema column), as read from the shard."""
+        return batch_from_arrow(self.table, schema, self.source, self.row_group, self.first_row, columns)
+
+
+#: What the stash holds for a row group.
+Entry = Batch | RawRows
+Key = tuple[int, int]
+
+
+class StashClosed(RuntimeError):
+    """An entry was put into a stash that was closed (the run is stopping)."""
+
+
+class Stash:
+    """Row groups by (shard index, row group), in memory within ``budget`` bytes, beyond it in a spill directory
+    made inside ``directory`` (a local directory). Safe to use from several threads. Use as a context manager, or
+    call ``close``."""
+
+    def __init__(self, budget: int, directory: Path):
+        self.budget, self.directory = budget, directory
+        self.peak_bytes = 0  #: the most bytes held in memory at once
+        self.spilled_bytes = 0  #: bytes written to the spill directory
+        self._memory: dict[Key, tuple[Entry, int]] = {}
+        self._spilled: dict[Key, Path] = {}
+        self._bytes = 0
+        self._dir: Path | None = None
+        self._closed = False
+        self._lock = threading.Lock()
+
+    @property
+    def spill_directory(self) -> Path | None:
+        """The spill directory, once something was spilled (None before, and after ``close``)."""
+        return self._dir
+
+    def __enter__(self) -> Stash:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __contains__(self, key: Key) -> bool:
+        return key in self._memory or key in self._spilled
+
+    def put(self, key: Key, entry: Entry) -> None:
+        """Keep ``entry`` under ``key``: in memory when it fits in what is left of the budget, else on disk."""
+        size = entry_bytes(entry)
+        with self._lock:
+            if self._closed:
+                raise StashClosed("the stash is closed")
+            if self._bytes + size <= self.budget:
+                self._memory[key] = (entry, size)
+                self._bytes += size
+                self.peak_bytes = max(self.peak_bytes, self._bytes)
+                return
+            if self._dir is None:
+                self._dir = temporary_path(self.directory / "stash")
+                self._dir.mkdir()
+            path = self._dir / f"{key[0]}-{key[1]}.arrow"
+            self.spilled_bytes += _write(path, entry)
+            self._spilled[key] = path
+
+    def get(self, key: Key) -> Entry:
+        """The entry under ``key`` (a spilled one read back memory-mapped)."""
+        with self._lock:
+            held = self._memory.get(key)
+            path = self._spilled.get(key)
+        if held is not None:
+            return held[0]
+        if path is None:
+            raise KeyError(key)
+        return _read(path)
+
+    def pop(self, key: Key) -> Entry:
+        """The entry under ``key``, forgotten by the stash (its spill file removed; the mapping lives on in the
+        arrays returned until they are dropped)."""
+        entry = self.get(key)
+        with self._lock:
+            held = self._memory.pop(key, None)
+            if held is not None:
+                self._bytes -= held[1]
+            path = self._spilled.pop(key, None)
+        if path is not None:
+            path.unlink(missing_ok=True)
+        return entry
+
+    def close(self) -> None:
+        """Forget every entry and remove the spill directory; later ``put`` calls raise ``StashClosed``."""
+        with self._lock:
+            self._closed = True
+            self._memory.clear()
+            self._spilled.clear()
+            self._bytes = 0
+            if self._dir is not None:
+                shutil.rmtree(self._dir, ignore_errors=True)
+                self._dir = None
+
+
+def entry_bytes(entry: Entry) -> int:
+    """The bytes an entry holds (its arrays' sizes)."""
+    if isinstance(entry, RawRows):
+        return int(entry.table.nbytes)
+    return int(entry.row_ids.nbytes) + sum(a.nbytes for c in entry.columns.values() for _, a in _parts(c))
+
+
+def _parts(col: Column) -> list[tuple[str, np.ndarray]]:
+    """The arrays of a column by part name (text as its buffers)."""
+    out: list[tuple[str, np.ndarray]] = []
+    for name, v in (("values", col.values), ("raw", col.raw)):
+        if isinstance(v, InlineStrings):
+            out.append((f"{name}.views", v.inline_views.reshape(-1)))
+        elif isinstance(v, Strings):
+            out += [(f"{name}.data", v.data), (f"{name}.starts", v.starts), (f"{name}.ends", v.ends)]
+        elif v is not None:
+            out.append((name, v))
+    if col.valid is not None:
+        out.append(("valid", col.valid.view(np.uint8)))
+    if col.offsets is not None:
+        out.append(("offsets", col.offsets))
+    return out
+
+
+def _write(path: Path, entry: Entry) -> int:
+    """Write ``entry`` to a new Arrow IPC file at ``path``; returns its size in bytes."""
+    if isinstance(entry, RawRows):
+        where = {"source": entry.source, "row_group": entry.row_group, "first_row": entry.first_row}
+        table = entry.table.replace_schema_metadata({"kind": "raw", "where": json.dumps(where)})
+    else:
+        arrays, names = [pa.array(entry.row_ids)], ["row_ids"]
+        for c, col in entry.columns.items():
+            for part, a in _parts(col):
+                arrays.append(pa.array(np.ascontiguousarray(a)))
+                names.append(f"{c}:{part}")
+        lists = [pa.LargeListArray.from_arrays(pa.array([0, len(a)], pa.int64()), a) for a in arrays]
+        where = {"source": entry.source, "row_group": entry.row_group, "num_rows": entry.num_rows}
+        table = pa.Table.from_arrays(lists, names=names).replace_schema_metadata({"kind": "batch", "where": json.dumps(where)})
+    with ipc.new_file(str(path), table.schema) as w:
+        w.write_table(table)
+    return path.stat().st_size
+
+
+def _read(path: Path) -> Entry:
+    """An entry written by ``_write``, its arrays viewing the memory-mapped file."""
+    table = ipc.open_file(pa.memory_map(str(path))).read_all()
+    meta = table.schema.metadata or {}
+    where: dict[str, Any] = json.loads(meta[b"where"])
+    if meta[b"kind"] == b"raw":
+        return RawRows(table.replace_schema_metadata(None), where["source"], where["row_group"], where["first_row"])
+    arrays = {name: _array(table.column(name)) for name in table.column_names}
+    row_ids = arrays.pop("row_ids")
+    parts: dict[str, dict[str, np.ndarray]] = {}
+    for name, a in arrays.items():
+        c, part = name.split(":", 1)
+        parts.setdefault(c, {})[part] = a
+    columns = {c: _column(p) for c, p in parts.items()}
+    return Batch(columns, where["num_rows"], where["source"], where["row_group"], row_ids)
+
+
+def _array(col: pa.ChunkedArray) -> np.ndarray:
+    """The values of a one-row ``large_list`` column as a numpy array viewing its buffer."""
+    values = col.chunk(0).values
+    return values.to_numpy(zero_copy_only=True) if len(values) else values.to_numpy(zero_copy_only=False)
+
+
+def _column(parts: dict[str, np.ndarray]) -> Column:
+    """A column from its arrays by part name (``_parts`` inverted)."""
+
+    def text(name: str) -> np.ndarray | Strings | None:
+        if f"{name}.views" in parts:
+            return InlineStrings(parts[f"{name}.views"].reshape(-1, 4))
+        if f"{name}.data" in parts:
+            return Strings(parts[f"{name}.data"], parts[f"{name}.starts"], parts[f"{name}.ends"])
+        return parts.get(name)
+
+    valid = parts.get("valid")
+    raw = text("raw")
+    return Column(text("values"), None if valid is None else valid.view(np.bool_), parts.get("offsets"), raw if isinstance(raw, Strings) else None)

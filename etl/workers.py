@@ -19,7 +19,8 @@ def run_workers(items: list[T], workers: int, work: Callable[[int, T, threading.
     """Call ``work(worker_index, item, stop)`` for every item with ``workers`` threads pulling items in order.
 
     Results come back in item order. The first exception sets ``stop`` (long-running ``work`` should check it
-    between row groups and return), lets running calls end, and is re-raised here."""
+    between row groups and return), lets running calls end, and is re-raised here; so does a KeyboardInterrupt
+    raised here while the threads run."""
     if not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers must be an integer >= 1, got {workers!r}")
     todo: queue.Queue[int] = queue.Queue()
@@ -48,8 +49,14 @@ def run_workers(items: list[T], workers: int, work: Callable[[int, T, threading.
         threads = [threading.Thread(target=loop, args=(w,), daemon=True, name=f"etl-worker-{w}") for w in range(n)]
         for t in threads:
             t.start()
-        for t in threads:
-            t.join()
+        try:
+            for t in threads:
+                t.join()
+        except BaseException:  # Ctrl-C while waiting: the threads stop at their next check, then it goes on
+            stop.set()
+            for t in threads:
+                t.join()
+            raise
     if errors:
         raise errors[0]
     return results  # type: ignore[return-value]

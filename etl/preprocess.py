@@ -185,8 +185,9 @@ class WrittenShard:
     quarantine: Location | None
 
 
-#: How one row group of an open shard becomes output: its number of rows, the transformed batch, and the raw rows
-#: (as read from the source) when some were rejected (they go to the quarantine).
+#: How one row group of an open shard becomes output: its number of rows, the transformed batch, and its rows as read
+#: from the source (what the quarantine takes the rejected ones from; None when none was rejected and they were not
+#: read).
 RowGroupTransform = Callable[[Shard, int], tuple[int, Transformed, pa.Table | None]]
 
 
@@ -337,9 +338,9 @@ def preprocess(
         raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
     if compression not in COMPRESSIONS:
         raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
+    budget = default_budget() if memory_budget is None else parse_budget(memory_budget)
     check_apart(out_dir, shards)
     out_dir.mkdir(parents=True, exist_ok=True)
-    budget = default_budget() if memory_budget is None else parse_budget(memory_budget)
     with locked(out_dir):
         return _preprocess(pipeline, shards, out_dir, artifacts, workers, on_error, compression, progress, client, partitions, budget)
 

@@ -147,8 +147,9 @@ def transform_stashed(
     pipeline: Pipeline, plan: Plan, entry: Batch | RawRows, shard: Shard, on_error: OnError
 ) -> tuple[int, Transformed, pa.Table | None]:
     """Transform a stashed row group of ``shard`` as ``pipeline.transform`` transforms it from the source: the
-    number of rows it holds, the transformed batch, and the raw rows when some were rejected (for the
-    quarantine). A prepared batch in which a row is rejected is transformed again from the source."""
+    number of rows it holds, the transformed batch, and the raw rows (for the quarantine; None for a prepared
+    batch, whose raw rows are not at hand). A prepared batch in which a row is rejected is transformed again from
+    the source."""
     if isinstance(entry, RawRows):
         return entry.table.num_rows, pipeline.transform(entry.batch(pipeline.schema), on_error), entry.table
     t = pipeline.run_ops(entry, plan.rest, "quarantine", labels=False, output=True)

@@ -68,6 +68,16 @@ def test_the_summary_prints_only_what_ran(raw: Path, tmp_path: Path) -> None:
     assert not any(line.startswith("fit:") for line in hashed.stdout.splitlines())  # nothing to fit
 
 
+def test_a_small_memory_budget_writes_the_bytes_of_a_run_that_held_everything_in_memory(raw: Path, tmp_path: Path) -> None:
+    small = run_etl("preprocess", "--pipeline", CRITEO, "--input", raw, "--out", tmp_path / "small", "--memory-budget", "1M")
+    stash = [line for line in small.stdout.splitlines() if line.startswith("stash:")]
+    assert len(stash) == 1 and "(budget 1.0 MiB)" in stash[0] and not stash[0].endswith(" 0.0 MiB on disk"), small.stdout
+    big = run_etl("preprocess", "--pipeline", CRITEO, "--input", raw, "--out", tmp_path / "big")
+    assert "0.0 MiB on disk" in big.stdout
+    assert tree_bytes(tmp_path / "small") == tree_bytes(tmp_path / "big")
+    assert sorted(p.name for p in (tmp_path / "small").iterdir()) == sorted(p.name for p in (tmp_path / "big").iterdir())
+
+
 @pytest.mark.parametrize(
     "args, fragment",
     [
@@ -75,6 +85,7 @@ def test_the_summary_prints_only_what_ran(raw: Path, tmp_path: Path) -> None:
         (["preprocess", "--pipeline", HASH, "--input", "RAW", "--out", "OUT", "--workers", "-1"], "'--workers'"),
         (["preprocess", "--pipeline", HASH, "--input", "RAW", "--out", "OUT", "--on-error", "skip"], "--on-error"),
         (["preprocess", "--pipeline", HASH, "--input", "RAW", "--out", "OUT", "--compression", "gzip9"], "--compression"),
+        (["preprocess", "--pipeline", HASH, "--input", "RAW", "--out", "OUT", "--memory-budget", "lots"], "--memory-budget"),
         (["generate", "--schema", SCHEMA, "--rows", "many", "--out", "OUT"], "'--rows'"),
         (["generate", "--schema", SCHEMA, "--rows", "0", "--out", "OUT"], "'--rows'"),
         (["convert", "RAW/*.tsv", "--schema", SCHEMA, "--out", "OUT", "--rows-per-file", "0"], "'--rows-per-file'"),

@@ -10,9 +10,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 
 from etl.cluster import connect
 from etl.errors import InputError, RowError
+from etl.io import parquet
 from etl.io.files import is_temporary, sha256_file
 from etl.io.processed import MANIFEST, read_manifest
 from etl.pipeline import Pipeline
@@ -239,3 +241,117 @@ def test_temporaries_a_killed_save_left_in_the_artifacts_are_removed(shards: lis
         (d / ".C2.parquet.123-abcd1234.tmp").write_bytes(b"partial")
     run(shards, out, artifacts=out / "artifacts")
     assert tree_bytes(out) == first
+
+
+# ---------------------------------------------------------------- single pass
+
+BUDGETS = [None, 1]  # the default (every row group in memory) and 1 byte (every row group on disk)
+TWO_STAGES = [  # the second Normalize fits on what the first writes: two fitting stages
+    {"op": "FillMissing", "columns": "@dense", "value": 0},
+    {"op": "Normalize", "columns": "@dense"},
+    {"op": "Normalize", "columns": "@dense"},
+    {"op": "Decode", "columns": "@categorical"},
+    {"op": "Categorify", "columns": "@categorical", "freq_threshold": 2},
+]
+MIXED = [  # C1..C13 fitted, C14..C26 decoded and hashed after the fit: a bad key there shows at the transform only
+    {"op": "FillMissing", "columns": "@dense", "value": 0},
+    {"op": "Decode", "columns": [f"C{i}" for i in range(1, 14)]},
+    {"op": "Categorify", "columns": [f"C{i}" for i in range(1, 14)], "freq_threshold": 2},
+    {"op": "Decode", "columns": [f"C{i}" for i in range(14, 27)]},
+    {"op": "Hash", "columns": [f"C{i}" for i in range(14, 27)], "num_buckets": 1000},
+]
+
+
+def pipeline_file(tmp_path: Path, ops: list[dict]) -> Path:
+    p = tmp_path / "pipe.yaml"
+    p.write_text(yaml.safe_dump({"name": "t", "schema": str(REPO / "schemas/criteo.yaml"), "ops": ops}))
+    return p
+
+
+def two_pass(pipeline: Path, shards: list[Path], out: Path, **options) -> dict[str, bytes]:
+    """The output of a fit from the shards (``Pipeline.fit``), then a transform that reads them again."""
+    p = Pipeline.from_file(pipeline)
+    p.fit(shards, on_error=options.get("on_error", "raise"))
+    p.save(out.parent / f"{out.name}-artifacts")
+    preprocess(Pipeline.from_file(pipeline), shards, out, artifacts=out.parent / f"{out.name}-artifacts", **options)
+    return tree_bytes(out)
+
+
+def with_values(table: pa.Table, values: dict[tuple[int, str], object]) -> pa.Table:
+    """``table`` with the values at (row, column) replaced."""
+    cols = {name: table.column(name).to_pylist() for name in table.column_names}
+    for (row, c), v in values.items():
+        cols[c][row] = v
+    return pa.table({name: pa.array(v, table.schema.field(name).type) for name, v in cols.items()})
+
+
+@pytest.mark.parametrize("budget", BUDGETS)
+@pytest.mark.parametrize("ops", ["criteo", "criteo_hash", "two stages", "mixed"])
+def test_single_pass_writes_the_bytes_of_two_passes(shards: list[Path], tmp_path: Path, ops: str, budget: int | None) -> None:
+    if ops in ("criteo", "criteo_hash"):
+        pipeline = REPO / f"pipelines/{ops}.yaml"
+    else:
+        pipeline = pipeline_file(tmp_path, TWO_STAGES if ops == "two stages" else MIXED)
+    s = preprocess(Pipeline.from_file(pipeline), shards, tmp_path / "one", workers=2, memory_budget=budget)
+    assert tree_bytes(tmp_path / "one") == two_pass(pipeline, shards, tmp_path / "two")
+    assert (s.stash_peak_bytes == 0) == (budget == 1 or ops == "criteo_hash")
+    assert (s.stash_spilled_bytes > 0) == (budget == 1 and ops != "criteo_hash")
+
+
+@pytest.mark.parametrize("budget", BUDGETS)
+@pytest.mark.parametrize("ops", ["criteo", "two stages", "mixed"])
+def test_single_pass_quarantines_the_rows_of_two_passes(tmp_path: Path, ops: str, budget: int | None) -> None:
+    """Rows bad in several columns, one in two (the first in pipeline order is named), a missing label, keys
+    rejected by the fit's Decode and (mixed) by one that runs after the fit only."""
+    bad = {(4, "C3"): "not-hex!", (60, "C20"): "zz", (61, "C20"): "zz", (61, "C3"): "zz", (150, "label"): None, (151, "C26"): "",
+           (299, "C1"): "68fd1e6g"}  # fmt: skip
+    table = with_values(criteo_table(300, seed=2), bad)
+    shards = [write(criteo_table(200, seed=1), tmp_path / "raw" / "a.parquet"), write(table, tmp_path / "raw" / "b.parquet")]
+    pipeline = REPO / "pipelines/criteo.yaml" if ops == "criteo" else pipeline_file(tmp_path, TWO_STAGES if ops == "two stages" else MIXED)
+    s = preprocess(Pipeline.from_file(pipeline), shards, tmp_path / "one", on_error="quarantine", memory_budget=budget)
+    assert s.rows_quarantined == 6
+    assert tree_bytes(tmp_path / "one") == two_pass(pipeline, shards, tmp_path / "two", on_error="quarantine")
+    q = pq.read_table(tmp_path / "one" / "quarantine" / "part-00001.parquet")
+    assert q.column("_row").to_pylist() == [4, 60, 61, 150, 151, 299]
+
+
+def test_single_pass_raises_the_row_error_of_the_transform(tmp_path: Path) -> None:
+    table = with_values(criteo_table(300, seed=2), {(170, "C20"): "zz"})
+    shards = [write(table, tmp_path / "raw" / "a.parquet")]
+    with pytest.raises(RowError, match="row 170, column 'C20'") as e:
+        preprocess(Pipeline.from_file(pipeline_file(tmp_path, MIXED)), shards, tmp_path / "out", memory_budget=1)
+    assert e.value.path == str(shards[0])
+    assert [p.name for p in (tmp_path / "out").iterdir() if is_temporary(p.name)] == []  # the stash is gone
+
+
+@pytest.mark.parametrize("ops", ["criteo", "two stages"])
+def test_single_pass_reads_each_row_group_once(shards: list[Path], tmp_path: Path, ops: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    reads: list[tuple[str, int]] = []
+    read_rows = parquet.read_rows
+
+    def counted(path, columns, first_row, num_rows, row_group, metadata=None):
+        reads.append((str(path), row_group))
+        return read_rows(path, columns, first_row, num_rows, row_group, metadata)
+
+    monkeypatch.setattr(parquet, "read_rows", counted)
+    pipeline = REPO / "pipelines/criteo.yaml" if ops == "criteo" else pipeline_file(tmp_path, TWO_STAGES)
+    preprocess(Pipeline.from_file(pipeline), shards, tmp_path / "out", workers=2, memory_budget=1)
+    groups = [(str(p), i) for p in shards for i in range(pq.ParquetFile(p).num_row_groups)]
+    assert sorted(reads) == sorted(groups)
+
+
+def test_the_stash_is_removed_after_a_keyboard_interrupt(shards: list[Path], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    seen: list[list[str]] = []
+
+    def progress(name: str, n: int) -> None:
+        if name == "transform":
+            seen.append([p.name for p in out.iterdir() if is_temporary(p.name) and p.is_dir()])
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(shards, out, workers=2, progress=progress, memory_budget=1)
+    assert len(seen[0]) == 1  # the stash was there while the shards were transformed
+    assert [p.name for p in out.iterdir() if is_temporary(p.name)] == []
+    again = run(shards, out, workers=2)
+    assert again.files_skipped == 0 and tree_bytes(out) == two_pass(CRITEO, shards, tmp_path / "two")

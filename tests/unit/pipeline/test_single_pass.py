@@ -1,0 +1,102 @@
+"""etl.pipeline.single_pass: which ops may run first, the fitted state (the artifact bytes) of a fit that stashes
+equal to a fit from the shards, what it stashes, and a stashed row group transformed as from the source."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from etl.batch import Batch
+from etl.io.parquet import open_shard
+from etl.pipeline import Pipeline
+from etl.pipeline.fit import fit_plan, fit_stages
+from etl.pipeline.single_pass import fit_stashing, runs_first, transform_stashed
+from etl.pipeline.stash import RawRows, Stash
+from tests.conftest import tree_bytes
+from tests.unit.pipeline.conftest import DLRM, PIPELINES, write_pipeline
+
+DATED_SCHEMA = {
+    "name": "dated",
+    "columns": [
+        {"name": "label", "role": "label", "dtype": "int64"},
+        {"name": "hour", "role": "categorical", "dtype": "int64", "encoding": "int"},
+        {"name": "C1", "role": "categorical", "dtype": "string", "encoding": "hex"},
+    ],
+}
+#: DateParts reads ``hour`` as the source holds it, and feeds no fitted op; Decode of ``hour`` feeds Categorify:
+#: running it first would hand DateParts decoded keys
+DATED = [
+    {"op": "DateParts", "columns": ["hour"], "format": "%y%m%d%H", "parts": ["weekday"]},
+    {"op": "Hash", "columns": ["hour_weekday"], "num_buckets": 10},
+    {"op": "Decode", "columns": ["hour", "C1"]},
+    {"op": "Categorify", "columns": ["hour", "C1"]},
+]
+
+
+def dated_shards(tmp_path: Path) -> list[Path]:
+    rng = np.random.default_rng(3)
+    paths = []
+    for i, n in enumerate([120, 75]):
+        hours = rng.choice([24010100, 24010213, 24010323, 24010405], n)
+        keys = [f"{k:08x}" for k in rng.integers(0, 20, n)]
+        t = pa.table({"label": rng.integers(0, 2, n), "hour": hours, "C1": keys})
+        pq.write_table(t, tmp_path / f"{i}.parquet", row_group_size=50)
+        paths.append(tmp_path / f"{i}.parquet")
+    return paths
+
+
+def dated_pipeline(tmp_path: Path) -> Path:
+    (tmp_path / "schema.yaml").write_text(yaml.safe_dump(DATED_SCHEMA))
+    return write_pipeline(tmp_path, DATED, schema=str(tmp_path / "schema.yaml"))
+
+
+def test_ops_that_feed_the_fit_run_first_unless_an_earlier_op_reads_what_they_write(tmp_path: Path) -> None:
+    p = Pipeline.from_file(PIPELINES / "criteo.yaml")
+    first, _ = fit_plan(p, fit_stages(p.ops)[0])
+    assert [op.name for op in first] == ["Decode"]
+    assert runs_first(p.ops, first)
+    dated = Pipeline.from_file(dated_pipeline(tmp_path))
+    first, _ = fit_plan(dated, fit_stages(dated.ops)[0])
+    assert [op.name for op in first] == ["Decode"]
+    assert not runs_first(dated.ops, first)
+
+
+@pytest.mark.parametrize("budget", [1 << 30, 0])
+@pytest.mark.parametrize("case", ["criteo", "two stages", "dated"])
+def test_a_stashing_fit_saves_the_artifacts_of_a_fit_from_the_shards(criteo, tmp_path: Path, case: str, budget: int) -> None:
+    if case == "dated":
+        pipeline, paths = dated_pipeline(tmp_path), dated_shards(tmp_path)
+    else:
+        paths = criteo[0]
+        ops = [DLRM[0], {"op": "Normalize", "columns": "@dense"}, {"op": "Normalize", "columns": "@dense"}, *DLRM[3:]]
+        pipeline = PIPELINES / "criteo.yaml" if case == "criteo" else write_pipeline(tmp_path, ops)
+    reference = Pipeline.from_file(pipeline)
+    reference.fit(paths, workers=2)
+    reference.save(tmp_path / "reference")
+    p = Pipeline.from_file(pipeline)
+    with Stash(budget, tmp_path) as stash:
+        plan = fit_stashing(p, paths, stash, set(range(len(paths))), workers=2)
+        p.save(tmp_path / "single")
+        assert tree_bytes(tmp_path / "single") == tree_bytes(tmp_path / "reference")
+        assert plan.first + plan.rest == [op for op in p.ops if op in plan.first] + [op for op in p.ops if op not in plan.first]
+        for k, path in enumerate(paths):
+            shard = open_shard(path, p.schema)
+            for i in range(shard.num_row_groups):
+                entry = stash.pop((k, i))
+                assert isinstance(entry, RawRows if case == "dated" else Batch)  # dated: Decode may not run first
+                n, t, raw = transform_stashed(p, plan, entry, shard, "raise")
+                expected = reference.transform(shard.read(i))
+                assert n == shard.file.metadata.row_group(i).num_rows and (raw is None) == (case != "dated")
+                assert p.to_arrow(t.batch).equals(reference.to_arrow(expected.batch))
+
+
+def test_only_the_shards_asked_for_are_stashed(criteo, tmp_path: Path) -> None:
+    paths = criteo[0]
+    with Stash(1 << 30, tmp_path) as stash:
+        fit_stashing(Pipeline.from_file(PIPELINES / "criteo.yaml"), paths, stash, {1}, workers=2)
+        assert (1, 0) in stash and all((k, 0) not in stash for k in (0, 2, 3))

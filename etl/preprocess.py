@@ -12,11 +12,18 @@ workers, each loading the fitted pipeline from the artifacts this run saved (``e
 paths must then name the same files on every worker (shared storage). A task whose worker dies is run again
 elsewhere, and what the killed attempt left under a temporary name is removed at the end of the run.
 
-A rerun skips the shards whose manifest entry still matches (``_reusable``: the same source file by path, size,
-modification time and footer checksum, the same fitted artifacts, the output present with the recorded checksum,
-and no quarantined row when the rerun's ``on_error`` is "raise"), so a run killed at any point and rerun ends with
-the same bytes as an uninterrupted run. Rows are accounted exactly:
-rows_in = rows_out + rows_quarantined.
+A fit in threads reads each shard once (``etl.pipeline.single_pass``): it stashes the row groups it read
+(``etl.pipeline.stash``: in memory within ``memory_budget``, beyond it in a temporary directory inside the output
+directory, removed when the run ends, however it ends), and each shard's output is written from its stash, the
+same bytes as a transform that reads the shard again; a row group where the stashed transform rejects a row is
+read again and transformed the two-pass way. A fit on a Dask cluster, and a run without a fit, read each shard
+for the transform (``transform_read``).
+
+A rerun skips the shards whose manifest entry still matches (``_complete``: the same source file by path, size,
+modification time and footer checksum, the output present with the recorded checksum, and no quarantined row when
+the rerun's ``on_error`` is "raise"; and the same fitted artifacts), so a run killed at any point and rerun ends
+with the same bytes as an uninterrupted run. A rerun that fits again stashes only the shards it has to redo. Rows
+are accounted exactly: rows_in = rows_out + rows_quarantined.
 
 In object storage (``etl.io.fs``) the "rename" is a copy onto the final key, where the file appears whole.
 """

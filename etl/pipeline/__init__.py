@@ -1,7 +1,8 @@
 """Pipelines: a schema plus an ordered list of ops.
 
 Rooms: ``core`` (the spec, column-kind flow, host/device split, transforming one batch), ``fit`` (fitting over
-shards: the plan and the threaded executor), ``distributed`` (the Dask executor) and ``spill`` (its count-table
+shards: the plan and the threaded executor), ``single_pass`` (a threaded fit that keeps what it read for the
+transform) and ``stash`` (where it keeps it), ``distributed`` (the Dask executor) and ``spill`` (its count-table
 files), ``artifacts`` (saving and loading the fitted state, and checking that artifacts match a pipeline).
 """
 

@@ -15,7 +15,7 @@ import yaml
 from etl.cluster import connect
 from etl.errors import InputError, RowError
 from etl.io import parquet
-from etl.io.files import is_temporary, sha256_file
+from etl.io.files import is_temporary, sha256_file, temporary_path
 from etl.io.processed import MANIFEST, read_manifest
 from etl.pipeline import Pipeline
 from etl.preprocess import Summary, preprocess
@@ -355,3 +355,12 @@ def test_the_stash_is_removed_after_a_keyboard_interrupt(shards: list[Path], tmp
     assert [p.name for p in out.iterdir() if is_temporary(p.name)] == []
     again = run(shards, out, workers=2)
     assert again.files_skipped == 0 and tree_bytes(out) == two_pass(CRITEO, shards, tmp_path / "two")
+
+
+def test_a_stash_a_killed_run_left_is_removed_by_the_next_run(shards: list[Path], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    left = temporary_path(out / "stash")
+    left.mkdir(parents=True)
+    (left / "0-0.arrow").write_bytes(b"left by a run killed while it fitted")
+    run(shards, out, memory_budget=1)
+    assert not left.exists() and [p.name for p in out.iterdir() if is_temporary(p.name)] == []

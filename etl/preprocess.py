@@ -109,10 +109,11 @@ def _previous_entries(out_dir: Location) -> dict[str, ManifestEntry]:
 
 def _complete(e: ManifestEntry, source: Location, out: Location, on_error: OnError) -> bool:
     """Whether the earlier run's entry ``e`` stands for what this run would write to ``out`` from ``source``, if
-    the fitted artifacts are the same (``_reusable``): the same source file (path, size, modification time,
-    footer checksum), the output present with its recorded checksum, and a rerun with ``on_error="raise"`` only
-    over a shard that quarantined nothing (otherwise the shard is redone, and its first invalid row raises). In
-    object storage the size and modification time come from the object's metadata (``etl.io.fs.fingerprint``)."""
+    the fitted artifacts are the same too (``e.artifacts_sha256``, checked once they are saved): the same source
+    file (path, size, modification time, footer checksum), the output present with its recorded checksum, and a
+    rerun with ``on_error="raise"`` only over a shard that quarantined nothing (otherwise the shard is redone, and
+    its first invalid row raises). In object storage the size and modification time come from the object's
+    metadata (``etl.io.fs.fingerprint``)."""
     size, mtime_ns = fingerprint(source)
     return (
         e.source == str(source.resolve())

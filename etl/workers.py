@@ -46,20 +46,39 @@ def run_workers(items: list[T], workers: int, work: Callable[[int, T, threading.
     if n == 1:
         loop(0)
     else:
-        threads = [threading.Thread(target=loop, args=(w,), daemon=True, name=f"etl-worker-{w}") for w in range(n)]
-        for t in threads:
-            t.start()
+        ended = [threading.Event() for _ in range(n)]
+
+        def run(w: int) -> None:
+            try:
+                loop(w)
+            finally:
+                ended[w].set()
+
+        threads = [threading.Thread(target=run, args=(w,), daemon=True, name=f"etl-worker-{w}") for w in range(n)]
         try:
             for t in threads:
-                t.join()
-        except BaseException:  # Ctrl-C while waiting: the threads stop at their next check, then it goes on
+                t.start()
+            _wait_ended(threads, ended)
+        except BaseException:  # Ctrl-C while starting or waiting: the threads stop at their next check, then it goes on
             stop.set()
-            for t in threads:
-                t.join()
+            _wait_ended(threads, ended)
             raise
+        for t in threads:
+            t.join()
     if errors:
         raise errors[0]
     return results  # type: ignore[return-value]
+
+
+def _wait_ended(threads: list[threading.Thread], ended: list[threading.Event]) -> None:
+    """Wait until each thread that started has set its ``ended`` event, in timed waits: Ctrl-C reaches the waiting
+    thread at once (an untimed ``Thread.join`` sleeps through it once polars handles SIGINT, and one that Ctrl-C
+    interrupts may later return while its thread still runs). A thread that Ctrl-C kept from starting is not
+    waited for: once ``stop`` is set, it does nothing."""
+    for t, e in zip(threads, ended):
+        while not e.wait(0.1):
+            if t.ident is None:
+                break
 
 
 _DONE = object()

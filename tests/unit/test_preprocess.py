@@ -4,6 +4,8 @@ resume rules and the quarantine accounting, in threads and on a Dask cluster."""
 from __future__ import annotations
 
 import shutil
+import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -364,3 +366,20 @@ def test_a_stash_a_killed_run_left_is_removed_by_the_next_run(shards: list[Path]
     (left / "0-0.arrow").write_bytes(b"left by a run killed while it fitted")
     run(shards, out, memory_budget=1)
     assert not left.exists() and [p.name for p in out.iterdir() if is_temporary(p.name)] == []
+
+
+def test_ctrl_c_during_the_transform_stops_the_threads_and_removes_the_stash(shards: list[Path], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    sent = []
+
+    def progress(name: str, n: int) -> None:
+        if name == "transform" and not sent:
+            sent.append([p.name for p in out.iterdir() if is_temporary(p.name) and p.is_dir()])
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    before = threading.active_count()
+    with pytest.raises(KeyboardInterrupt):
+        run(shards, out, workers=2, progress=progress, memory_budget=1)
+    assert len(sent[0]) == 1  # the stash was there
+    assert threading.active_count() == before
+    assert [p.name for p in out.iterdir() if is_temporary(p.name)] == []

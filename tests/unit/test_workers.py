@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 
+import polars  # noqa: F401 - loaded as in every run: its SIGINT handler is what an untimed join sleeps through
 import pytest
 
 from etl.workers import run_workers
@@ -104,3 +106,27 @@ def test_work_sees_stop_and_returns():
 def test_workers_validation(workers):
     with pytest.raises(ValueError, match="workers"):
         run_workers([1, 2], workers, lambda w, i, s: i)
+
+
+def test_ctrl_c_while_the_threads_run_stops_them_before_it_propagates():
+    """SIGINT reaches the main thread while it waits for the workers: they see ``stop`` and have ended when the
+    KeyboardInterrupt comes out of run_workers."""
+    started = threading.Barrier(3)
+    running = []
+
+    def work(w, item, stop):
+        running.append(w)
+        if item < 2:
+            started.wait(timeout=5)
+        while not stop.wait(0.01):
+            pass
+        running.remove(w)
+
+    def interrupt():
+        started.wait(timeout=5)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        run_workers(list(range(6)), 2, work)
+    assert running == []

@@ -8,9 +8,9 @@ An entry is one row group of one shard, keyed by (shard index, row group), in on
   whose rows are better transformed from scratch (some were rejected while fitting).
 
 Entries stay in memory while the bytes they hold stay within a budget (``--memory-budget``, default
-``DEFAULT_BUDGET_FRACTION`` of the machine's memory); an entry that would exceed it is written to a spill
-directory instead, as an Arrow IPC file, and memory-mapped when it is read back. The spill directory is made on
-the first spill, under a temporary name (``etl.io.files.temporary_path``) inside the directory the stash is given,
+``DEFAULT_BUDGET_FRACTION`` of the machine's memory, or of the container's limit when lower); an entry that would
+exceed it is written to a spill directory instead, as an Arrow IPC file, and memory-mapped when it is read back.
+The spill directory is made on the first spill, under a temporary name (``etl.io.files.temporary_path``) inside the directory the stash is given,
 so that a run killed before ``close`` leaves a name the next run removes (``etl.io.files.remove_temporaries``);
 ``close`` removes it with all it holds, and refuses later entries.
 
@@ -59,15 +59,37 @@ def parse_budget(text: str | int) -> int:
 
 
 def default_budget() -> int:
-    """``DEFAULT_BUDGET_FRACTION`` of the machine's memory (from /proc/meminfo, else the physical page count)."""
+    """``DEFAULT_BUDGET_FRACTION`` of the memory this process may use: the machine's (``MemTotal`` of
+    /proc/meminfo, else the physical page count), or its control group's limit when that is lower (a container)."""
+    total = _meminfo_total() or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    limit = _cgroup_limit()
+    return int(min(total, limit or total) * DEFAULT_BUDGET_FRACTION)
+
+
+def _meminfo_total() -> int | None:
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemTotal:"):
-                    return int(int(line.split()[1]) * 1024 * DEFAULT_BUDGET_FRACTION)
-    except OSError:
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
         pass
-    return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * DEFAULT_BUDGET_FRACTION)
+    return None
+
+
+#: where cgroup v2 and v1 keep the memory limit of this process's group ("max", or a huge number, when none)
+_CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+
+
+def _cgroup_limit() -> int | None:
+    for path in _CGROUP_LIMITS:
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        return int(text) if text.isdigit() else None
+    return None
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ import pytest
 from etl.batch import Batch, Column, InlineStrings, Strings
 from etl.errors import ConfigError
 from etl.io.files import is_temporary
-from etl.pipeline.stash import RawRows, Stash, StashClosed, entry_bytes, parse_budget
+from etl.pipeline import stash as stash_module
+from etl.pipeline.stash import DEFAULT_BUDGET_FRACTION, RawRows, Stash, StashClosed, default_budget, entry_bytes, parse_budget
 
 
 def batch(n: int = 5) -> Batch:
@@ -119,3 +120,16 @@ def test_budget_sizes(text: str | int, n: int) -> None:
 def test_bad_budget_sizes_are_config_errors(text: str) -> None:
     with pytest.raises(ConfigError, match="memory-budget"):
         parse_budget(text)
+
+
+@pytest.mark.parametrize(("limit", "expected"), [("1073741824\n", 1 << 28), ("max\n", None), (None, None)])
+def test_the_default_budget_is_a_quarter_of_the_memory_or_of_a_lower_container_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, limit: str | None, expected: int | None
+) -> None:
+    path = tmp_path / "memory.max"
+    if limit is not None:
+        path.write_text(limit)
+    monkeypatch.setattr(stash_module, "_CGROUP_LIMITS", (str(path),))
+    total = stash_module._meminfo_total()
+    assert total is not None and total > 1 << 28
+    assert default_budget() == (expected if expected is not None else int(total * DEFAULT_BUDGET_FRACTION))

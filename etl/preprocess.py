@@ -331,7 +331,7 @@ def preprocess(
 
     In threads, a fit reads each shard once: what the transform needs is stashed while fitting
     (``etl.pipeline.single_pass``), in memory up to ``memory_budget`` bytes (an int, or text such as ``"512M"``,
-    ``"2G"``; default ``etl.pipeline.stash.default_budget()``, a quarter of the machine's memory), beyond it in a
+    ``"2G"``; default ``etl.pipeline.stash.default_budget()``, a quarter of the memory), beyond it in a
     temporary directory inside ``out_dir`` (the system's temporary directory when ``out_dir`` is in object
     storage), removed when the run ends, however it ends. A fit on a Dask cluster reads the shards twice (fit,
     then transform); with artifacts, or a pipeline with nothing to fit, there is one pass anyway.

@@ -503,4 +503,3 @@ def _transform(
         transform_seconds=seconds,
         rows_processed=sum(entries[outputs[i].name].rows_in for i in todo),
     )
-

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from etl.bench import baselines
+from etl.bench import baselines, polars_baselines
 from etl.bench.device import measure_device_stages
 from etl.bench.dlrm import DLRM
 from etl.bench.report import PipelineReport, Report, Stage
@@ -57,10 +57,10 @@ if TYPE_CHECKING:
     from distributed import Client
 
 BASELINES: dict[str, dict[str, Callable[[list[Path], Path], None]]] = {  # the polars ones only where polars is installed
-    "Categorify": {"polars": baselines.polars_categorify, "numpy": baselines.numpy_categorify},
-    "Hash": {"polars": baselines.polars_hash, "numpy": baselines.numpy_hash},
+    "Categorify": {"polars": polars_baselines.polars_categorify, "numpy": baselines.numpy_categorify},
+    "Hash": {"polars": polars_baselines.polars_hash, "numpy": baselines.numpy_hash},
 }
-if not baselines.HAS_POLARS:
+if not polars_baselines.HAS_POLARS:
     BASELINES = {kind: {k: f for k, f in fns.items() if k != "polars"} for kind, fns in BASELINES.items()}
 EXACT = {"Categorify": ("polars", "numpy"), "Hash": ("numpy",)}  # baselines whose output must equal ours
 

@@ -403,7 +403,8 @@ def bench(
         None, help="Also preprocess on Dask, beside the threaded figures: local:N or a scheduler address (default: $DASK_SCHEDULER_ADDRESS)."
     ),
 ) -> None:
-    """Measure read floor, every stage, fit, preprocess, the loader, data wait and baselines in one run."""
+    """Measure read floor, every stage, fit, preprocess (also as a whole process), the loader, data wait and baselines
+    in one run."""
     import torch
 
     from etl.bench.report import plot

@@ -15,14 +15,12 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from typer.core import TyperCommand, TyperGroup
 
 from etl.allocator import tune_allocator
@@ -100,6 +98,8 @@ PARTITIONS = "With --cluster: partitions of each count table (default: one per 2
 
 def _show_version(show: bool) -> None:
     if show:
+        from importlib.metadata import PackageNotFoundError, version
+
         try:
             console.print(f"etl {version('etl')}", highlight=False)
         except PackageNotFoundError:
@@ -147,12 +147,18 @@ def _print_error(message: str) -> None:
 def progress_bars(total: int | None) -> Iterator[PassProgress]:
     """Row progress bars on stderr, one per pass (``etl.progress``); yields ``report(pass_name, rows)``. A pass's
     bar, labelled with its name, appears with its first report (the bar of the pass before goes) and counts up to
-    ``total`` rows (unknown when None)."""
+    ``total`` rows (unknown when None). When stderr is not a terminal, nothing is shown (and rich's progress
+    display is not even loaded)."""
+    if not err.is_terminal:
+        yield lambda name, rows: None
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
     lock = threading.Lock()
     tasks: dict[str, TaskID] = {}
     with Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("rows"),
-        TimeElapsedColumn(), TimeRemainingColumn(), console=err, transient=True, disable=not err.is_terminal,
+        TimeElapsedColumn(), TimeRemainingColumn(), console=err, transient=True,
     ) as p:
 
         def report(name: str, rows: int) -> None:
@@ -410,7 +416,8 @@ def bench(
         None, help="Also preprocess on Dask, beside the threaded figures: local:N or a scheduler address (default: $DASK_SCHEDULER_ADDRESS)."
     ),
 ) -> None:
-    """Measure read floor, every stage, fit, preprocess, the loader, data wait and baselines in one run."""
+    """Measure read floor, every stage, fit, preprocess (also as a whole process), the loader, data wait and baselines
+    in one run."""
     import torch
 
     from etl.bench.report import plot
@@ -460,7 +467,7 @@ def _print_report(report) -> None:
         for name, b in rep.baselines.items():
             eq = {True: "output equal", False: "OUTPUT DIFFERS", None: "other hash, same work"}[b["output_equal"]]
             speedup = b["speedup_of_ours"]
-            console.print(f"baseline {name}: {b['rows_per_second']:,.0f} rows/s; ours (fit + preprocess) is {speedup:.2f}x faster ({eq})")
+            console.print(f"baseline {name}: {b['rows_per_second']:,.0f} rows/s; ours ({b['versus']}) is {speedup:.2f}x faster ({eq})")
     console.print(f"peak memory: {report.peak_rss_mb:,.0f} MB")
 
 

@@ -31,7 +31,8 @@ import numpy as np
 import polars as pl
 
 from etl.allocator import tune_allocator
-from etl.bench.baselines import first_difference, numpy_categorify, numpy_hash, polars_categorify, polars_hash
+from etl.bench.baselines import first_difference, numpy_categorify, numpy_hash
+from etl.bench.polars_baselines import polars_categorify, polars_hash
 from etl.io.parquet import list_shards
 from etl.pipeline import Pipeline
 from etl.preprocess import preprocess

@@ -2,8 +2,9 @@
 
 Each baseline is what a user might write in an afternoon with one library, without ``etl``:
 
-- ``polars_categorify`` / ``polars_hash``: polars expressions (``group_by().len()`` for the vocabularies,
-  ``replace_strict`` for the lookup; polars' own hash for the hash pipeline).
+- ``polars_categorify`` / ``polars_hash`` (in ``etl.bench.polars_baselines``, which also runs them as a process):
+  polars expressions (``group_by().len()`` for the vocabularies, ``replace_strict`` for the lookup; polars' own
+  hash for the hash pipeline).
 - ``numpy_categorify`` / ``numpy_hash``: ``pyarrow.parquet.read_table`` plus numpy (``np.unique`` for the
   vocabularies, ``np.searchsorted`` for the lookup; etl's documented hash in numpy uint64 arithmetic).
 
@@ -36,90 +37,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from etl.backends.hashing import check_buckets, hash64_array
+from etl.bench.polars_baselines import CATS, DENSE, FIRST_VOCAB_ID, LABEL, OOV_ID, PathLike
 from etl.ids import FIRST, MISSING
 from etl.io.files import is_shard_name, shard_name
-
-try:
-    import polars as pl
-except ImportError:  # the polars baselines are then unavailable (HAS_POLARS); the numpy ones still run
-    pl = None  # type: ignore[assignment]
-HAS_POLARS = pl is not None
-
-LABEL = "label"
-DENSE = [f"I{i}" for i in range(1, 14)]
-CATS = [f"C{i}" for i in range(1, 27)]
-OUTPUT_COLUMNS = [LABEL, *DENSE, *CATS]
-OOV_ID = FIRST  # the single out-of-vocabulary bucket (Categorify with oov_buckets=1)
-FIRST_VOCAB_ID = FIRST + 1
-
-PathLike = str | Path
 
 
 def _part(out_dir: Path, i: int) -> Path:
     return out_dir / shard_name(i)
-
-
-# ==================================================================== polars
-
-
-def _polars_dense() -> list[pl.Expr]:
-    return [pl.col(c).fill_null(0).clip(lower_bound=0).cast(pl.Float64).log1p().cast(pl.Float32) for c in DENSE]
-
-
-def polars_categorify(files: Sequence[PathLike], out_dir: PathLike, freq_threshold: int = 3) -> None:
-    """Criteo categorify pipeline in plain polars (fit + transform).
-
-    Fit: per categorical column, a lazy ``group_by().len()`` over all files; keys seen at least ``freq_threshold``
-    times, ordered by count descending then by the key's hexadecimal value ascending, get ids 3, 4, ...
-    Transform: ``replace_strict`` on the raw strings; missing → 1, out of vocabulary → 2.
-
-    Output equals ``pipelines/criteo.yaml`` (Categorify with ``oov_buckets: 1``) value for value, as long as every
-    key is written in one canonical case (as in Criteo's lowercase hex): this baseline matches the raw strings,
-    etl matches the decoded integers."""
-    paths = [Path(f) for f in files]
-    out = Path(out_dir)
-    vocabs: dict[str, tuple[pl.Series, pl.Series]] = {}
-    for c in CATS:
-        vc = (
-            pl.scan_parquet(paths).select(pl.col(c)).drop_nulls().group_by(c).len()
-            .filter(pl.col("len") >= freq_threshold)
-            .with_columns(pl.col(c).str.to_integer(base=16).alias("key"))
-            .sort(["len", "key"], descending=[True, False])
-            .collect()
-        )
-        vocabs[c] = (vc[c], pl.Series(np.arange(FIRST_VOCAB_ID, FIRST_VOCAB_ID + vc.height, dtype=np.int32)))
-    out.mkdir(parents=True, exist_ok=True)
-    for i, f in enumerate(paths):
-        df = pl.read_parquet(f)
-        cats = [
-            pl.when(pl.col(c).is_null()).then(pl.lit(MISSING, pl.Int32)).otherwise(
-                pl.col(c).replace_strict(vocabs[c][0], vocabs[c][1], default=pl.lit(OOV_ID, pl.Int32), return_dtype=pl.Int32)
-            ).alias(c)
-            for c in CATS
-        ]
-        df.select([pl.col(LABEL).cast(pl.Float32), *_polars_dense(), *cats]).write_parquet(_part(out, i))
-
-
-def polars_hash(files: Sequence[PathLike], out_dir: PathLike, num_buckets: int = 40_000_000) -> None:
-    """Criteo hash pipeline in plain polars: parse the hex key (``str.to_integer(base=16)``), hash it with
-    polars' own ``Expr.hash(0)``, reduce modulo ``num_buckets``; id = 2 + bucket, missing → 1.
-
-    The work is that of ``pipelines/criteo_hash.yaml`` (parse hex, hash, reduce, write), but polars' hash is not
-    etl's documented fmix64 hash (nor stable across polars versions), so the ids differ from etl's by
-    construction. Only the layout and ranges match: ids in ``[2, 2 + num_buckets)``, 1 for missing values."""
-    check_buckets(num_buckets)
-    paths = [Path(f) for f in files]
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for i, f in enumerate(paths):
-        df = pl.read_parquet(f)
-        cats = [
-            pl.when(pl.col(c).is_null()).then(pl.lit(MISSING, pl.Int32)).otherwise(
-                (pl.col(c).str.to_integer(base=16).hash(0) % num_buckets + FIRST).cast(pl.Int32)
-            ).alias(c)
-            for c in CATS
-        ]
-        df.select([pl.col(LABEL).cast(pl.Float32), *_polars_dense(), *cats]).write_parquet(_part(out, i))
 
 
 # ==================================================================== pyarrow + numpy

@@ -7,6 +7,11 @@
 - ``fit`` over all shards and ``preprocess`` (offline, all shards → Parquet), each the best of two runs (the first
   also loads compiled kernels and touches fresh memory), and ``loader`` (one shuffled epoch to a
   consumer that does nothing) with ``workers`` threads, in rows/s and input MB/s (Parquet bytes);
+- ``preprocess:process``: ``etl preprocess`` of the raw shards as a user runs it, a process of its own
+  (``python -m etl preprocess``: start-up, fit, transform, write), wall time, best of two; its output must equal
+  the in-process ``preprocess``'s. With the baselines, the naive polars script runs as a process the same way
+  (``python -m etl.bench.polars_baselines``), best of two, its output compared to ours where it computes the same
+  ids: the ``polars:process`` baseline, whose ``speedup_of_ours`` is the ratio of the two processes' times;
 - given a Dask client (``--cluster``), ``preprocess:cluster``: the same preprocess with its shards on the cluster's
   workers, best of two, beside the threaded figure (its note gives the ratio); its output must equal the threaded
   one;
@@ -27,8 +32,11 @@ The results are the dataclasses of ``etl.bench.report``.
 from __future__ import annotations
 
 import functools
+import os
 import resource
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -37,7 +45,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from etl.bench import baselines
+import etl
+from etl.bench import baselines, polars_baselines
 from etl.bench.device import measure_device_stages
 from etl.bench.dlrm import DLRM
 from etl.bench.report import PipelineReport, Report, Stage
@@ -57,10 +66,10 @@ if TYPE_CHECKING:
     from distributed import Client
 
 BASELINES: dict[str, dict[str, Callable[[list[Path], Path], None]]] = {  # the polars ones only where polars is installed
-    "Categorify": {"polars": baselines.polars_categorify, "numpy": baselines.numpy_categorify},
-    "Hash": {"polars": baselines.polars_hash, "numpy": baselines.numpy_hash},
+    "Categorify": {"polars": polars_baselines.polars_categorify, "numpy": baselines.numpy_categorify},
+    "Hash": {"polars": polars_baselines.polars_hash, "numpy": baselines.numpy_hash},
 }
-if not baselines.HAS_POLARS:
+if not polars_baselines.HAS_POLARS:
     BASELINES = {kind: {k: f for k, f in fns.items() if k != "polars"} for kind, fns in BASELINES.items()}
 EXACT = {"Categorify": ("polars", "numpy"), "Hash": ("numpy",)}  # baselines whose output must equal ours
 
@@ -100,6 +109,60 @@ def measure_cluster_preprocess(pipeline: Pipeline, shards: list[Location], work:
             raise RuntimeError(f"preprocess on the cluster wrote other files than the threaded run ({out}, {threaded})")
         shutil.rmtree(out, ignore_errors=True)
     return best
+
+
+def _child_env() -> dict[str, str]:
+    """This process's environment with the directory that holds the ``etl`` package first on PYTHONPATH, so that a
+    child ``python -m etl ...`` runs this same code."""
+    root = str(Path(etl.__file__).resolve().parents[1])
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": root if not path else root + os.pathsep + path}
+
+
+def measure_process(command: list[str], out: Path) -> float:
+    """Wall seconds of ``command``, a whole process that writes into ``out`` (removed before each run, left with
+    the second run's files): the best of two runs. RuntimeError with the end of its stderr when it fails."""
+    best = float("inf")
+    for _ in range(2):
+        shutil.rmtree(out, ignore_errors=True)
+        t0 = time.perf_counter()
+        proc = subprocess.run(command, capture_output=True, text=True, env=_child_env())
+        seconds = time.perf_counter() - t0
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(command)} failed (exit status {proc.returncode}): {proc.stderr[-2000:]}")
+        best = min(best, seconds)
+    return best
+
+
+def preprocess_command(pipeline: Path, input_dir: Location, out: Path, workers: int) -> list[str]:
+    """``etl preprocess`` of the shards of ``input_dir`` into ``out``, fitting first, as a command line."""
+    return [sys.executable, "-m", "etl", "preprocess", "--pipeline", str(pipeline), "--input", str(input_dir), "--out", str(out),
+            "--workers", str(workers)]  # fmt: skip
+
+
+def measure_processes(
+    pipeline: Path, name: str, kind: str, input_dir: Location, local: list[Path] | None, work: Path, workers: int, ours: Path
+) -> tuple[float, float | None, bool | None]:
+    """(seconds of ``etl preprocess`` as a process; seconds of the polars script's process, None when it does not
+    run; whether its output equals ours, None when it computes other ids), as the module docstring says.
+
+    ``kind`` is the pipeline's fitted op (``_fitted_op``), ``local`` the shards for the polars script (None: no
+    polars run), ``ours`` the output of the in-process preprocess. The process's output must equal ``ours``, and
+    so must the polars script's where it computes the same ids: RuntimeError otherwise."""
+    out = work / f"process-{name}"
+    seconds = measure_process(preprocess_command(pipeline, input_dir, out, workers), out)
+    if (out / MANIFEST).read_bytes() != (ours / MANIFEST).read_bytes():
+        raise RuntimeError(f"etl preprocess as a process wrote other files than the in-process run ({out}, {ours})")
+    shutil.rmtree(out, ignore_errors=True)
+    if local is None or "polars" not in BASELINES.get(kind, {}):
+        return seconds, None, None
+    script = work / f"polars-process-{name}"
+    theirs = measure_process([sys.executable, "-m", "etl.bench.polars_baselines", kind.lower(), str(script), *map(str, local)], script)
+    equal = baselines.same_output(script, ours) if "polars" in EXACT[kind] else None
+    if equal is False:
+        raise RuntimeError(f"the polars script's output differs from ours for {pipeline}: {baselines.first_difference(script, ours)}")
+    shutil.rmtree(script, ignore_errors=True)
+    return seconds, theirs, equal
 
 
 def measure_stages(pipeline: Pipeline, tables: list, batch_size: int, device: torch.device) -> list[Stage]:
@@ -278,6 +341,17 @@ def run_bench(
                 secs = measure_cluster_preprocess(p, shards, work, client, work / f"ours-{p.name}")
                 note = f"Dask, {len(client.scheduler_info()['workers'])} worker process(es); best of two; {secs / threaded:.2f}x the threaded time"
                 rep.stages.append(Stage("preprocess:cluster", secs, total, mbytes, note))
+            kind = _fitted_op(p)
+            local = [s for s in shards if isinstance(s, Path)]
+            progress(f"{p.name}: preprocess as a process")
+            with_polars = local if run_baselines and len(local) == len(shards) else None  # the baselines read local files
+            secs, theirs, equal = measure_processes(path, p.name, kind, input_dir, with_polars, work, workers, work / f"ours-{p.name}")
+            note = "etl preprocess, the whole process (start-up, fit, transform, write); best of two"
+            if theirs is not None:
+                note += f"; the polars script's process takes {theirs / secs:.2f}x as long"
+                rep.baselines["polars:process"] = {"seconds": theirs, "rows_per_second": total / theirs, "speedup_of_ours": theirs / secs,
+                                                   "output_equal": equal, "versus": "etl preprocess process"}  # fmt: skip
+            rep.stages.append(Stage("preprocess:process", secs, total, mbytes, note))
             progress(f"{p.name}: loader and stall")
             loader = Loader(input_dir, **loader_args)
             seconds, rep.data_wait_first_epoch, rep.data_wait, rep.wait_timeline = measure_loader(loader, step_factor)
@@ -285,8 +359,6 @@ def run_bench(
             if model:
                 rep.model_data_wait, _ = measure_stall(loader, 0.0, dlrm_step(loader))
             loader.close()
-            kind = _fitted_op(p)
-            local = [s for s in shards if isinstance(s, Path)]
             if run_baselines and kind and len(local) == len(shards):  # the baselines read local files
                 for name, fn in BASELINES[kind].items():
                     progress(f"{p.name}: baseline {name}")
@@ -294,7 +366,8 @@ def run_bench(
                     secs = min(_timed(functools.partial(fn, local, out)) for _ in range(2))  # best of two, as ours
                     equal = baselines.same_output(out, work / f"ours-{p.name}") if name in EXACT[kind] else None
                     ours = sum(s.seconds for s in rep.stages if s.name in ("fit", "preprocess"))
-                    rep.baselines[name] = {"seconds": secs, "rows_per_second": total / secs, "speedup_of_ours": secs / ours, "output_equal": equal}
+                    rep.baselines[name] = {"seconds": secs, "rows_per_second": total / secs, "speedup_of_ours": secs / ours, "output_equal": equal,
+                                           "versus": "fit + preprocess"}  # fmt: skip
                     if equal is False:
                         raise RuntimeError(f"the {name} baseline's output differs from ours for {path}")
         report.peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

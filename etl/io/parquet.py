@@ -209,7 +209,7 @@ def column_from_arrow(arr: pa.Array | pa.ChunkedArray, spec: ColumnSpec) -> Colu
         values, valid = _values(arr, spec.dtype, numbers=spec.role in ("label", "dense"))
         return Column(values, valid)
     if arr.null_count:
-        arr = arr.fill_null(pa.scalar([], arr.type))
+        arr = arr.fill_null(_empty_list(arr.type))
     if len(arr) == 0:
         values, valid = _values(arr.values.slice(0, 0), spec.dtype, numbers=False)
         return Column(values, valid, np.zeros(1, np.int64))
@@ -218,6 +218,12 @@ def column_from_arrow(arr: pa.Array | pa.ChunkedArray, spec: ColumnSpec) -> Colu
     child = arr.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
     values, valid = _values(child, spec.dtype, numbers=False)
     return Column(values, valid, offsets - offsets[0])
+
+
+def _empty_list(t: pa.DataType) -> pa.Scalar:
+    """The empty list of list type ``t`` (built from buffers: ``pyarrow.scalar`` would import pandas)."""
+    offsets = np.zeros(2, np.int64 if pa.types.is_large_list(t) else np.int32)
+    return pa.Array.from_buffers(t, 1, [None, pa.py_buffer(offsets)], children=[pa.nulls(0, t.value_type)])[0]
 
 
 def batch_from_arrow(

@@ -21,6 +21,7 @@ from etl.backends import Array, Backend, LookupTablesProtocol
 from etl.backends.hashing import check_buckets, check_seed
 from etl.batch import Batch, Column, Strings
 from etl.ids import RESERVED, id_dtype
+from etl.io.arrow import from_numpy, strings, to_numpy
 from etl.ops.base import InvalidRows, InvalidState, Op, Stats, rows_with_bad_elements
 from etl.ops.counts import KeyCounts, merge_counts
 from etl.schema import ColumnSpec
@@ -86,7 +87,7 @@ def render_keys(keys: np.ndarray, spec: ColumnSpec, xp: Backend) -> pa.Array:
         offsets, data = xp.encode_hex(keys, None, spec.width or 16)
         return pa.Array.from_buffers(pa.string(), len(keys), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
     if spec.encoding == "int":
-        return pa.array(keys.view(np.int64)).cast(pa.string())
+        return from_numpy(keys.view(np.int64)).cast(pa.string())
     raise ValueError(f"column '{spec.name}': string keys are not invertible")
 
 
@@ -218,7 +219,7 @@ class Categorify(Op):
     def _counts(self, s: dict[str, Any], c: str, threshold: int) -> KeyCounts:
         """The count table of column ``c``'s accumulator ``s``, keys counted fewer than ``threshold`` times left out."""
         keys, counts = s["counter"].at_least(threshold)
-        texts = pa.array([s["raw"][k] for k in keys.tolist()], pa.string()) if self.specs[c].encoding == "string" else None
+        texts = strings([s["raw"][k] for k in keys.tolist()]) if self.specs[c].encoding == "string" else None
         return KeyCounts.of(keys, counts, s["nulls"], texts)
 
     def finalize(self, stats: Stats, xp: Backend) -> None:
@@ -247,9 +248,7 @@ class Categorify(Op):
         else:
             raw = render_keys(keys, self.specs[column], xp)
         ids = np.arange(len(keys), dtype=np.int64) + RESERVED + self.oov_buckets
-        table = pa.table(
-            {"key": pa.array(keys, pa.uint64()), "raw": raw, "count": pa.array(counts, pa.int64()), "id": pa.array(ids, pa.int64())}
-        )
+        table = pa.Table.from_arrays([from_numpy(keys, pa.uint64()), raw, from_numpy(counts, pa.int64()), from_numpy(ids)], schema=VOCABULARY_SCHEMA)
         self.vocab[column] = table.replace_schema_metadata({"nulls": str(ranked.nulls)})
         self._tables = {}
 
@@ -259,7 +258,7 @@ class Categorify(Op):
         t = self._tables.get(xp.__name__)
         if t is None:
             vocabs = [self.vocab[c] for c in self.columns]
-            t = self._tables[xp.__name__] = xp.LookupTables([(v.column("key").to_numpy(), v.column("id").to_numpy()) for v in vocabs])
+            t = self._tables[xp.__name__] = xp.LookupTables([(to_numpy(v.column("key")), to_numpy(v.column("id"))) for v in vocabs])
         return t
 
     def transform(self, batch: Batch, xp: Backend) -> dict[str, Column]:
@@ -299,7 +298,7 @@ class Categorify(Op):
             raise bad(f"columns {found}, expected {expected}")
         if any(t.column(name).null_count for name in ("key", "count", "id")):
             raise bad("missing values in key, count or id")
-        keys, counts, ids = (t.column(name).to_numpy() for name in ("key", "count", "id"))
+        keys, counts, ids = (to_numpy(t.column(name)) for name in ("key", "count", "id"))
         if len(keys) and counts.min() < self.freq_threshold:
             raise bad(f"a count below freq_threshold {self.freq_threshold}")
         if len(keys) != len(np.unique(keys)):

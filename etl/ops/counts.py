@@ -27,6 +27,7 @@ import numpy as np
 import pyarrow as pa
 
 from etl.backends.hashing import check_buckets, hash64_array
+from etl.io.arrow import from_numpy, strings
 
 #: The seed of the partition hash.
 PARTITION_SEED = 0
@@ -52,11 +53,11 @@ class KeyCounts:
         if bool(np.all(keys[1:] > keys[:-1])):
             return cls(keys, counts, nulls, texts)
         order = np.argsort(keys, kind="stable")
-        return cls(keys[order], counts[order], nulls, None if texts is None else texts.take(pa.array(order)))
+        return cls(keys[order], counts[order], nulls, None if texts is None else texts.take(from_numpy(order)))
 
     def take(self, idx: np.ndarray) -> KeyCounts:
         """The entries at positions ``idx`` (same ``nulls``)."""
-        return KeyCounts(self.keys[idx], self.counts[idx], self.nulls, None if self.texts is None else self.texts.take(pa.array(idx)))
+        return KeyCounts(self.keys[idx], self.counts[idx], self.nulls, None if self.texts is None else self.texts.take(from_numpy(idx)))
 
     def slice(self, start: int, stop: int) -> KeyCounts:
         """Entries ``[start, stop)``, without copying (same ``nulls``)."""
@@ -87,13 +88,13 @@ def merge_counts(parts: Iterable[KeyCounts]) -> KeyCounts:
     counts = np.add.reduceat(np.concatenate([p.counts for p in parts])[order], starts)
     texts = None
     if parts[0].texts is not None:
-        texts = _first_texts(pa.concat_arrays([p.texts for p in parts]).take(pa.array(order)), starts)
+        texts = _first_texts(pa.concat_arrays([p.texts for p in parts]).take(from_numpy(order)), starts)
     return KeyCounts(keys[starts], counts, nulls, texts)
 
 
 def _first_texts(texts: pa.Array, starts: np.ndarray) -> pa.Array:
     """The text of each run of equal keys (runs begin at ``starts``): the smallest when a run holds different texts."""
-    firsts = texts.take(pa.array(starts))
+    firsts = texts.take(from_numpy(starts))
     ends = np.r_[starts[1:], len(texts)]
     runs = np.flatnonzero(ends - starts > 1)
     if not len(runs):
@@ -102,7 +103,7 @@ def _first_texts(texts: pa.Array, starts: np.ndarray) -> pa.Array:
     out = firsts.to_pylist()
     for r in runs:
         out[r] = min(values[starts[r] : ends[r]])
-    return pa.array(out, pa.string())
+    return strings(out)
 
 
 def merge_ranked(tables: list[Iterator[KeyCounts]], limit: int | None = None, with_texts: bool = False) -> KeyCounts:
@@ -137,7 +138,7 @@ def merge_ranked(tables: list[Iterator[KeyCounts]], limit: int | None = None, wi
         done += len(step)
         heads = rest
     if not out:
-        return KeyCounts(np.zeros(0, np.uint64), np.zeros(0, np.int64), 0, pa.array([], pa.string()) if with_texts else None)
+        return KeyCounts(np.zeros(0, np.uint64), np.zeros(0, np.int64), 0, strings([]) if with_texts else None)
     return _concat(out)
 
 

@@ -41,12 +41,12 @@ from typing import TYPE_CHECKING, Any, Literal, TypeAlias, get_args
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from etl.backends import cpu
 from etl.batch import Batch, Column, Strings
 from etl.errors import ArtifactError, InputError, RowError, SpecError
 from etl.ids import id_dtype
+from etl.io.arrow import from_numpy, validity
 from etl.io.fs import Location
 from etl.io.memory import SOURCE, arrow_table
 from etl.io.parquet import batch_from_arrow
@@ -415,27 +415,24 @@ class Pipeline:
         arrays = []
         for f in schema:
             col = batch[f.name]
-            mask = None if col.valid is None else ~col.valid
             if f.name in self.passthrough:
                 arrays.append(_raw_array(col, f.type))
             elif col.is_list:
-                values = pa.array(col.array.astype(f.type.value_type.to_pandas_dtype(), copy=False), mask=mask)
-                arrays.append(pa.ListArray.from_arrays(pa.array(col.list_offsets.astype(np.int32)), values, type=f.type))
+                values = from_numpy(col.array, f.type.value_type, col.valid)
+                arrays.append(pa.ListArray.from_arrays(from_numpy(col.list_offsets, pa.int32()), values, type=f.type))
             else:
-                arrays.append(pa.array(col.array.astype(f.type.to_pandas_dtype(), copy=False), mask=mask))
+                arrays.append(from_numpy(col.array, f.type, col.valid))
         return pa.Table.from_arrays(arrays, schema=schema)
 
 
 def _raw_array(col: Column, t: pa.DataType) -> pa.Array:
     """A column as read from the raw layout (numbers, or text) → an Arrow array of its raw type ``t``."""
     if not isinstance(col.values, Strings):
-        return pa.array(col.array, t, mask=None if col.valid is None else ~col.valid)
+        return from_numpy(col.array, valid=col.valid).cast(t)
     text = col.values.take(np.arange(len(col.values)))  # contiguous: string i ends where string i + 1 starts
     offsets = np.append(text.starts, text.ends[-1:]).astype(np.int64) if len(text) else np.zeros(1, np.int64)
-    arr = pa.Array.from_buffers(pa.large_string(), len(text), [None, pa.py_buffer(offsets), pa.py_buffer(np.ascontiguousarray(text.data))])
-    if col.valid is not None:
-        arr = pc.if_else(pa.array(col.valid), arr, pa.scalar(None, arr.type))
-    return arr.cast(t)
+    buffers = [validity(col.valid), pa.py_buffer(offsets), pa.py_buffer(np.ascontiguousarray(text.data))]
+    return pa.Array.from_buffers(pa.large_string(), len(text), buffers).cast(t)
 
 
 def _schema_kinds(schema: Schema) -> dict[str, str]:

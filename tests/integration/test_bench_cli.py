@@ -8,7 +8,7 @@ from pathlib import Path
 from tests.conftest import REPO, run_etl
 
 STAGES_CATEGORIFY = ["floor", "fit", "columns", "0:FillMissing", "1:Clamp", "2:Log1p", "3:Decode", "4:Categorify"]
-STAGES_CATEGORIFY += ["output", "batch", "ring", "preprocess", "loader"]
+STAGES_CATEGORIFY += ["output", "batch", "ring", "preprocess", "preprocess:process", "loader"]
 
 
 def test_bench_small_run_writes_json_and_plot(tmp_path: Path) -> None:
@@ -26,6 +26,12 @@ def test_bench_small_run_writes_json_and_plot(tmp_path: Path) -> None:
         assert len(rep["wait_timeline"]) == 8  # ceil(30,000 / 4,096) batches
     assert cat["baselines"]["polars"]["output_equal"] is True and cat["baselines"]["numpy"]["output_equal"] is True
     assert hashed["baselines"]["numpy"]["output_equal"] is True and hashed["baselines"]["polars"]["output_equal"] is None
+    assert cat["baselines"]["polars:process"]["output_equal"] is True and hashed["baselines"]["polars:process"]["output_equal"] is None
+    for rep in (cat, hashed):
+        process = rep["baselines"]["polars:process"]
+        ours = next(s for s in rep["stages"] if s["name"] == "preprocess:process")
+        assert process["speedup_of_ours"] == process["seconds"] / ours["seconds"] and process["versus"] == "etl preprocess process"
+    assert "baseline polars:process:" in proc.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -36,3 +42,4 @@ def test_bench_on_given_input_without_baselines(tmp_path: Path) -> None:
     run_etl("bench", "--input", raw, "--no-baselines", "--batch-size", 2048, "--device", "cpu", "--json", js)
     doc = json.loads(js.read_text())
     assert doc["rows"] == 10_000 and all(rep["baselines"] == {} for rep in doc["pipelines"])
+    assert all("preprocess:process" in [s["name"] for s in rep["stages"]] for rep in doc["pipelines"])

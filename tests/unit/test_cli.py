@@ -35,3 +35,11 @@ def test_progress_bars_show_one_bar_per_pass(monkeypatch) -> None:
         report("transform", 10)
     text = out.getvalue()
     assert "fit" in text and "10/10" in text and "transform" in text
+
+
+def test_progress_bars_off_a_terminal_show_nothing(monkeypatch) -> None:
+    out = io.StringIO()
+    monkeypatch.setattr(cli, "err", Console(file=out, force_terminal=False, width=100))
+    with cli.progress_bars(10) as report:
+        report("fit", 10)
+    assert out.getvalue() == ""

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from etl.backends import hashing
-from etl.bench import baselines
+from etl.bench import baselines, polars_baselines
 from etl.io.parquet import list_shards
 from etl.pipeline import Pipeline
 from etl.preprocess import preprocess
@@ -38,7 +38,7 @@ def files_of(work: Path) -> list[Path]:
 
 
 def test_polars_categorify_equals_ours(work: Path) -> None:
-    baselines.polars_categorify(files_of(work), work / "polars_cat", freq_threshold=3)
+    polars_baselines.polars_categorify(files_of(work), work / "polars_cat", freq_threshold=3)
     assert baselines.first_difference(work / "ours_cat", work / "polars_cat") is None
 
 
@@ -61,16 +61,16 @@ def test_output_layout(work: Path) -> None:
     names = sorted(p.name for p in (work / "layout").glob("*.parquet"))
     assert names == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
     schema = pq.read_schema(work / "layout" / names[0])
-    assert schema.names == baselines.OUTPUT_COLUMNS
+    assert schema.names == polars_baselines.OUTPUT_COLUMNS
     assert [f.type for f in schema] == [pa.float32()] * 14 + [pa.int32()] * 26
 
 
 def test_polars_hash_schema_and_ranges(work: Path) -> None:
     n = 1000
-    baselines.polars_hash(files_of(work), work / "polars_hash", num_buckets=n)
+    polars_baselines.polars_hash(files_of(work), work / "polars_hash", num_buckets=n)
     raw = pq.read_table(work / "raw" / "part-00001.parquet")
     out = pq.read_table(work / "polars_hash" / "part-00001.parquet")
-    assert out.schema.names == baselines.OUTPUT_COLUMNS
+    assert out.schema.names == polars_baselines.OUTPUT_COLUMNS
     assert [f.type for f in out.schema] == [pa.float32()] * 14 + [pa.int32()] * 26
     assert out.num_rows == raw.num_rows
     ours = pq.read_table(work / "ours_hash" / "part-00001.parquet")

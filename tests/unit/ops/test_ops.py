@@ -516,6 +516,22 @@ def test_categorify_ties_by_key_ascending():
     assert op.vocab["c"].column("raw").to_pylist() == [f"{k:016x}" for k in (3, 7, 9, 1, 2**63, 2**64 - 1)]
 
 
+def test_categorify_vocabulary_table_is_exactly_the_documented_table():
+    # counts 2, 2, 2, 1, 1 (ties broken by key ascending) and one missing value
+    keys = np.array([9, 3, 7, 3, 9, 7, 2**64 - 1, 0, 5], np.uint64)
+    op = fit(bound(Categorify(["c"]), spec("c", width=None)), [batch_of(c=Column(keys, np.arange(9) != 8))])
+    expected = pa.table(
+        {
+            "key": pa.array([3, 7, 9, 0, 2**64 - 1], pa.uint64()),
+            "raw": pa.array([f"{k:016x}" for k in (3, 7, 9, 0, 2**64 - 1)], pa.string()),
+            "count": pa.array([2, 2, 2, 1, 1], pa.int64()),
+            "id": pa.array([3, 4, 5, 6, 7], pa.int64()),
+        }
+    ).replace_schema_metadata({"nulls": "1"})
+    assert op.vocab["c"].equals(expected, check_metadata=True)
+    assert [c.num_chunks for c in op.vocab["c"].columns] == [1, 1, 1, 1]
+
+
 def test_categorify_fit_is_order_invariant():
     batches, s, _, _ = _cat_batches(seed=5, n_batches=8)
     mk = lambda: bound(Categorify(["c"], freq_threshold=2, oov_buckets=2), s)  # noqa: E731

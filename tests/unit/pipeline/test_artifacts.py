@@ -43,6 +43,8 @@ def test_artifact_files(fitted, criteo):
         assert v.column("id").to_pylist() == list(range(3, 3 + v.num_rows))
         counts = v.column("count").to_pylist()
         assert counts == sorted(counts, reverse=True) and min(counts) >= 3
+        chunks = pq.ParquetFile(art / "04-Categorify" / f"{c}.parquet").metadata.row_group(0)
+        assert not any("DICTIONARY" in e for i in range(chunks.num_columns) for e in chunks.column(i).encodings)
     manifest = json.loads((art / "pipeline.json").read_text())
     assert manifest["format"] == "etl-artifacts" and manifest["version"] == 1
     assert manifest["output_columns"] == pipe.output_columns

@@ -1,0 +1,52 @@
+"""Start-up of the command line: what a command imports. ``etl preprocess`` on local files, and the command line's
+help, never load the heavy optional libraries (torch, Dask, pandas, fsspec), whose import alone costs a short run
+a large share of its time; each test runs the command in a process of its own, as a user would."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, run_etl
+
+#: libraries a local ``etl preprocess`` has no use for
+HEAVY = ("torch", "dask", "distributed", "pandas", "fsspec", "s3fs")
+
+# Runs ``etl ARGS...`` like ``python -m etl``, then prints which of HEAVY the process had imported.
+PROBE = f"""
+import atexit, json, runpy, sys
+atexit.register(lambda: print("loaded:", json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules))))
+sys.argv = ["etl", *sys.argv[1:]]
+runpy.run_module("etl", run_name="__main__", alter_sys=True)
+"""
+
+
+def loaded_by(*args: str | Path) -> list[str]:
+    proc = subprocess.run([sys.executable, "-c", PROBE, *map(str, args)], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("loaded: "), proc.stdout
+    return json.loads(last.removeprefix("loaded: "))
+
+
+def test_probe_sees_a_loaded_library() -> None:
+    # the probe itself works: a command that needs pandas (to read a pandas DataFrame) shows it
+    code = PROBE.replace("runpy.run_module", "import pandas; runpy.run_module")
+    proc = subprocess.run([sys.executable, "-c", code, "--help"], cwd=REPO, capture_output=True, text=True, check=True)
+    assert proc.stdout.strip().splitlines()[-1] == 'loaded: ["pandas"]'
+
+
+def test_help_imports_no_heavy_library() -> None:
+    assert loaded_by("preprocess", "--help") == []
+
+
+@pytest.mark.parametrize(("schema", "pipeline"), [("criteo", "criteo"), ("movielens", "movielens")])
+def test_local_preprocess_imports_no_heavy_library(tmp_path: Path, schema: str, pipeline: str) -> None:
+    run_etl("generate", "--schema", REPO / f"schemas/{schema}.yaml", "--rows", 500, "--out", tmp_path / "raw")
+    out = tmp_path / "out"
+    assert loaded_by("preprocess", "--pipeline", REPO / f"pipelines/{pipeline}.yaml", "--input", tmp_path / "raw", "--out", out) == []
+    assert (out / "manifest.json").is_file()

@@ -73,7 +73,7 @@ def fit_shards(
             from etl.pipeline.distributed import fit_stage_on_cluster
 
             work = Path(tempfile.gettempdir() if workdir is None else workdir)
-            fit_stage_on_cluster(pipeline, stage, shards, client, on_error, report, partitions, work)
+            fit_stage_on_cluster(pipeline, stage, shards, client, on_error, progress, name, partitions, work)
 
 
 def _fit_stage(

@@ -14,8 +14,8 @@ let the driver commit). Each task gets:
 
 The first error of a task (an ``EtlError`` such as ``RowError`` travels with its message and fields) is raised in
 the driver after the other tasks were told to stop and have ended, or ``STOP_GRACE`` seconds have passed. So is a
-``ClusterError`` naming the item when the worker processes running its task died more often than Dask allows
-(its ``distributed.scheduler.allowed-failures`` setting: killed, out of memory).
+``ClusterError`` naming the item when the worker processes holding its task (running it, or with it queued)
+died more often than Dask allows (its ``distributed.scheduler.allowed-failures`` setting: killed, out of memory).
 """
 
 from __future__ import annotations
@@ -93,8 +93,8 @@ def run_tasks(
             client.unsubscribe_topic(topic)
 
 
-_DIED = ("every Dask worker process that ran this task died (killed, or out of memory?); "
-         "Dask gives up on a task after distributed.scheduler.allowed-failures deaths")
+_DIED = ("stopped: the Dask worker processes holding this task died more often than distributed.scheduler.allowed-failures "
+         "allows (killed, or out of memory?)")
 
 
 class _RowCounter:

@@ -90,5 +90,5 @@ class OutputError(EtlError):
 
 
 class ClusterError(EtlError):
-    """Work on a Dask cluster cannot complete: the worker processes that ran one of its tasks died (killed, out of
+    """Work on a Dask cluster cannot complete: the worker processes holding one of its tasks died (killed, out of
     memory) more often than the cluster allows. The message names the task's item (a shard, a piece of one)."""

@@ -383,7 +383,8 @@ def _preprocess(
 
         task = functools.partial(shard_task, out_dir / ARTIFACTS, artifacts_sha, uuid.uuid4().hex, on_error, compression)
         try:
-            run_tasks(client, task, [(shards[i], outputs[i]) for i in todo], lambda k, w: record(todo[k], w), transformed)
+            run_tasks(client, task, [(shards[i], outputs[i]) for i in todo], lambda k, w: record(todo[k], w), transformed,
+                      describe=lambda shard: str(shard[0]))  # fmt: skip
         finally:  # what the attempts of tasks whose worker died, or that were stopped, left behind
             remove_temporaries(out_dir)
             remove_temporaries(out_dir / QUARANTINE)

@@ -8,9 +8,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from etl.errors import InputError, OutputError
+from etl.errors import ConfigError, InputError, OutputError
 from etl.io.files import atomic_write_bytes, atomic_write_parquet, remove_temporaries, sha256_file, temporary_path
-from etl.io.fs import Url, fingerprint, is_within, location, replace
+from etl.io.fs import Url, accessing, fingerprint, is_within, location, replace
 from etl.io.parquet import footer_sha256, list_shards, open_shard, read_footer
 from etl.io.paths import expand_globs
 from etl.io.text import ShardSetWriter, raw_arrow_schema
@@ -115,3 +115,18 @@ def test_storage_options_reach_the_filesystem(s3: str, s3_server: str, monkeypat
     assert [str(p) for p in shards] == [f"{s3}/opts/part-00000.parquet"]
     assert isinstance(shards[0], Url) and shards[0].storage_options == options
     assert read_footer(shards[0]).num_rows == 2
+
+
+def test_storage_refusing_or_unreachable_is_a_config_error_naming_the_url() -> None:
+    botocore = pytest.importorskip("botocore.exceptions")
+    url = Url("s3://bucket/raw")
+    for error, shown in [
+        (PermissionError("The AWS Access Key Id you provided does not exist in our records."), "access denied: The AWS Access Key Id"),
+        (botocore.NoCredentialsError(), "cannot access object storage: Unable to locate credentials"),
+        (botocore.EndpointConnectionError(endpoint_url="http://127.0.0.1:1"), "cannot access object storage: Could not connect"),
+    ]:
+        with pytest.raises(ConfigError) as info, accessing(url):
+            raise error
+        assert str(info.value).startswith(f"s3://bucket/raw: {shown}") and "AWS_ENDPOINT_URL" in str(info.value)
+    with pytest.raises(FileNotFoundError), accessing(url):  # a missing object is the caller's to report
+        raise FileNotFoundError("s3://bucket/raw")

@@ -330,7 +330,7 @@ def _preprocess(
         pipeline = fitted
     elif not pipeline.is_fitted:
         t0 = time.perf_counter()
-        workdir = out_dir if client is not None and isinstance(out_dir, Path) else None  # the fit's spill files
+        workdir = out_dir if client is not None else None  # the fit's spill files
         pipeline.fit(shards, workers=workers, on_error=on_error, progress=progress, client=client, partitions=partitions, workdir=workdir)
         fit_seconds = time.perf_counter() - t0
     _remove_artifact_temporaries(out_dir / ARTIFACTS)

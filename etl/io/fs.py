@@ -35,6 +35,7 @@ import functools
 import importlib
 import os
 import re
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -328,6 +329,20 @@ def replace(src: Location, dst: Location) -> None:
         raise ValueError(f"cannot move {src} onto {dst}: not the same kind of location")
     else:
         os.replace(src, dst)
+
+
+def remove_tree(path: Location) -> None:
+    """Remove ``path`` and everything under it, if anything is there: ``shutil.rmtree`` for a local directory (not
+    through a symlink: a link itself is unlinked), ``os.unlink`` for any other local entry, a recursive removal of
+    the object and every key under its prefix for a URL."""
+    if isinstance(path, Url):
+        with writing(path), contextlib.suppress(FileNotFoundError):
+            path.fs.rm(path.key, recursive=True)
+        path.fs.invalidate_cache(path.key)
+    elif path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def open_file(path: str | Location, mode: str = "rb") -> IO[Any]:

@@ -27,9 +27,11 @@ partition.
 Why spilled Parquet rather than Dask's shuffle: a count table is written once and read once per partition from
 storage every worker sees anyway (the shards are there), the partition count is chosen after counting (from the
 measured distinct keys) without rewriting anything, and nothing is kept in worker memory between the two steps.
-A rerun task (a lost worker) rewrites its file whole (atomic rename), so results do not change. The work
-directory is a temporary directory (``temporary_path`` naming) inside ``workdir``, which must be on storage
-shared by the client and every worker; it is removed when the stage ends, by success or by error.
+A rerun task (a lost worker) rewrites its file whole (atomic rename; in object storage, one upload), so results do
+not change. The work directory is a temporary directory (``temporary_path`` naming) inside ``workdir``, which must be
+on storage shared by the client and every worker: a shared file system, or an object-storage prefix (an
+``etl.io.fs.Url``: what the tasks spill travels through the store); it is removed when the stage ends, by success or
+by error.
 
 The result is the same state, to the byte, as the threaded fit's: merging is exact (integer counts, the
 order-independent Normalize sums), and the merged ranking is the ranking of the merged counts.
@@ -39,18 +41,16 @@ from __future__ import annotations
 
 import contextlib
 import math
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from functools import partial, reduce
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from etl.cluster_tasks import Stop, run_tasks
 from etl.errors import ConfigError
 from etl.io.files import temporary_path
-from etl.io.fs import Location
+from etl.io.fs import Location, remove_tree
 from etl.io.parquet import open_shard
 from etl.ops import Op
 from etl.ops.counts import KeyCounts, merge_counts, merge_ranked
@@ -136,7 +136,7 @@ def fit_stage_on_cluster(
     progress: Progress | None,
     name: str,
     partitions: int | None,
-    workdir: Path,
+    workdir: Location,
 ) -> None:
     """Fit the ops of ``stage`` over ``shards`` with the workers of ``client`` (see the module docstring).
     ``progress`` hears of two passes: ``name`` (the rows of each row group counted) and ``name + " merge"`` (the
@@ -178,11 +178,17 @@ def _pass(progress: Progress | None, name: str) -> Callable[[int], None] | None:
 
 
 def _count(
-    client: Client, shipped: Future, positions: list[int], pieces: list[Piece], on_error: OnError, work: Path, progress: Callable[[int], None] | None
+    client: Client,
+    shipped: Future,
+    positions: list[int],
+    pieces: list[Piece],
+    on_error: OnError,
+    work: Location,
+    progress: Callable[[int], None] | None,
 ) -> list[Counted]:
     """Run the counting tasks of ``pieces``; their results in piece order."""
     results: list[Counted | None] = [None] * len(pieces)
-    task = partial(_count_piece, positions, on_error, str(work))
+    task = partial(_count_piece, positions, on_error, work)
     run_tasks(client, task, list(enumerate(pieces)), results.__setitem__, progress, shared=(shipped,), describe=_describe_piece)
     return cast("list[Counted]", results)
 
@@ -196,7 +202,7 @@ def _merge(
     nulls: list[int],
     pieces: int,
     rows: int,
-    work: Path,
+    work: Location,
     progress: Callable[[int], None] | None,
 ) -> None:
     """Merge every partition of every count table of ``tables`` (column ``c`` of the op at position ``i``, cut into
@@ -217,7 +223,7 @@ def _merge(
             _assign_ids(pipeline, i, c, work, partitions[assigned], nulls[assigned])
             assigned += 1
 
-    run_tasks(client, partial(_merge_partition, pieces, str(work)), items, merged, progress, shared=(shipped,))
+    run_tasks(client, partial(_merge_partition, pieces, work), items, merged, progress, shared=(shipped,))
 
 
 def _shares(total: int, n: int) -> list[int]:
@@ -225,7 +231,7 @@ def _shares(total: int, n: int) -> list[int]:
     return [total * (k + 1) // n - total * k // n for k in range(n)]
 
 
-def _assign_ids(pipeline: Pipeline, i: int, c: str, work: Path, partitions: int, nulls: int) -> None:
+def _assign_ids(pipeline: Pipeline, i: int, c: str, work: Location, partitions: int, nulls: int) -> None:
     """Finalize column ``c`` of the op at position ``i`` from the k-way merge of its ranked partitions."""
     op, where = pipeline.ops[i], _column_dir(work / "ranked", pipeline.ops[i], i, c)
     with_texts = _with_texts(op, c)
@@ -235,9 +241,9 @@ def _assign_ids(pipeline: Pipeline, i: int, c: str, work: Path, partitions: int,
 
 
 @contextlib.contextmanager
-def _work_directory(workdir: Path) -> Iterator[Path]:
+def _work_directory(workdir: Location) -> Iterator[Location]:
     """A fresh temporary directory inside ``workdir``, removed on exit (whatever ends the block)."""
-    work = temporary_path(Path(workdir) / "fit")
+    work = temporary_path(workdir / "fit")
     try:
         work.mkdir(parents=True)
     except OSError as e:
@@ -248,18 +254,20 @@ def _work_directory(workdir: Path) -> Iterator[Path]:
         _remove(work)
 
 
-def _remove(work: Path, attempts: int = 100) -> None:
+def _remove(work: Location, attempts: int = 100) -> None:
     """Remove the work directory. A task cancelled by an error may still be writing in it (Dask cannot stop a
     running task); once the directory is gone, such a task finds nowhere to write (tasks never create parent
-    directories), so removal is retried until it succeeds (up to ``attempts`` tenths of a second)."""
+    directories), so removal is retried until it succeeds (up to ``attempts`` tenths of a second). In object
+    storage, where a key needs no directory, such a task's file may appear after the removal, under the work
+    directory's temporary name: the next fit into the same place removes it (``etl.io.files.remove_temporaries``)."""
     for _ in range(attempts):
-        shutil.rmtree(work, ignore_errors=True)
+        remove_tree(work)
         if not work.exists():
             return
         time.sleep(0.1)
 
 
-def _column_dir(root: Path, op: Op, i: int, c: str) -> Path:
+def _column_dir(root: Location, op: Op, i: int, c: str) -> Location:
     """The directory under ``root`` of column ``c`` of the op at position ``i`` (column names need not be file
     names)."""
     return root / f"{i:02d}-{op.columns.index(c)}"
@@ -278,7 +286,7 @@ def _with_texts(op: Op, c: str) -> bool:
 
 
 def _count_piece(
-    positions: list[int], on_error: OnError, work: str, pipeline: Pipeline, item: tuple[int, Piece], stop: Stop, progress: Callable[[int], None]
+    positions: list[int], on_error: OnError, work: Location, pipeline: Pipeline, item: tuple[int, Piece], stop: Stop, progress: Callable[[int], None]
 ) -> Counted | None:
     """Count the rows of piece ``j`` (``item`` = (j, piece)) for the ops at ``positions``, reporting the rows of
     each row group to ``progress``; spill count tables as piece ``j``. None, and nothing spilled, when ``stop`` is
@@ -302,7 +310,7 @@ def _count_piece(
     for i, op, st in zip(positions, stage, stats):
         for c, part in op.partials(st, xp).items():
             if isinstance(part, KeyCounts):
-                where = _column_dir(Path(work) / "counts", op, i, c)
+                where = _column_dir(work / "counts", op, i, c)
                 where.mkdir(exist_ok=True)  # not its parents: a task outliving its fit finds no directory to write in
                 write_partial(where / _file(j), part)
                 out.spilled[(i, c)] = (len(part), part.nulls)
@@ -311,13 +319,13 @@ def _count_piece(
     return out
 
 
-def _merge_partition(pieces: int, work: str, pipeline: Pipeline, part: _Partition, stop: Stop, progress: Callable[[int], None]) -> int:
+def _merge_partition(pieces: int, work: Location, pipeline: Pipeline, part: _Partition, stop: Stop, progress: Callable[[int], None]) -> int:
     """Merge ``part`` over the spilled partials of every piece, rank it and write it; returns its number of entries.
     ``progress`` hears of ``part.rows`` in equal shares, one as the counts of each piece are read. A merging task
     is short (one partition's run of each spilled file) and does not check ``stop``."""
     op = pipeline.ops[part.position]
     with_texts = _with_texts(op, part.column)
-    spilled = _column_dir(Path(work) / "counts", op, part.position, part.column)
+    spilled = _column_dir(work / "counts", op, part.position, part.column)
     shares = _shares(part.rows, pieces)
 
     def read(j: int) -> KeyCounts:
@@ -327,5 +335,5 @@ def _merge_partition(pieces: int, work: str, pipeline: Pipeline, part: _Partitio
         return counts
 
     ranked = op.rank(merge_counts(read(j) for j in range(pieces)))
-    write_ranked(_column_dir(Path(work) / "ranked", op, part.position, part.column) / _file(part.index), ranked)
+    write_ranked(_column_dir(work / "ranked", op, part.position, part.column) / _file(part.index), ranked)
     return len(ranked)

@@ -10,7 +10,7 @@ import pytest
 
 from etl.errors import ConfigError, InputError, OutputError
 from etl.io.files import atomic_write_bytes, atomic_write_parquet, remove_temporaries, sha256_file, temporary_path
-from etl.io.fs import Url, accessing, fingerprint, is_within, location, replace
+from etl.io.fs import Url, accessing, fingerprint, is_within, location, remove_tree, replace
 from etl.io.parquet import footer_sha256, list_shards, open_shard, read_footer
 from etl.io.paths import expand_globs
 from etl.io.text import ShardSetWriter, raw_arrow_schema
@@ -52,8 +52,13 @@ def test_writes_reads_and_moves_objects(s3: str) -> None:
     assert [p.name for p in d.iterdir()] == ["b.bin"]
     tmp = temporary_path(d / "c.bin")
     atomic_write_bytes(tmp, b"partial")
+    work = temporary_path(d / "fit")  # the work directory of an interrupted fit: a prefix of objects
+    atomic_write_bytes(work / "counts" / "00-0" / "000000.parquet", b"spilled")
     remove_temporaries(d)
     assert [p.name for p in d.iterdir()] == ["b.bin"]
+    remove_tree(d)
+    assert not d.exists()
+    remove_tree(d)  # nothing there: nothing to do
 
 
 def test_a_failed_upload_leaves_no_object(s3: str) -> None:

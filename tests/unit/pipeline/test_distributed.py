@@ -1,6 +1,7 @@
 """Fitting on a Dask cluster (``local:1``, ``local:2``): artifacts byte-identical to the threaded fit's whatever the
 partition count and shard order, string keys and Normalize, several stages, errors raised in a worker reaching
-the caller as the same typed error, quarantine, progress, and the work directory removed in every case."""
+the caller as the same typed error, quarantine, progress, the work directory removed in every case, and spilled to
+object storage (moto in server mode) when the work directory is a URL."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import yaml
 
 from etl.cluster import connect
 from etl.errors import ConfigError, RowError
+from etl.io.fs import Url
 from etl.pipeline import Pipeline, distributed
 from tests.unit.pipeline.conftest import DLRM, PIPELINES, ROOT, write_pipeline
 from tests.unit.pipeline.test_fit import tree_bytes
@@ -147,3 +149,22 @@ def test_tasks_are_whole_row_groups_up_to_task_rows(criteo, monkeypatch, task_ro
     assert [p.stop - p.first for p in pieces] == groups
     assert pieces[0].first == 0 and pieces[-1].stop == 4 and all(a.stop == b.first for a, b in zip(pieces, pieces[1:]))
     assert {p.path for p in pieces} == {path}
+
+
+def test_spills_through_object_storage_when_the_work_directory_is_a_url(local2, criteo, fitted, s3, s3_server, tmp_path):
+    """The work directory is a temporary prefix under the URL while the partitions merge, and gone at the end (the
+    workers, started before the ``s3`` fixture set the environment, reach the store by the URL's options)."""
+    paths, _, _ = criteo
+    work = Url(f"{s3}/art", {"endpoint_url": s3_server, "key": "testing", "secret": "testing"})
+    seen: list[str] = []
+
+    def progress(name: str, n: int) -> None:
+        if name == "fit merge" and not seen:
+            seen.extend(key[len(work.key) + 1 :] for key in work.fs.find(work.key))
+
+    p = Pipeline.from_file(PIPELINES / "criteo.yaml")
+    p.fit(paths, client=local2, workdir=work, partitions=2, progress=progress)
+    p.save(tmp_path / "a")
+    assert tree_bytes(tmp_path / "a") == tree_bytes(fitted[1])
+    assert seen and all(key.startswith(".fit.") and ("/counts/" in key or "/ranked/" in key) for key in seen), seen
+    assert work.fs.find(work.key) == []

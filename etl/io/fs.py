@@ -4,7 +4,8 @@ A *location* is either a ``pathlib.Path`` (a local file or directory, read and w
 and polars' local Parquet reader, exactly as before) or a ``Url``: ``s3://``, ``gs://``, ``abfs://``/``az://`` or any
 other protocol fsspec knows, read and written through the fsspec filesystem of its protocol. ``location`` makes
 one from what a user typed: a ``file://`` URL becomes a local path, a URL is never passed through ``pathlib`` (which
-would turn ``s3://b/k`` into ``s3:/b/k``).
+would turn ``s3://b/k`` into ``s3:/b/k``), and Azure's ``abfs://container@account.dfs.core.windows.net/dir`` form
+has its account moved into the storage options.
 
 ``Url`` offers the part of the ``pathlib.Path`` interface the package uses (``/``, ``name``, ``parent``,
 ``with_name``, ``exists``, ``is_file``, ``is_dir``, ``iterdir``, ``glob``, ``open``, ``read_bytes``, ``unlink``,
@@ -285,7 +286,24 @@ def location(item: str | Path | Url, storage_options: dict[str, Any] | None = No
         return Path(item)
     if m.group(1) == "file":
         return Path(item[len("file://") :])
-    return Url(item.rstrip("/"), dict(storage_options or {}))
+    return _url(item, m.group(1), dict(storage_options or {}))
+
+
+def _url(item: str, protocol: str, options: dict[str, Any]) -> Url:
+    """The ``Url`` of ``item``. What the protocol's filesystem reads from a URL besides the path (the account of
+    ``abfs://container@account.dfs.core.windows.net/dir``) moves into the storage options (``options`` win), and the
+    URL keeps the path alone (``abfs://container/dir``): every URL under it, listed, globbed or joined, then names
+    the same store. A protocol whose filesystem is not installed is left as typed (its first use reports it)."""
+    import fsspec
+
+    try:
+        cls = fsspec.get_filesystem_class(protocol)
+    except (ImportError, ValueError):
+        return Url(item.rstrip("/"), options)
+    from_url = cls._get_kwargs_from_urls(item)
+    if not from_url:
+        return Url(item.rstrip("/"), options)
+    return Url(f"{protocol}://{cls._strip_protocol(item).rstrip('/')}", from_url | options)
 
 
 def locations(items: list[str | Path | Url], storage_options: dict[str, Any] | None = None) -> list[Location]:

@@ -32,6 +32,27 @@ def test_location_keeps_urls_whole_and_makes_file_urls_local(tmp_path: Path) -> 
     assert location("gs://b/k") == Url("gs://b/k") and location("abfs://c/k") == Url("abfs://c/k")
 
 
+def test_gcs_urls_are_parsed_and_get_their_filesystem_without_network() -> None:
+    gcsfs = pytest.importorskip("gcsfs")
+    for scheme in ("gs", "gcs"):
+        u = location(f"{scheme}://bucket/raw/", {"token": "anon"})
+        assert isinstance(u, Url) and str(u) == f"{scheme}://bucket/raw" and u.key == "bucket/raw" and u.protocol == scheme
+        assert u.storage_options == {"token": "anon"} and str(u / "a.parquet") == f"{scheme}://bucket/raw/a.parquet"
+        assert isinstance(u.fs, gcsfs.GCSFileSystem) and u.fs._strip_protocol(str(u / "a")) == "bucket/raw/a"
+
+
+def test_azure_urls_are_parsed_and_get_their_filesystem_without_network() -> None:
+    adlfs = pytest.importorskip("adlfs")
+    u = location("abfs://container@acct.dfs.core.windows.net/raw/", {"anon": True})
+    assert isinstance(u, Url) and str(u) == "abfs://container/raw" and u.key == "container/raw"
+    assert u.storage_options == {"account_name": "acct", "anon": True}  # the account named in the URL
+    assert (u / "part-00000.parquet").storage_options == u.storage_options
+    assert isinstance(u.fs, adlfs.AzureBlobFileSystem) and u.fs.account_name == "acct"
+    assert location("abfs://container@acct.dfs.core.windows.net/raw", {"account_name": "other"}).storage_options["account_name"] == "other"
+    v = location("az://container/raw", {"account_name": "acct", "anon": True})
+    assert isinstance(v, Url) and str(v) == "az://container/raw" and v.key == "container/raw" and v.fs.account_name == "acct"
+
+
 def test_within_compares_prefixes_and_never_mixes_kinds(tmp_path: Path) -> None:
     root = Url("s3://b/out")
     assert is_within(root / "x", root) and is_within(root, root)

@@ -43,7 +43,7 @@ import contextlib
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial, reduce
 from typing import TYPE_CHECKING, Any, cast
 
@@ -97,7 +97,7 @@ class _Partition:
     column: str
     index: int
     partitions: int
-    rows: int = 0
+    rows: int
 
     def __str__(self) -> str:
         return f"partition {self.index} of {self.partitions} of the counts of column '{self.column}' (op {self.position})"
@@ -210,8 +210,8 @@ def _merge(
     order, as soon as its partitions and those of the tables before it are merged."""
     for i, c in tables:
         _column_dir(work / "ranked", pipeline.ops[i], i, c).mkdir()
-    items = [_Partition(i, c, p, n) for (i, c), n in zip(tables, partitions) for p in range(n)]
-    items = [replace(item, rows=share) for item, share in zip(items, _shares(rows, len(items)))]
+    shares = iter(_shares(rows, sum(partitions)))
+    items = [_Partition(i, c, p, n, next(shares)) for (i, c), n in zip(tables, partitions) for p in range(n)]
     left = dict(zip(tables, partitions))  # partitions of each table still merging
     assigned = 0
 

@@ -3,9 +3,9 @@ way the package runs tasks there (``etl.preprocess``: a task per shard; ``etl.pi
 and merging tasks of the fit).
 
 The calling process (the driver) submits one task per item and handles each result in its own thread as the task
-completes, so whatever the results feed (a manifest, the fitted state) has one owner. A task whose worker process dies is run
-again by Dask on another worker; the work must therefore be safe to repeat (write under unique temporary names and
-let the driver commit). Each task gets:
+completes, so whatever the results feed (a manifest, the fitted state) has one owner. A task whose worker process
+dies is run again by Dask on another worker; the work must therefore be safe to repeat (write under unique
+temporary names and let the driver commit). Each task gets:
 
 - ``stop``: set by the driver when another task failed or the driver is interrupted; long-running work checks it
   between steps (a Dask ``Event`` of this run, read on the scheduler) and returns;

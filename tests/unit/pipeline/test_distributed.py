@@ -5,14 +5,17 @@ object storage (moto in server mode) when the work directory is a URL."""
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
+import dask
 import pyarrow.parquet as pq
 import pytest
 import yaml
 
 from etl.cluster import connect
-from etl.errors import ConfigError, RowError
+from etl.errors import ClusterError, ConfigError, RowError
 from etl.io.fs import Url
 from etl.pipeline import Pipeline, distributed
 from tests.unit.pipeline.conftest import DLRM, PIPELINES, ROOT, write_pipeline
@@ -107,6 +110,22 @@ def test_a_worker_error_is_the_same_typed_error(local2, criteo, bad_shard, tmp_p
         threaded.value.path, threaded.value.row_group, threaded.value.row, threaded.value.column
     )  # fmt: skip
     assert str(remote.value) == str(threaded.value)
+    assert list((tmp_path / "work").iterdir()) == []
+
+
+def kill_own_worker(*args: object) -> None:
+    """Stands for the counting task: it kills the worker process running it."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_piece_whose_workers_keep_dying_is_a_cluster_error_naming_it(criteo, tmp_path, monkeypatch):
+    paths, _, _ = criteo
+    monkeypatch.setattr(distributed, "_count_piece", kill_own_worker)  # workers import it from this module
+    (tmp_path / "work").mkdir()
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}), connect("local:1") as client:
+        with pytest.raises(ClusterError) as info:
+            Pipeline.from_file(PIPELINES / "criteo.yaml").fit(paths[:1], client=client, workdir=tmp_path / "work")
+    assert str(info.value).startswith(f"{paths[0]}, row groups 0-3: stopped: the Dask worker processes holding this task died")
     assert list((tmp_path / "work").iterdir()) == []
 
 

@@ -35,10 +35,9 @@ def scaled(factor: int, item: int, stop: Stop, progress: Callable[[int], None]) 
     return factor * item
 
 
-def kill_own_worker(item: int, stop: Stop, progress: Callable[[int], None]) -> None:
-    """Item 1 kills the worker process running it, every time it runs."""
-    if item == 1:
-        os.kill(os.getpid(), signal.SIGKILL)
+def kill_own_worker(item: str, stop: Stop, progress: Callable[[int], None]) -> None:
+    """Kills the worker process running it, every time it runs."""
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def bad_row_or_wait(item: tuple[int, str], stop: Stop, progress: Callable[[int], None]) -> None:
@@ -102,5 +101,5 @@ def test_shared_arguments_reach_every_task_as_their_values(client) -> None:
 def test_a_task_whose_workers_keep_dying_is_a_cluster_error_naming_its_item() -> None:
     with dask.config.set({"distributed.scheduler.allowed-failures": 0}), connect("local:1") as client:
         with pytest.raises(ClusterError) as info:
-            run_tasks(client, kill_own_worker, [0, 1], lambda k, r: None, describe=lambda item: f"item {item}")
-    assert str(info.value).startswith("item 1: stopped: the Dask worker processes holding this task died more often than")
+            run_tasks(client, kill_own_worker, ["a"], lambda k, r: None, describe=lambda item: f"item {item}")
+    assert str(info.value).startswith("item a: stopped: the Dask worker processes holding this task died more often than")

@@ -49,8 +49,8 @@ def fit_shards(
     """Fit every fittable op of ``pipeline``, streaming over ``shards`` row group by row group in bounded memory,
     one pass per stage. Invalid rows raise ``RowError`` or, with ``on_error="quarantine"``, are left out of the
     statistics. ``progress`` (``etl.progress``) is called with the pass name (``"fit"``, or ``"fit 1/2"``,
-    ``"fit 2/2"``... with several stages) and a number of rows read: of each row group in threads, of each
-    counting task on a cluster.
+    ``"fit 2/2"``... with several stages) and the rows of each row group read; on a cluster, a stage with count
+    tables has a second pass, ``"fit merge"`` (``"fit 1/2 merge"``...), while their partitions are merged.
 
     Without ``client``, the work runs in ``workers`` threads of this process. With a Dask ``client``, it runs on
     the cluster's workers (``etl.pipeline.distributed``): count tables are cut into ``partitions`` partitions

@@ -56,7 +56,8 @@ def fit_shards(
     the cluster's workers (``etl.pipeline.distributed``): count tables are cut into ``partitions`` partitions
     (default: from the estimated distinct keys) and spilled to a temporary directory inside ``workdir`` (a local
     directory or an object-storage URL; default: the system's temporary directory; on a cluster of several
-    machines, a directory every worker sees, or object storage), removed when fitting ends. The fitted state is the same, to the byte, either way."""
+    machines, a directory every worker sees, or object storage), removed when fitting ends. The fitted state is the
+    same, to the byte, either way."""
     if partitions is not None:
         if client is None:
             raise ConfigError("--partitions applies to a fit on a Dask cluster (--cluster); threads keep one count table per column")

@@ -277,8 +277,8 @@ def fit(
 ) -> None:
     """Fit the pipeline's statistics and vocabularies over all shards, in bounded memory. With --cluster, count tables
     are spilled to a temporary directory inside --artifacts (on a cluster of several machines, storage every worker
-    sees; the system's temporary directory when --artifacts is in object storage), removed at the end (or by the next
-    fit into --artifacts, after an interrupted one)."""
+    sees: a shared file system or object storage), removed at the end (or by the next fit into --artifacts, after an
+    interrupted one)."""
     import time
 
     from etl.cluster import connect
@@ -292,7 +292,7 @@ def fit(
         shards = list_shards(list(input))
         art = location(artifacts)
         with connect(cluster) as client:
-            workdir = art if client is not None and isinstance(art, Path) else None  # spill files: a file system
+            workdir = art if client is not None else None  # the spill files
             if workdir is not None:
                 workdir.mkdir(parents=True, exist_ok=True)
                 remove_temporaries(workdir)  # the work directory of an interrupted fit

@@ -1,9 +1,11 @@
-"""Shard-level work as tasks on a Dask cluster: the counterpart of ``etl.workers.run_workers`` for ``--cluster``.
+"""Work as tasks on a Dask cluster: the counterpart of ``etl.workers.run_workers`` for ``--cluster``, and the one
+way the package runs tasks there (``etl.preprocess``: a task per shard; ``etl.pipeline.distributed``: counting
+and merging tasks of the fit).
 
 The calling process (the driver) submits one task per item and handles each result in its own thread as the task
-completes, so whatever the results feed (a manifest, say) has one owner. A task whose worker process dies is run
-again by Dask on another worker; the work must therefore be safe to repeat (write under unique temporary names and
-let the driver commit). Each task gets:
+completes, so whatever the results feed (a manifest, the fitted state) has one owner. A task whose worker process
+dies is run again by Dask on another worker; the work must therefore be safe to repeat (write under unique
+temporary names and let the driver commit). Each task gets:
 
 - ``stop``: set by the driver when another task failed or the driver is interrupted; long-running work checks it
   between steps (a Dask ``Event`` of this run, read on the scheduler) and returns;
@@ -11,7 +13,9 @@ let the driver commit). Each task gets:
   driver reports each item's rows once, even when its task ran twice (it keeps the largest count seen per item).
 
 The first error of a task (an ``EtlError`` such as ``RowError`` travels with its message and fields) is raised in
-the driver after the other tasks were told to stop and have ended, or ``STOP_GRACE`` seconds have passed.
+the driver after the other tasks were told to stop and have ended, or ``STOP_GRACE`` seconds have passed. So is a
+``ClusterError`` naming the item when the worker processes holding its task (running it, or with it queued)
+died more often than Dask allows (its ``distributed.scheduler.allowed-failures`` setting: killed, out of memory).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
-from etl.errors import EtlError
+from etl.errors import ClusterError, EtlError
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -41,15 +45,20 @@ class Stop(Protocol):
 
 def run_tasks(
     client: Client,
-    work: Callable[[T, Stop, Callable[[int], None]], R],
+    work: Callable[..., R],
     items: list[T],
     on_result: Callable[[int, R], None],
     progress: Callable[[int], None] | None = None,
+    *,
+    shared: tuple[Any, ...] = (),
+    describe: Callable[[T], str] = str,
 ) -> None:
-    """Call ``work(item, stop, progress)`` for every item in a task on the cluster of ``client`` (``work`` and the
-    items are pickled: a module-level function or a ``functools.partial`` of one, and plain data), and
-    ``on_result(index, result)`` here as each task completes. ``progress`` hears of the rows the tasks report."""
-    from distributed import Event, as_completed, wait
+    """Call ``work(*shared, item, stop, progress)`` for every item in a task on the cluster of ``client`` (``work``
+    and the items are pickled: a module-level function or a ``functools.partial`` of one, and plain data; Dask
+    futures in ``shared``, such as those of ``client.scatter``, arrive as their values), and ``on_result(index,
+    result)`` here as each task completes. ``progress`` hears of the rows the tasks report. ``describe(item)``
+    names an item in the ``ClusterError`` of a task whose workers kept dying."""
+    from distributed import Event, KilledWorker, as_completed, wait
 
     run = uuid.uuid4().hex
     stop = Event(f"etl-stop-{run}", client=client)
@@ -57,12 +66,15 @@ def run_tasks(
     counter = _RowCounter(progress or (lambda rows: None))
     if progress is not None:
         client.subscribe_topic(topic, counter.on_event)
-    futures = [client.submit(_task, work, k, item, run, key=f"etl-task-{k}-{run}", pure=False) for k, item in enumerate(items)]
+    futures = [client.submit(_task, work, k, item, run, *shared, key=f"etl-task-{k}-{run}", pure=False) for k, item in enumerate(items)]
     index = {f.key: k for k, f in enumerate(futures)}
     try:
         for future in as_completed(futures):
             k = index[future.key]
-            result, rows, error = future.result()
+            try:
+                result, rows, error = future.result()
+            except KilledWorker:
+                raise ClusterError(f"{describe(items[k])}: {_DIED}") from None
             if error is not None:
                 raise error
             counter.update(k, rows)  # the rows of the attempt that made the result, whatever events are still on the way
@@ -79,6 +91,10 @@ def run_tasks(
     finally:
         if progress is not None:
             client.unsubscribe_topic(topic)
+
+
+_DIED = ("stopped: the Dask worker processes holding this task died more often than distributed.scheduler.allowed-failures "
+         "allows (killed, or out of memory?)")
 
 
 class _RowCounter:
@@ -104,10 +120,11 @@ class _RowCounter:
         self._progress(more)
 
 
-def _task(work: Callable[[T, Stop, Callable[[int], None]], R], k: int, item: T, run: str) -> tuple[R | None, int, EtlError | None]:
-    """What runs on a worker: ``work`` with this run's stop flag and a progress reporter for item ``k``; returns its
-    result, the rows it reported and the error of the input or configuration that stopped it, if any (handed to the
-    driver as a value: it is the user's error, not a failure of the worker, which would log it as one)."""
+def _task(work: Callable[..., R], k: int, item: T, run: str, *shared: Any) -> tuple[R | None, int, EtlError | None]:
+    """What runs on a worker: ``work`` with the ``shared`` arguments, this run's stop flag and a progress reporter
+    for item ``k``; returns its result, the rows it reported and the error of the input or configuration that
+    stopped it, if any (handed to the driver as a value: it is the user's error, not a failure of the worker, which
+    would log it as one)."""
     from distributed import Event, get_worker
 
     worker = get_worker()
@@ -119,6 +136,6 @@ def _task(work: Callable[[T, Stop, Callable[[int], None]], R], k: int, item: T, 
         worker.log_event(f"etl-progress-{run}", (k, done))
 
     try:
-        return work(item, Event(f"etl-stop-{run}"), progress), done, None
+        return work(*shared, item, Event(f"etl-stop-{run}"), progress), done, None
     except EtlError as e:
         return None, done, e

@@ -87,3 +87,8 @@ class LoaderError(EtlError):
 class OutputError(EtlError):
     """The output directory cannot be used: another run holds it, or it overlaps an input. The message names
     the directory and the reason."""
+
+
+class ClusterError(EtlError):
+    """Work on a Dask cluster cannot complete: the worker processes holding one of its tasks died (killed, out of
+    memory) more often than the cluster allows. The message names the task's item (a shard, a piece of one)."""

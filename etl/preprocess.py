@@ -423,8 +423,8 @@ def _fitted(
     if client is None:
         plan = fit_stashing(pipeline, shards, stash, set(range(len(shards))) - complete, workers, on_error, progress)
     else:
-        workdir = out_dir if isinstance(out_dir, Path) else None  # the fit's spill files
-        pipeline.fit(shards, workers=workers, on_error=on_error, progress=progress, client=client, partitions=partitions, workdir=workdir)
+        # the count tables spill inside out_dir (a URL too)
+        pipeline.fit(shards, workers=workers, on_error=on_error, progress=progress, client=client, partitions=partitions, workdir=out_dir)
     return pipeline, plan, time.perf_counter() - t0
 
 
@@ -487,7 +487,8 @@ def _transform(
 
         task = functools.partial(shard_task, out_dir / ARTIFACTS, artifacts_sha, uuid.uuid4().hex, on_error, compression)
         try:
-            run_tasks(client, task, [(shards[i], outputs[i]) for i in todo], lambda k, w: record(todo[k], w), transformed)
+            run_tasks(client, task, [(shards[i], outputs[i]) for i in todo], lambda k, w: record(todo[k], w), transformed,
+                      describe=lambda shard: str(shard[0]))  # fmt: skip
         finally:  # what the attempts of tasks whose worker died, or that were stopped, left behind
             remove_temporaries(out_dir)
             remove_temporaries(out_dir / QUARANTINE)

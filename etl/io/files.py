@@ -19,14 +19,13 @@ import io
 import os
 import re
 import secrets
-import shutil
 from pathlib import Path
 from typing import Any, BinaryIO, cast, overload
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from etl.io.fs import Location, Url, open_file, replace
+from etl.io.fs import Location, Url, open_file, remove_tree, replace
 
 _SHARD_RE = re.compile(r"part-\d{5,}\.parquet")
 _TMP_SUFFIX = ".tmp"
@@ -101,12 +100,8 @@ def remove_temporaries(directory: Location) -> None:
     name and all they hold (the work directory of a distributed fit); other entries are not looked into."""
     if directory.is_dir():
         for p in directory.iterdir():
-            if not is_temporary(p.name):
-                continue
-            if isinstance(p, Path) and p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                p.unlink(missing_ok=True)
+            if is_temporary(p.name):
+                remove_tree(p)
 
 
 def atomic_write_bytes(path: Location, data: bytes) -> None:

@@ -4,7 +4,8 @@ A *location* is either a ``pathlib.Path`` (a local file or directory, read and w
 and polars' local Parquet reader, exactly as before) or a ``Url``: ``s3://``, ``gs://``, ``abfs://``/``az://`` or any
 other protocol fsspec knows, read and written through the fsspec filesystem of its protocol. ``location`` makes
 one from what a user typed: a ``file://`` URL becomes a local path, a URL is never passed through ``pathlib`` (which
-would turn ``s3://b/k`` into ``s3:/b/k``).
+would turn ``s3://b/k`` into ``s3:/b/k``), and Azure's ``abfs://container@account.dfs.core.windows.net/dir`` form
+has its account moved into the storage options.
 
 ``Url`` offers the part of the ``pathlib.Path`` interface the package uses (``/``, ``name``, ``parent``,
 ``with_name``, ``exists``, ``is_file``, ``is_dir``, ``iterdir``, ``glob``, ``open``, ``read_bytes``, ``unlink``,
@@ -31,8 +32,11 @@ before ``close`` is discarded rather than completed.
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib
 import os
 import re
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,13 +101,16 @@ class Url:
         return _filesystem(self.protocol, self.storage_options)
 
     def exists(self) -> bool:
-        return bool(self.fs.exists(self.key))
+        with accessing(self):
+            return bool(self.fs.exists(self.key))
 
     def is_file(self) -> bool:
-        return bool(self.fs.isfile(self.key))
+        with accessing(self):
+            return bool(self.fs.isfile(self.key))
 
     def is_dir(self) -> bool:
-        return bool(self.fs.isdir(self.key))
+        with accessing(self):
+            return bool(self.fs.isdir(self.key))
 
     def is_symlink(self) -> bool:
         return False
@@ -111,24 +118,30 @@ class Url:
     def iterdir(self) -> Iterator[Url]:
         """The entries directly under this prefix, freshly listed."""
         self.fs.invalidate_cache(self.key)
-        for key in sorted(self.fs.ls(self.key, detail=False)):
+        with accessing(self):
+            keys = sorted(self.fs.ls(self.key, detail=False))
+        for key in keys:
             if key.rstrip("/") != self.key:
                 yield self._at(key.rstrip("/"))
 
     def glob(self, pattern: str) -> Iterator[Url]:
         """The entries matching ``pattern`` under this prefix (fsspec glob rules), freshly listed."""
         self.fs.invalidate_cache(self.key)
-        for key in sorted(self.fs.glob(f"{self.key}/{pattern}")):
+        with accessing(self):
+            keys = sorted(self.fs.glob(f"{self.key}/{pattern}"))
+        for key in keys:
             yield self._at(key)
 
     def open(self, mode: str = "rb") -> IO[Any]:
         """The object opened for binary reading (``rb``) or writing (``wb``). A write becomes visible when the file
         is closed; closing after an exception inside a ``with`` block discards it instead."""
-        f = self.fs.open(self.key, mode)
+        with accessing(self):
+            f = self.fs.open(self.key, mode)
         return cast(IO[Any], f if mode == "rb" else _Upload(f, self))
 
     def read_bytes(self) -> bytes:
-        return bytes(self.fs.cat_file(self.key))
+        with accessing(self):
+            return bytes(self.fs.cat_file(self.key))
 
     def write_bytes(self, data: bytes) -> None:
         """Write the object in one request (it appears whole or not at all)."""
@@ -137,7 +150,8 @@ class Url:
 
     def unlink(self, missing_ok: bool = False) -> None:
         try:
-            self.fs.rm_file(self.key)
+            with accessing(self):
+                self.fs.rm_file(self.key)
         except FileNotFoundError:
             if not missing_ok:
                 raise
@@ -194,11 +208,59 @@ class _Upload:
 @contextlib.contextmanager
 def writing(url: Url) -> Iterator[None]:
     """Report a failed write to object storage (a missing bucket, denied access, a network error) as an
-    ``OutputError`` naming ``url``."""
+    ``OutputError`` naming ``url``; a store that cannot be reached at all is ``accessing``'s ``ConfigError``."""
     try:
-        yield
+        with accessing(url):
+            yield
     except OSError as e:
         raise OutputError(f"{url}: cannot write: {e}") from None
+
+
+#: Where each protocol's filesystem takes its credentials and endpoint from, as error messages name them.
+_CREDENTIALS = {
+    "s3": "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_PROFILE, AWS_ENDPOINT_URL",
+    "gs": "GOOGLE_APPLICATION_CREDENTIALS",
+    "gcs": "GOOGLE_APPLICATION_CREDENTIALS",
+    "abfs": "AZURE_STORAGE_ACCOUNT_NAME, AZURE_STORAGE_KEY, AZURE_STORAGE_CONNECTION_STRING",
+    "az": "AZURE_STORAGE_ACCOUNT_NAME, AZURE_STORAGE_KEY, AZURE_STORAGE_CONNECTION_STRING",
+}
+
+
+@contextlib.contextmanager
+def accessing(url: Url) -> Iterator[None]:
+    """Report object storage that cannot be used at all (no credentials, credentials refused, an endpoint that does
+    not answer) as a ``ConfigError`` naming ``url`` and where the credentials come from. A missing object or bucket
+    stays ``FileNotFoundError``, and any other ``OSError`` stays itself, for the caller to report in its terms."""
+    try:
+        yield
+    except PermissionError as e:
+        raise ConfigError(f"{url}: access denied: {e}{_where_credentials(url)}") from None
+    except _access_errors() as e:
+        raise ConfigError(f"{url}: cannot access object storage: {e}{_where_credentials(url)}") from None
+
+
+def _where_credentials(url: Url) -> str:
+    where = _CREDENTIALS.get(url.protocol)
+    return f" (credentials and endpoint come from storage_options or the environment: {where})" if where else ""
+
+
+@functools.cache
+def _access_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions of the installed storage clients that mean a store cannot be reached or refuses the
+    credentials (their modules are imported only when object storage fails)."""
+    found: list[type[BaseException]] = []
+    for module, names in (
+        ("botocore.exceptions", ("NoCredentialsError", "PartialCredentialsError", "EndpointConnectionError", "ConnectTimeoutError",
+                                 "NoRegionError", "ClientError")),
+        ("google.auth.exceptions", ("GoogleAuthError",)),
+        ("azure.core.exceptions", ("ClientAuthenticationError", "ServiceRequestError")),
+    ):  # fmt: skip
+        try:
+            errors = importlib.import_module(module)
+        except ImportError:
+            continue
+        found += [getattr(errors, name) for name in names if hasattr(errors, name)]
+    return tuple(found)
 
 
 def _filesystem(protocol: str, options: dict[str, Any]) -> Any:
@@ -224,7 +286,24 @@ def location(item: str | Path | Url, storage_options: dict[str, Any] | None = No
         return Path(item)
     if m.group(1) == "file":
         return Path(item[len("file://") :])
-    return Url(item.rstrip("/"), dict(storage_options or {}))
+    return _url(item, m.group(1), dict(storage_options or {}))
+
+
+def _url(item: str, protocol: str, options: dict[str, Any]) -> Url:
+    """The ``Url`` of ``item``. What the protocol's filesystem reads from a URL besides the path (the account of
+    ``abfs://container@account.dfs.core.windows.net/dir``) moves into the storage options (``options`` win), and the
+    URL keeps the path alone (``abfs://container/dir``): every URL under it, listed, globbed or joined, then names
+    the same store. A protocol whose filesystem is not installed is left as typed (its first use reports it)."""
+    import fsspec
+
+    try:
+        cls = fsspec.get_filesystem_class(protocol)
+    except (ImportError, ValueError):
+        return Url(item.rstrip("/"), options)
+    from_url = cls._get_kwargs_from_urls(item)
+    if not from_url:
+        return Url(item.rstrip("/"), options)
+    return Url(f"{protocol}://{cls._strip_protocol(item).rstrip('/')}", from_url | options)
 
 
 def locations(items: list[str | Path | Url], storage_options: dict[str, Any] | None = None) -> list[Location]:
@@ -238,7 +317,8 @@ def fingerprint(path: Location) -> tuple[int, int]:
     if not isinstance(path, Url):
         st = os.stat(path)
         return st.st_size, st.st_mtime_ns
-    info = path.fs.info(path.key)
+    with accessing(path):
+        info = path.fs.info(path.key)
     mtime = info.get("LastModified") or info.get("mtime") or info.get("updated") or info.get("last_modified")
     if hasattr(mtime, "timestamp"):
         ns = int(mtime.timestamp() * 10**6) * 1000
@@ -267,6 +347,20 @@ def replace(src: Location, dst: Location) -> None:
         raise ValueError(f"cannot move {src} onto {dst}: not the same kind of location")
     else:
         os.replace(src, dst)
+
+
+def remove_tree(path: Location) -> None:
+    """Remove ``path`` and everything under it, if anything is there: ``shutil.rmtree`` for a local directory (not
+    through a symlink: a link itself is unlinked), ``os.unlink`` for any other local entry, a recursive removal of
+    the object and every key under its prefix for a URL."""
+    if isinstance(path, Url):
+        with writing(path), contextlib.suppress(FileNotFoundError):
+            path.fs.rm(path.key, recursive=True)
+        path.fs.invalidate_cache(path.key)
+    elif path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
 
 
 def open_file(path: str | Location, mode: str = "rb") -> IO[Any]:

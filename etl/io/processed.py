@@ -18,21 +18,24 @@ Reading has three levels: ``read_manifest`` parses the file and checks its forma
 also decides whether the listed files may be read as a data set (``_readable_parts``: the run is complete, the
 totals add up, every entry names a distinct shard file inside the directory whose Parquet footer holds ``rows_out``
 rows); ``verify_part`` checks one file's bytes against its ``sha256``, which costs a full read of the file and is
-left to the reader to call when it reads the part.
+left to the reader to call when it reads the part; ``fetch_part`` does the same check while copying the file to a
+local directory, so that a file in object storage is downloaded once for the check and the reads after it.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from etl.errors import InputError
-from etl.io.files import atomic_write_bytes, is_shard_name, sha256_file, shard_name
-from etl.io.fs import Location, arrow_source, is_within
+from etl.io.files import HashingFile, atomic_write_bytes, is_shard_name, sha256_file, shard_name
+from etl.io.fs import Location, arrow_source, is_within, open_file
 
 MANIFEST = "manifest.json"
 FORMAT = "etl-manifest"
@@ -186,15 +189,45 @@ def open_processed(directory: Location, *, allow_partial: bool = False) -> Proce
 def verify_part(output: ProcessedOutput, entry: ManifestEntry) -> None:
     """Check that the file of ``entry`` (one of ``output.manifest.files``) holds the bytes its manifest entry
     records: raises ``InputError`` naming manifest.json and the file when its sha256 differs or it cannot be read."""
-    path = output.directory / entry.output
     try:
-        digest = sha256_file(path)
+        digest = sha256_file(output.directory / entry.output)
     except OSError as e:
-        raise InputError(str(output.directory / MANIFEST), f"file {entry.output}: cannot read: {e.strerror or e}") from None
+        raise _unreadable(output, entry, e) from None
+    _check_digest(output, entry, digest)
+
+
+def fetch_part(output: ProcessedOutput, entry: ManifestEntry, directory: Path) -> Path:
+    """The file of ``entry`` copied into the local ``directory`` in one read, its sha256 computed from the bytes
+    as they are written, and returned once it is the manifest's: the check of ``verify_part``, and for a file in
+    object storage the one download that serves both the check and every read after it. Raises ``InputError``
+    as ``verify_part`` does, leaving no copy behind."""
+    copy = directory / entry.output
+    try:
+        with open_file(output.directory / entry.output) as source, HashingFile(copy) as sink:
+            shutil.copyfileobj(source, sink, _COPY_CHUNK)
+        _check_digest(output, entry, sink.hexdigest())
+    except OSError as e:
+        copy.unlink(missing_ok=True)
+        raise _unreadable(output, entry, e) from None
+    except InputError:
+        copy.unlink(missing_ok=True)
+        raise
+    return copy
+
+
+#: Bytes per read when ``fetch_part`` copies a file.
+_COPY_CHUNK = 1 << 20
+
+
+def _check_digest(output: ProcessedOutput, entry: ManifestEntry, digest: str) -> None:
     if digest != entry.sha256:
         raise InputError(
             str(output.directory / MANIFEST), f"file {entry.output}: sha256 {digest} differs from the manifest's {entry.sha256}"
         )
+
+
+def _unreadable(output: ProcessedOutput, entry: ManifestEntry, e: OSError) -> InputError:
+    return InputError(str(output.directory / MANIFEST), f"file {entry.output}: cannot read: {e.strerror or e}")
 
 
 def _readable_parts(directory: Location, manifest: Manifest) -> list[Location]:

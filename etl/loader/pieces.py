@@ -13,16 +13,21 @@ an unexpected failure reaches the training process as ``LoaderError`` naming the
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable
+from pathlib import Path
 
 import pyarrow as pa
 
 from etl.batch import Batch
 from etl.errors import EtlError, LoaderError
+from etl.io.fs import Location, Url, fingerprint
 from etl.io.parquet import batch_from_arrow, read_rows
-from etl.io.processed import ProcessedOutput, verify_part
+from etl.io.processed import ManifestEntry, ProcessedOutput, fetch_part, verify_part
 from etl.loader.chunk import Chunk, Layout
 from etl.loader.device_stage import DeviceStage
 from etl.loader.order import Piece, RowGroup
@@ -37,9 +42,13 @@ class PieceReader:
         self.columns, self.stats = columns, stats
 
     def __call__(self, piece: Piece) -> Chunk:
+        return self.read(piece, piece.group.path)
+
+    def read(self, piece: Piece, path: Location) -> Chunk:
+        """The chunk of ``piece``, its rows read from ``path``: its file, or a copy of it."""
         g = piece.group
         t0 = time.perf_counter()
-        table = read_rows(g.path, self.columns, g.first_row + piece.start, piece.length, g.index, g.footer)
+        table = read_rows(path, self.columns, g.first_row + piece.start, piece.length, g.index, g.footer)
         t1 = time.perf_counter()
         chunk = self.convert(table, piece)
         t2 = time.perf_counter()
@@ -53,24 +62,55 @@ class PieceReader:
 
 class ProcessedReader(PieceReader):
     """A shard of ``etl preprocess`` output: its columns already are the layout's. Before its first rows are
-    read, each file is checked against the sha256 its manifest entry records (``etl.io.processed.verify_part``):
-    once per file and reader. Files are verified concurrently (one lock per file), so that from object storage the
-    download of one does not hold up the others."""
+    read, each file is checked against the sha256 its manifest entry records: once per file and reader. Files are
+    verified concurrently (one lock per file), so that from object storage the download of one does not hold up
+    the others.
+
+    A file in object storage is downloaded once: into a local spool directory, hashed as it arrives
+    (``etl.io.processed.fetch_part``), and its rows are then read from that verified copy, in this epoch and the
+    next. The spool is a private directory in the system's temporary directory (``TMPDIR``), made at the first
+    such file and removed with the reader (at the latest when the process exits); a file for which the spool's file
+    system lacks room (``SPOOL_MARGIN`` kept free) is checked with ``verify_part`` and read from the store."""
+
+    #: Bytes the spool leaves free on its file system.
+    SPOOL_MARGIN = 1 << 30
 
     def __init__(self, layout: Layout, stats: LoaderStats, output: ProcessedOutput):
         super().__init__(layout.columns, stats)
         self.layout, self.output = layout, output
         self._unverified = dict(zip(output.parts, output.manifest.files))
         self._verify_locks = {path: threading.Lock() for path in output.parts}
+        self._verified: dict[Location, Location] = {}  # where each verified file's rows are read from
+        self._spool: Path | None = None
+        self._spool_lock = threading.Lock()
 
     def __call__(self, piece: Piece) -> Chunk:
         path = piece.group.path
         with self._verify_locks[path]:  # the file's other pieces wait until it is verified
             entry = self._unverified.get(path)
             if entry is not None:
-                verify_part(self.output, entry)
+                self._verified[path] = self._verify(path, entry)
                 del self._unverified[path]
-        return super().__call__(piece)
+        return self.read(piece, self._verified[path])
+
+    def _verify(self, path: Location, entry: ManifestEntry) -> Location:
+        """Check the file of ``entry`` at ``path``; returns where to read its rows from."""
+        if isinstance(path, Url):
+            spool = self._spool_with_room(fingerprint(path)[0])
+            if spool is not None:
+                return fetch_part(self.output, entry, spool)
+        verify_part(self.output, entry)
+        return path
+
+    def _spool_with_room(self, size: int) -> Path | None:
+        """The spool directory (made on first use), when its file system has room for ``size`` more bytes."""
+        with self._spool_lock:
+            if self._spool is None:
+                self._spool = Path(tempfile.mkdtemp(prefix="etl-parts-"))
+                weakref.finalize(self, shutil.rmtree, self._spool, True)
+            if shutil.disk_usage(self._spool).free < size + self.SPOOL_MARGIN:
+                return None
+            return self._spool
 
     def convert(self, table: pa.Table, piece: Piece) -> Chunk:
         return Chunk.from_table(table, self.layout)

@@ -258,7 +258,7 @@ class Pipeline:
         progress: Progress | None = None,
         client: Client | None = None,
         partitions: int | None = None,
-        workdir: str | Path | None = None,
+        workdir: str | Location | None = None,
     ) -> None:
         """Fit every fittable op, streaming over ``shards`` row group by row group in bounded memory with ``workers``
         threads, or on the workers of the Dask ``client`` (see ``etl.pipeline.fit``: ``partitions`` and

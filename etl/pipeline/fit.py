@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from etl.backends.hashing import MAX_BUCKETS
 from etl.errors import ConfigError
-from etl.io.fs import Location
+from etl.io.fs import Location, location
 from etl.io.parquet import open_shard
 from etl.ops import Op
 from etl.progress import Progress
@@ -46,19 +46,20 @@ def fit_shards(
     progress: Progress | None = None,
     client: Client | None = None,
     partitions: int | None = None,
-    workdir: str | Path | None = None,
+    workdir: str | Location | None = None,
 ) -> None:
     """Fit every fittable op of ``pipeline``, streaming over ``shards`` row group by row group in bounded memory,
     one pass per stage. Invalid rows raise ``RowError`` or, with ``on_error="quarantine"``, are left out of the
     statistics. ``progress`` (``etl.progress``) is called with the pass name (``"fit"``, or ``"fit 1/2"``,
-    ``"fit 2/2"``... with several stages) and a number of rows read: of each row group in threads, of each
-    counting task on a cluster.
+    ``"fit 2/2"``... with several stages) and the rows of each row group read; on a cluster, a stage with count
+    tables has a second pass, ``"fit merge"`` (``"fit 1/2 merge"``...), while their partitions are merged.
 
     Without ``client``, the work runs in ``workers`` threads of this process. With a Dask ``client``, it runs on
     the cluster's workers (``etl.pipeline.distributed``): count tables are cut into ``partitions`` partitions
-    (default: from the estimated distinct keys) and spilled to a temporary directory inside ``workdir`` (default:
-    the system's temporary directory; on a cluster of several machines, a directory every worker sees), removed
-    when fitting ends. The fitted state is the same, to the byte, either way."""
+    (default: from the estimated distinct keys) and spilled to a temporary directory inside ``workdir`` (a local
+    directory or an object-storage URL; default: the system's temporary directory; on a cluster of several
+    machines, a directory every worker sees, or object storage), removed when fitting ends. The fitted state is the
+    same, to the byte, either way."""
     if partitions is not None:
         if client is None:
             raise ConfigError("--partitions applies to a fit on a Dask cluster (--cluster); threads keep one count table per column")
@@ -73,8 +74,8 @@ def fit_shards(
         else:
             from etl.pipeline.distributed import fit_stage_on_cluster
 
-            work = Path(tempfile.gettempdir() if workdir is None else workdir)
-            fit_stage_on_cluster(pipeline, stage, shards, client, on_error, report, partitions, work)
+            work = Path(tempfile.gettempdir()) if workdir is None else location(workdir)
+            fit_stage_on_cluster(pipeline, stage, shards, client, on_error, progress, name, partitions, work)
 
 
 def stage_progress(progress: Progress | None, k: int, stages: int) -> Callable[[int], None] | None:

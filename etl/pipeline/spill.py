@@ -11,16 +11,16 @@ Two Parquet layouts, both owned (written and checked on read) here:
 - a *ranked partition* (``write_ranked`` / ``read_ranked``): the vocabulary entries of one partition (``key``,
   ``count``, ``raw`` for string keys) in rank order (count descending, then key ascending), read back in chunks.
 
-Every file written goes through a temporary name and a rename (``etl.io.files``), so a task that Dask reruns
-rewrites the same file whole. A file that is not what these functions write (another schema, missing values, rows
-out of order, a hash that is not its key's) raises ``InputError`` naming it.
+Files may be local or in object storage (``etl.io.fs``). Every file written goes through a temporary name and a
+rename (``etl.io.files``; in object storage, one upload), so a task that Dask reruns rewrites the same file whole.
+A file that is not what these functions write (another schema, missing values, rows out of order, a hash that is
+not its key's) raises ``InputError`` naming it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from functools import partial
-from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 
 from etl.errors import InputError
 from etl.io.files import atomic_write_parquet
+from etl.io.fs import Location, arrow_source
 from etl.ops.counts import KeyCounts, hash_range, key_hashes
 
 T = TypeVar("T")
@@ -62,7 +63,7 @@ def _table(counts: KeyCounts, hashes: np.ndarray | None) -> pa.Table:
     return pa.table(cols, schema=_schema(hashes is not None, counts.texts is not None))
 
 
-def write_partial(path: Path, counts: KeyCounts) -> None:
+def write_partial(path: Location, counts: KeyCounts) -> None:
     """Spill the partial ``counts`` (its ``nulls`` aside: callers carry them) to ``path``, in hash bucket order."""
     hashes = key_hashes(counts.keys)
     order = np.argsort(_buckets(hashes), kind="stable")
@@ -70,7 +71,7 @@ def write_partial(path: Path, counts: KeyCounts) -> None:
     atomic_write_parquet(table, path, row_group_size=SPILL_ROW_GROUP, **_WRITE)
 
 
-def read_partition(path: Path, p: int, partitions: int, with_texts: bool) -> KeyCounts:
+def read_partition(path: Location, p: int, partitions: int, with_texts: bool) -> KeyCounts:
     """The entries of partition ``p`` of ``partitions`` in the spilled partial at ``path``, as a partial (keys
     ascending, ``nulls`` 0)."""
     lo, hi = hash_range(p, partitions)
@@ -104,12 +105,12 @@ def _buckets(hashes: np.ndarray) -> np.ndarray:
     return (hashes >> np.uint64(64 - BUCKET_BITS)).astype(np.uint16)
 
 
-def write_ranked(path: Path, ranked: KeyCounts) -> None:
+def write_ranked(path: Location, ranked: KeyCounts) -> None:
     """Write a ranked table (``nulls`` aside)."""
     atomic_write_parquet(_table(ranked, None), path, row_group_size=RANKED_CHUNK, **_WRITE)
 
 
-def read_ranked(path: Path, with_texts: bool) -> Iterator[KeyCounts]:
+def read_ranked(path: Location, with_texts: bool) -> Iterator[KeyCounts]:
     """The ranked table at ``path``, chunk by chunk; ``InputError`` when its entries are not in rank order."""
     f = _open(path, _schema(False, with_texts))
     last: tuple[int, int] | None = None
@@ -126,14 +127,15 @@ def read_ranked(path: Path, with_texts: bool) -> Iterator[KeyCounts]:
         yield KeyCounts(keys, counts, 0, table.column("raw").combine_chunks() if with_texts else None)
 
 
-def _open(path: Path, schema: pa.Schema) -> pq.ParquetFile:
-    f = _read(path, partial(pq.ParquetFile, path))
+def _open(path: Location, schema: pa.Schema) -> pq.ParquetFile:
+    source, filesystem = arrow_source(path)
+    f = _read(path, partial(pq.ParquetFile, source, filesystem=filesystem))
     if not f.schema_arrow.equals(schema):
         raise InputError(str(path), f"columns {f.schema_arrow.names}, expected {schema.names} (not a file of this fit)")
     return f
 
 
-def _read(path: Path, read: Callable[[], T]) -> T:
+def _read(path: Location, read: Callable[[], T]) -> T:
     """``read()``, with a read failure as ``InputError`` naming ``path``."""
     try:
         return read()
@@ -141,6 +143,6 @@ def _read(path: Path, read: Callable[[], T]) -> T:
         raise InputError(str(path), f"cannot read: {e}") from None
 
 
-def _check_values(path: Path, table: pa.Table) -> None:
+def _check_values(path: Location, table: pa.Table) -> None:
     if any(table.column(name).null_count for name in table.schema.names) or (table.num_rows and pc.min(table.column("count")).as_py() < 1):
         raise InputError(str(path), "missing values or counts below 1")

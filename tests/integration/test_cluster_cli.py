@@ -1,9 +1,14 @@
 """`etl preprocess --cluster` and `etl bench --cluster` as a user runs them: the same bytes as threads with one or
-two worker processes (quarantine files included), a bad value on a worker is the one-line error of exit status 2."""
+two worker processes (quarantine files included), a bad value on a worker is the one-line error of exit status 2,
+and so is a shard whose worker processes keep dying."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -52,6 +57,28 @@ def test_a_bad_value_on_a_worker_is_one_line_and_exit_2(raw: Path, tmp_path: Pat
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [f"error: {raw / '2.parquet'}, row group 0, row 5, column 'C3': "
                                                 "malformed value (expected 8 hex digits): 'zz123456'"]  # fmt: skip
+
+
+def kill_own_worker(*args: object) -> None:
+    """Stands for ``etl.preprocess_tasks.shard_task`` in the test below: it kills the worker process running it."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_shard_whose_workers_keep_dying_is_one_line_and_exit_2(raw: Path, tmp_path: Path) -> None:
+    """The etl command line, in a process where the shard task is one that kills its worker (workers import it
+    from this module); Dask gives up on a task at its first worker death."""
+    fitted = Pipeline.from_file(CRITEO)
+    fitted.fit([raw / "0.parquet"])
+    fitted.save(tmp_path / "artifacts")
+    main = ("import etl.preprocess_tasks, tests.integration.test_cluster_cli as t; "
+            "etl.preprocess_tasks.shard_task = t.kill_own_worker; from etl.cli import app; app()")  # fmt: skip
+    args = ["preprocess", "--pipeline", CRITEO, "--input", raw / "2.parquet", "--out", tmp_path / "out", "--artifacts", tmp_path / "artifacts",
+            "--cluster", "local:1"]  # fmt: skip
+    env = os.environ | {"DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "0"}
+    proc = subprocess.run([sys.executable, "-c", main, *map(str, args)], cwd=REPO, env=env, capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [f"error: {raw / '2.parquet'}: stopped: the Dask worker processes holding this task died more "
+                                                "often than distributed.scheduler.allowed-failures allows (killed, or out of memory?)"]  # fmt: skip
 
 
 def test_bench_measures_preprocess_on_the_cluster_beside_threads(tmp_path: Path) -> None:

@@ -126,3 +126,24 @@ def test_missing_bucket_and_key_name_the_url(s3: str, criteo_8k: Path) -> None:
     assert f"{s3}/nothing" in _one_line_error("inspect", f"{s3}/nothing")
     line = _one_line_error("convert", criteo_8k / "dev.csv", "--schema", SCHEMA, "--out", missing)
     assert "s3://etl-no-such-bucket/raw/" in line and "cannot write" in line
+
+
+def test_storage_that_cannot_be_reached_is_one_line_naming_the_url(s3: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    raw = f"{s3}/raw"
+    run_etl("generate", "--schema", SCHEMA, "--rows", 100, "--files", 1, "--out", raw)
+    fit = ("fit", "--pipeline", PIPELINE, "--input", raw, "--artifacts", tmp_path / "a")
+    with monkeypatch.context() as env:  # no credentials anywhere
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            env.delenv(name)
+        env.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+        env.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+        env.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        line = _one_line_error(*fit)
+        assert line.startswith(f"error: {raw}: cannot access object storage: Unable to locate credentials") and "AWS_ACCESS_KEY_ID" in line
+    with monkeypatch.context() as env:  # an endpoint where nothing listens
+        env.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")
+        env.setenv("AWS_MAX_ATTEMPTS", "1")
+        line = _one_line_error(*fit)
+        assert line.startswith(f"error: {raw}: cannot access object storage: Could not connect to the endpoint URL")
+    line = _one_line_error("preprocess", "--pipeline", PIPELINE, "--input", raw, "--out", "s3://etl-no-such-bucket/out")
+    assert line.startswith("error: s3://etl-no-such-bucket/out/") and "cannot write" in line

@@ -1,19 +1,22 @@
 """etl.cluster_tasks.run_tasks on a LocalCluster of two worker processes: every result reaches the driver once, rows
-are reported once, a task's error reaches the driver as itself and the other tasks see ``stop``."""
+are reported once, a task's error reaches the driver as itself and the other tasks see ``stop``, shared arguments
+(a scattered value) reach every task, and a task whose workers keep dying is a ``ClusterError`` naming its item."""
 
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import dask
 import pytest
 
 from etl.cluster import connect
 from etl.cluster_tasks import Stop, _RowCounter, run_tasks
-from etl.errors import RowError
+from etl.errors import ClusterError, RowError
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +29,15 @@ def square_in_steps(item: int, stop: Stop, progress: Callable[[int], None]) -> t
     for _ in range(3):
         progress(item)
     return item * item, os.getpid()
+
+
+def scaled(factor: int, item: int, stop: Stop, progress: Callable[[int], None]) -> int:
+    return factor * item
+
+
+def kill_own_worker(item: str, stop: Stop, progress: Callable[[int], None]) -> None:
+    """Kills the worker process running it, every time it runs."""
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def bad_row_or_wait(item: tuple[int, str], stop: Stop, progress: Callable[[int], None]) -> None:
@@ -78,3 +90,16 @@ def test_rows_of_a_rerun_task_are_not_counted_twice() -> None:
     counter.update(1, 80)  # the result of item 1's task, before its last event
     counter.on_event((0.0, (1, 80)))
     assert sum(reported) == 380
+
+
+def test_shared_arguments_reach_every_task_as_their_values(client) -> None:
+    results: dict[int, int] = {}
+    run_tasks(client, scaled, [1, 2, 3], results.__setitem__, shared=(client.scatter(10, broadcast=True),))
+    assert results == {0: 10, 1: 20, 2: 30}
+
+
+def test_a_task_whose_workers_keep_dying_is_a_cluster_error_naming_its_item() -> None:
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}), connect("local:1") as client:
+        with pytest.raises(ClusterError) as info:
+            run_tasks(client, kill_own_worker, ["a"], lambda k, r: None, describe=lambda item: f"item {item}")
+    assert str(info.value).startswith("item a: stopped: the Dask worker processes holding this task died more often than")

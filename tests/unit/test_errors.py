@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 
-from etl.errors import ArtifactError, ConfigError, FitError, InputError, LoaderError, OutputError, RowError, SpecError
+from etl.errors import ArtifactError, ClusterError, ConfigError, FitError, InputError, LoaderError, OutputError, RowError, SpecError
 
 
 @pytest.mark.parametrize(
@@ -22,6 +22,7 @@ from etl.errors import ArtifactError, ConfigError, FitError, InputError, LoaderE
         ArtifactError("a: no pipeline.json"),
         LoaderError("worker failed"),
         OutputError("out: locked"),
+        ClusterError("raw/part-00001.parquet: stopped: the Dask worker processes holding this task died"),
     ],
 )
 def test_errors_pickle_with_their_fields(error):

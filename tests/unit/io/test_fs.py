@@ -8,9 +8,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from etl.errors import InputError, OutputError
+from etl.errors import ConfigError, InputError, OutputError
 from etl.io.files import atomic_write_bytes, atomic_write_parquet, remove_temporaries, sha256_file, temporary_path
-from etl.io.fs import Url, fingerprint, is_within, location, replace
+from etl.io.fs import Url, accessing, fingerprint, is_within, location, remove_tree, replace
 from etl.io.parquet import footer_sha256, list_shards, open_shard, read_footer
 from etl.io.paths import expand_globs
 from etl.io.text import ShardSetWriter, raw_arrow_schema
@@ -30,6 +30,27 @@ def test_location_keeps_urls_whole_and_makes_file_urls_local(tmp_path: Path) -> 
     assert location(f"file://{tmp_path}/x") == tmp_path / "x"
     assert location("relative/dir") == Path("relative/dir")
     assert location("gs://b/k") == Url("gs://b/k") and location("abfs://c/k") == Url("abfs://c/k")
+
+
+def test_gcs_urls_are_parsed_and_get_their_filesystem_without_network() -> None:
+    gcsfs = pytest.importorskip("gcsfs")
+    for scheme in ("gs", "gcs"):
+        u = location(f"{scheme}://bucket/raw/", {"token": "anon"})
+        assert isinstance(u, Url) and str(u) == f"{scheme}://bucket/raw" and u.key == "bucket/raw" and u.protocol == scheme
+        assert u.storage_options == {"token": "anon"} and str(u / "a.parquet") == f"{scheme}://bucket/raw/a.parquet"
+        assert isinstance(u.fs, gcsfs.GCSFileSystem) and u.fs._strip_protocol(str(u / "a")) == "bucket/raw/a"
+
+
+def test_azure_urls_are_parsed_and_get_their_filesystem_without_network() -> None:
+    adlfs = pytest.importorskip("adlfs")
+    u = location("abfs://container@acct.dfs.core.windows.net/raw/", {"anon": True})
+    assert isinstance(u, Url) and str(u) == "abfs://container/raw" and u.key == "container/raw"
+    assert u.storage_options == {"account_name": "acct", "anon": True}  # the account named in the URL
+    assert (u / "part-00000.parquet").storage_options == u.storage_options
+    assert isinstance(u.fs, adlfs.AzureBlobFileSystem) and u.fs.account_name == "acct"
+    assert location("abfs://container@acct.dfs.core.windows.net/raw", {"account_name": "other"}).storage_options["account_name"] == "other"
+    v = location("az://container/raw", {"account_name": "acct", "anon": True})
+    assert isinstance(v, Url) and str(v) == "az://container/raw" and v.key == "container/raw" and v.fs.account_name == "acct"
 
 
 def test_within_compares_prefixes_and_never_mixes_kinds(tmp_path: Path) -> None:
@@ -52,8 +73,13 @@ def test_writes_reads_and_moves_objects(s3: str) -> None:
     assert [p.name for p in d.iterdir()] == ["b.bin"]
     tmp = temporary_path(d / "c.bin")
     atomic_write_bytes(tmp, b"partial")
+    work = temporary_path(d / "fit")  # the work directory of an interrupted fit: a prefix of objects
+    atomic_write_bytes(work / "counts" / "00-0" / "000000.parquet", b"spilled")
     remove_temporaries(d)
     assert [p.name for p in d.iterdir()] == ["b.bin"]
+    remove_tree(d)
+    assert not d.exists()
+    remove_tree(d)  # nothing there: nothing to do
 
 
 def test_a_failed_upload_leaves_no_object(s3: str) -> None:
@@ -115,3 +141,18 @@ def test_storage_options_reach_the_filesystem(s3: str, s3_server: str, monkeypat
     assert [str(p) for p in shards] == [f"{s3}/opts/part-00000.parquet"]
     assert isinstance(shards[0], Url) and shards[0].storage_options == options
     assert read_footer(shards[0]).num_rows == 2
+
+
+def test_storage_refusing_or_unreachable_is_a_config_error_naming_the_url() -> None:
+    botocore = pytest.importorskip("botocore.exceptions")
+    url = Url("s3://bucket/raw")
+    for error, shown in [
+        (PermissionError("The AWS Access Key Id you provided does not exist in our records."), "access denied: The AWS Access Key Id"),
+        (botocore.NoCredentialsError(), "cannot access object storage: Unable to locate credentials"),
+        (botocore.EndpointConnectionError(endpoint_url="http://127.0.0.1:1"), "cannot access object storage: Could not connect"),
+    ]:
+        with pytest.raises(ConfigError) as info, accessing(url):
+            raise error
+        assert str(info.value).startswith(f"s3://bucket/raw: {shown}") and "AWS_ENDPOINT_URL" in str(info.value)
+    with pytest.raises(FileNotFoundError), accessing(url):  # a missing object is the caller's to report
+        raise FileNotFoundError("s3://bucket/raw")

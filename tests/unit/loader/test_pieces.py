@@ -1,8 +1,11 @@
-"""etl.loader.pieces: each reader's chunk of a piece cut from the middle of a row group, its timing, and the
-wrapper that names the piece of an unexpected failure."""
+"""etl.loader.pieces: each reader's chunk of a piece cut from the middle of a row group, its timing, a processed
+file in object storage downloaded once for its check and its reads (moto in server mode), and the wrapper that
+names the piece of an unexpected failure."""
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from etl.errors import InputError, LoaderError
-from etl.io.files import sha256_file
+from etl.io.files import atomic_write_parquet, sha256_file
+from etl.io.fs import Url
 from etl.io.processed import Manifest, ManifestEntry, ProcessedOutput, part_path
 from etl.loader.chunk import Chunk, Layout
 from etl.loader.device_stage import ROW_BITS, DeviceStage
@@ -63,6 +67,41 @@ def test_processed_reader_reads_the_output_columns_as_they_are(raw: Path, tmp_pa
     output = ProcessedOutput(tmp_path, tmp_path / "artifacts", [out], Manifest.of("criteo_hash", [entry], complete=True))
     chunk = ProcessedReader(LAYOUT, LoaderStats(), output)(middle(out))
     assert_same(chunk, HostReader(PIPELINE, LAYOUT, LoaderStats())(middle(raw)))
+
+
+def test_a_processed_file_in_object_storage_is_downloaded_once(raw: Path, s3: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every piece of the file read (twice), and its check: about the file's bytes fetched from the store, once; a
+    copy whose bytes differ from the manifest's is refused, and leaves no copy behind."""
+    s3fs = pytest.importorskip("s3fs")
+    directory = Url(f"{s3}/out")
+    out = part_path(directory, 0)
+    atomic_write_parquet(PIPELINE.transform_table(pq.read_table(raw)), out, row_group_size=300)
+    entry = ManifestEntry(out.name, str(raw), raw.stat().st_size, 900, 900, 0, None, sha256_file(out))
+    output = ProcessedOutput(directory, directory / "artifacts", [out], Manifest.of("criteo_hash", [entry], complete=True))
+    groups = row_groups([out])
+    fetched: Counter[str] = Counter()
+    fetch_range = s3fs.core.S3File._fetch_range
+
+    def counted(self, start: int, end: int) -> bytes:
+        data = fetch_range(self, start, end)
+        fetched[self.path] += len(data)
+        return data
+
+    monkeypatch.setattr(s3fs.core.S3File, "_fetch_range", counted)
+    reader = ProcessedReader(LAYOUT, LoaderStats(), output)
+    for _ in range(2):  # two epochs
+        chunks = [reader(Piece(g, 0, g.num_rows)) for g in groups]
+    size, got = out.fs.size(out.key), fetched[out.key]
+    assert size <= got < 1.2 * size, (got, size)  # read from the store for the check and again for the rows: 2 * size or more
+    assert sum(c.n for c in chunks) == 900
+    assert_same(chunks[1], ProcessedReader(LAYOUT, LoaderStats(), output).read(Piece(groups[1], 0, 300), out))  # as in the store
+
+    wrong = replace(entry, sha256="0" * 64)
+    bad = ProcessedOutput(directory, directory / "artifacts", [out], Manifest.of("criteo_hash", [wrong], complete=True))
+    checking = ProcessedReader(LAYOUT, LoaderStats(), bad)
+    with pytest.raises(InputError, match="sha256 .* differs from the manifest's"):
+        checking(Piece(groups[0], 0, 10))
+    assert checking._spool is not None and list(checking._spool.iterdir()) == []
 
 
 def test_device_input_reader_lays_out_inputs_with_their_origin(raw: Path) -> None:

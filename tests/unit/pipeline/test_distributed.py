@@ -1,17 +1,22 @@
 """Fitting on a Dask cluster (``local:1``, ``local:2``): artifacts byte-identical to the threaded fit's whatever the
 partition count and shard order, string keys and Normalize, several stages, errors raised in a worker reaching
-the caller as the same typed error, quarantine, progress, and the work directory removed in every case."""
+the caller as the same typed error, quarantine, progress, the work directory removed in every case, and spilled to
+object storage (moto in server mode) when the work directory is a URL."""
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 
+import dask
 import pyarrow.parquet as pq
 import pytest
 import yaml
 
 from etl.cluster import connect
-from etl.errors import ConfigError, RowError
+from etl.errors import ClusterError, ConfigError, RowError
+from etl.io.fs import Url
 from etl.pipeline import Pipeline, distributed
 from tests.unit.pipeline.conftest import DLRM, PIPELINES, ROOT, write_pipeline
 from tests.unit.pipeline.test_fit import tree_bytes
@@ -90,7 +95,7 @@ def test_several_stages_and_progress(local2, criteo, tmp_path, monkeypatch):
     got = fit_to(tmp_path / "d", spec, paths, tmp_path / "work", client=local2, progress=progress, partitions=3)
     assert got == ref
     rows = sum(t.num_rows for t in tables)
-    assert seen == {"fit 1/2": rows, "fit 2/2": rows}
+    assert seen == {"fit 1/2": rows, "fit 1/2 merge": rows, "fit 2/2": rows}  # the second stage has no count table
 
 
 def test_a_worker_error_is_the_same_typed_error(local2, criteo, bad_shard, tmp_path):
@@ -105,6 +110,22 @@ def test_a_worker_error_is_the_same_typed_error(local2, criteo, bad_shard, tmp_p
         threaded.value.path, threaded.value.row_group, threaded.value.row, threaded.value.column
     )  # fmt: skip
     assert str(remote.value) == str(threaded.value)
+    assert list((tmp_path / "work").iterdir()) == []
+
+
+def kill_own_worker(*args: object) -> None:
+    """Stands for the counting task: it kills the worker process running it."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_piece_whose_workers_keep_dying_is_a_cluster_error_naming_it(criteo, tmp_path, monkeypatch):
+    paths, _, _ = criteo
+    monkeypatch.setattr(distributed, "_count_piece", kill_own_worker)  # workers import it from this module
+    (tmp_path / "work").mkdir()
+    with dask.config.set({"distributed.scheduler.allowed-failures": 0}), connect("local:1") as client:
+        with pytest.raises(ClusterError) as info:
+            Pipeline.from_file(PIPELINES / "criteo.yaml").fit(paths[:1], client=client, workdir=tmp_path / "work")
+    assert str(info.value).startswith(f"{paths[0]}, row groups 0-3: stopped: the Dask worker processes holding this task died")
     assert list((tmp_path / "work").iterdir()) == []
 
 
@@ -147,3 +168,22 @@ def test_tasks_are_whole_row_groups_up_to_task_rows(criteo, monkeypatch, task_ro
     assert [p.stop - p.first for p in pieces] == groups
     assert pieces[0].first == 0 and pieces[-1].stop == 4 and all(a.stop == b.first for a, b in zip(pieces, pieces[1:]))
     assert {p.path for p in pieces} == {path}
+
+
+def test_spills_through_object_storage_when_the_work_directory_is_a_url(local2, criteo, fitted, s3, s3_server, tmp_path):
+    """The work directory is a temporary prefix under the URL while the partitions merge, and gone at the end (the
+    workers, started before the ``s3`` fixture set the environment, reach the store by the URL's options)."""
+    paths, _, _ = criteo
+    work = Url(f"{s3}/art", {"endpoint_url": s3_server, "key": "testing", "secret": "testing"})
+    seen: list[str] = []
+
+    def progress(name: str, n: int) -> None:
+        if name == "fit merge" and not seen:
+            seen.extend(key[len(work.key) + 1 :] for key in work.fs.find(work.key))
+
+    p = Pipeline.from_file(PIPELINES / "criteo.yaml")
+    p.fit(paths, client=local2, workdir=work, partitions=2, progress=progress)
+    p.save(tmp_path / "a")
+    assert tree_bytes(tmp_path / "a") == tree_bytes(fitted[1])
+    assert seen and all(key.startswith(".fit.") and ("/counts/" in key or "/ranked/" in key) for key in seen), seen
+    assert work.fs.find(work.key) == []

@@ -68,7 +68,8 @@ def fit_shards(
     lock = threading.Lock()
     stages = fit_stages(pipeline.ops)
     for k, stage in enumerate(stages):
-        report = stage_progress(progress, k, len(stages))
+        name = stage_name(k, len(stages))
+        report = None if progress is None else functools.partial(progress, name)
         if client is None:
             _fit_stage(pipeline, stage, shards, workers, on_error, report, lock)
         else:
@@ -78,12 +79,10 @@ def fit_shards(
             fit_stage_on_cluster(pipeline, stage, shards, client, on_error, progress, name, partitions, work)
 
 
-def stage_progress(progress: Progress | None, k: int, stages: int) -> Callable[[int], None] | None:
-    """What hears of the rows read by fitting stage ``k`` of ``stages``: ``progress`` with the pass name
-    (``"fit"``, or ``"fit 1/2"``, ``"fit 2/2"``... with several stages)."""
-    if progress is None:
-        return None
-    return functools.partial(progress, "fit" if stages == 1 else f"fit {k + 1}/{stages}")
+def stage_name(k: int, stages: int) -> str:
+    """The progress pass name of fitting stage ``k`` of ``stages``: ``"fit"``, or ``"fit 1/2"``, ``"fit 2/2"``...
+    with several stages."""
+    return "fit" if stages == 1 else f"fit {k + 1}/{stages}"
 
 
 def _fit_stage(

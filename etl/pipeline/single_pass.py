@@ -22,6 +22,7 @@ reason in pipeline order), so the output, quarantine included, has the bytes of 
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from etl.io.fs import Location
 from etl.io.parquet import Shard, open_shard
 from etl.ops import Op
 from etl.pipeline.core import OnError, Pipeline, Transformed
-from etl.pipeline.fit import fit_batches, fit_plan, fit_stages, stage_progress
+from etl.pipeline.fit import fit_batches, fit_plan, fit_stages, stage_name
 from etl.pipeline.stash import Key, RawRows, Stash
 from etl.progress import Progress
 
@@ -101,11 +102,12 @@ def fit_stashing(
             emit(t)
 
     items = list(enumerate(shards))
-    fit_batches(pipeline, stages[0], items, prepare_first, workers, stage_progress(progress, 0, len(stages)), lock)
+    report = None if progress is None else functools.partial(progress, stage_name(0, len(stages)))
+    fit_batches(pipeline, stages[0], items, prepare_first, workers, report, lock)
     keys.sort()
     unstashed = [p for i, p in items if i not in stashed]
     for k, stage in enumerate(stages[1:], 1):
-        report = stage_progress(progress, k, len(stages))
+        report = None if progress is None else functools.partial(progress, stage_name(k, len(stages)))
         _fit_from_stash(pipeline, stage, first, stash, [*keys, *unstashed], workers, on_error, report, lock)
     return Plan(first, [op for op in pipeline.ops if op not in first])
 

@@ -1,6 +1,10 @@
-"""Row copies between row-major arrays ([n, k]: the loader's chunks, shuffle buffers and batch slots), as a numba
-kernel that releases the GIL (``nogil=True``), so that the loader's assembler thread copies while worker threads
-run Python. Each row is one ``memcpy`` of its bytes, as numpy's ``take`` along axis 0 copies it."""
+"""Row copies between row-major arrays ([n, k]: the loader's chunks, shuffle buffers and batch slots), as numba
+kernels that release the GIL (``nogil=True``), so that the loader's assembler thread copies while worker threads
+run Python. Each row is one ``memcpy`` of its bytes, as numpy's ``take`` along axis 0 copies it.
+
+``split_rows`` sorts row numbers of a run of arrays (rows ``starts[k]:starts[k + 1]`` in array k) by array, and
+``scatter_rows`` copies each array's share, so that rows are gathered from several arrays without
+concatenating them first."""
 
 from __future__ import annotations
 
@@ -59,3 +63,36 @@ def _contiguous_rows(a: np.ndarray) -> bool:
     after the other."""
     row_bytes = a.shape[1] * a.itemsize
     return (a.shape[1] <= 1 or a.strides[1] == a.itemsize) and (a.shape[0] <= 1 or row_bytes == 0 or a.strides[0] == row_bytes)
+
+
+@nb.njit(nogil=True, cache=True)
+def _split_rows(starts, rows, src_rows, out_rows, bounds):
+    parts = len(starts) - 1
+    which = np.empty(len(rows), np.int64)
+    for r in range(len(rows)):
+        k = 0
+        while k + 1 < parts and rows[r] >= starts[k + 1]:
+            k += 1
+        which[r] = k
+        bounds[k + 1] += 1
+    for k in range(parts):
+        bounds[k + 1] += bounds[k]
+    fill = bounds[:-1].copy()
+    for r in range(len(rows)):
+        k = which[r]
+        src_rows[fill[k]] = rows[r] - starts[k]
+        out_rows[fill[k]] = r
+        fill[k] += 1
+
+
+def split_rows(starts: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For row numbers ``rows`` of a run of arrays (array k holds rows ``starts[k]:starts[k + 1]``; ``starts``
+    int64, ascending, from 0, each row number below ``starts[-1]``): ``(src_rows, out_rows, bounds)``, where
+    ``src_rows[bounds[k]:bounds[k + 1]]`` are the rows of array k (numbered within it) that ``rows`` names, at
+    positions ``out_rows[bounds[k]:bounds[k + 1]]`` of ``rows``, in the order of ``rows``."""
+    rows = rows.astype(np.int64, copy=False)
+    src_rows = np.empty(len(rows), np.int64)
+    out_rows = np.empty(len(rows), np.int64)
+    bounds = np.zeros(len(starts), np.int64)
+    _split_rows(starts.astype(np.int64, copy=False), rows, src_rows, out_rows, bounds)
+    return src_rows, out_rows, bounds

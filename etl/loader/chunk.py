@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from etl.backends.rows import scatter_rows
+from etl.backends.rows import scatter_rows, split_rows
 from etl.batch import Batch, Column, list_elements
 from etl.loader.ring import Field
 from etl.pipeline import Pipeline
@@ -176,14 +176,12 @@ class ChunkRun:
     def gather(self, rows: np.ndarray, out: dict[str, np.ndarray]) -> None:
         """Fixed fields of rows ``rows`` (row numbers of the run, in range) into ``out``: name → array of
         ``len(rows)`` rows."""
-        rows = rows.astype(np.int64, copy=False)
-        which = np.searchsorted(self.starts, rows, side="right") - 1
+        src_rows, out_rows, bounds = split_rows(self.starts, rows)
         for k, c in enumerate(self.chunks):
-            at = np.flatnonzero(which == k)
-            if len(at):
-                local = rows[at] - self.starts[k]
+            a, b = bounds[k], bounds[k + 1]
+            if a < b:
                 for name, dest in out.items():
-                    scatter_rows(c.fixed[name], local, dest, at)
+                    scatter_rows(c.fixed[name], src_rows[a:b], dest, out_rows[a:b])
 
     def take_fixed(self, name: str, rows: np.ndarray) -> np.ndarray:
         """Fixed field ``name`` of rows ``rows``, as a new array."""

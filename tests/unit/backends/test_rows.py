@@ -1,11 +1,11 @@
-"""etl.backends.rows.scatter_rows against numpy fancy indexing."""
+"""etl.backends.rows: scatter_rows against numpy fancy indexing, split_rows against its definition."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from etl.backends.rows import scatter_rows
+from etl.backends.rows import scatter_rows, split_rows
 
 
 @pytest.mark.parametrize("dtype", [np.int32, np.int64, np.float32, np.uint8])
@@ -41,3 +41,22 @@ def test_scatter_rows_refuses_arrays_it_cannot_copy_row_by_row() -> None:
         scatter_rows(a, np.array([0, 1]), np.zeros((2, 4), np.int32), np.array([0]))  # row counts differ
     with pytest.raises(ValueError):
         scatter_rows(a, np.array([0]), np.zeros((1, 3), np.int32), np.array([0]))  # widths differ
+
+
+def test_split_rows_sorts_rows_by_array_keeping_their_order() -> None:
+    starts = np.array([0, 4, 4, 9, 10])  # arrays of 4, 0, 5 and 1 rows
+    rows = np.array([9, 0, 5, 3, 4, 8, 9, 1])
+    src_rows, out_rows, bounds = split_rows(starts, rows)
+    assert bounds.tolist() == [0, 3, 3, 6, 8]
+    assert src_rows.tolist() == [0, 3, 1, 1, 0, 4, 0, 0]  # array 0: rows 0, 3, 1; array 2: 1, 0, 4; array 3: 0, 0
+    assert out_rows.tolist() == [1, 3, 7, 2, 4, 5, 0, 6]
+    rng = np.random.default_rng(5)
+    rows = rng.permutation(10)
+    src_rows, out_rows, bounds = split_rows(starts, rows)
+    for k in range(4):
+        a, b = bounds[k], bounds[k + 1]
+        assert np.array_equal(src_rows[a:b] + starts[k], rows[out_rows[a:b]])
+        assert np.all(np.diff(out_rows[a:b]) > 0)
+    assert sorted(out_rows.tolist()) == list(range(10))
+    empty = split_rows(starts, np.array([], np.int64))
+    assert [len(x) for x in empty[:2]] == [0, 0] and empty[2].tolist() == [0] * 5

@@ -37,15 +37,20 @@ def _copy_row(typingctx, out, o, src, s, nbytes):
 
 @nb.njit(nogil=True, cache=True)
 def _scatter_rows(src, src_rows, out, out_rows, nbytes):
+    """Copy the rows; the first r whose row numbers are out of range (nothing copied from it on), or -1."""
     for r in range(len(src_rows)):
-        _copy_row(out, out_rows[r], src, src_rows[r], nbytes)
+        s, o = src_rows[r], out_rows[r]
+        if s < 0 or s >= src.shape[0] or o < 0 or o >= out.shape[0]:
+            return r
+        _copy_row(out, o, src, s, nbytes)
+    return -1
 
 
 def scatter_rows(src: np.ndarray, src_rows: np.ndarray, out: np.ndarray, out_rows: np.ndarray) -> None:
     """``out[out_rows[r]] = src[src_rows[r]]`` for every r: one copy of each row, without the intermediate array
     that ``out[out_rows] = src[src_rows]`` makes. ``src`` and ``out``: 1-d or 2-d arrays of one dtype and row
-    width, each row contiguous in memory. The row numbers (int64) must be in range: they are not checked, for
-    speed; ``ValueError`` is raised for arrays that do not fit these rules."""
+    width, each row contiguous in memory (``ValueError`` otherwise). A row number out of range raises
+    ``IndexError`` (the rows before it are copied)."""
     if src.ndim == 1:
         src = src.reshape(-1, 1)
     if out.ndim == 1:
@@ -55,7 +60,10 @@ def scatter_rows(src: np.ndarray, src_rows: np.ndarray, out: np.ndarray, out_row
     if not (fits and src.ndim == out.ndim == 2 and _contiguous_rows(src) and _contiguous_rows(out)):
         raise ValueError(f"cannot copy rows of {src.dtype}{list(src.shape)} into {out.dtype}{list(out.shape)} "
                          f"({len(src_rows)} source rows, {len(out_rows)} destination rows; rows must be contiguous)")  # fmt: skip
-    _scatter_rows(src, src_rows.astype(np.int64, copy=False), out, out_rows.astype(np.int64, copy=False), row_bytes)
+    src_rows, out_rows = src_rows.astype(np.int64, copy=False), out_rows.astype(np.int64, copy=False)
+    bad = _scatter_rows(src, src_rows, out, out_rows, row_bytes)
+    if bad >= 0:
+        raise IndexError(f"row {src_rows[bad]} of {len(src)} copied to row {out_rows[bad]} of {len(out)}")
 
 
 def _contiguous_rows(a: np.ndarray) -> bool:
@@ -67,9 +75,12 @@ def _contiguous_rows(a: np.ndarray) -> bool:
 
 @nb.njit(nogil=True, cache=True)
 def _split_rows(starts, rows, src_rows, out_rows, bounds):
+    """Fill the three arrays; the first r whose row number is out of range (nothing filled), or -1."""
     parts = len(starts) - 1
     which = np.empty(len(rows), np.int64)
     for r in range(len(rows)):
+        if rows[r] < 0 or rows[r] >= starts[parts]:
+            return r
         k = 0
         while k + 1 < parts and rows[r] >= starts[k + 1]:
             k += 1
@@ -83,16 +94,19 @@ def _split_rows(starts, rows, src_rows, out_rows, bounds):
         src_rows[fill[k]] = rows[r] - starts[k]
         out_rows[fill[k]] = r
         fill[k] += 1
+    return -1
 
 
 def split_rows(starts: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For row numbers ``rows`` of a run of arrays (array k holds rows ``starts[k]:starts[k + 1]``; ``starts``
-    int64, ascending, from 0, each row number below ``starts[-1]``): ``(src_rows, out_rows, bounds)``, where
-    ``src_rows[bounds[k]:bounds[k + 1]]`` are the rows of array k (numbered within it) that ``rows`` names, at
-    positions ``out_rows[bounds[k]:bounds[k + 1]]`` of ``rows``, in the order of ``rows``."""
+    int64, ascending, from 0): ``(src_rows, out_rows, bounds)``, where ``src_rows[bounds[k]:bounds[k + 1]]`` are
+    the rows of array k (numbered within it) that ``rows`` names, at positions ``out_rows[bounds[k]:bounds[k + 1]]``
+    of ``rows``, in the order of ``rows``. A row number outside ``[0, starts[-1])`` raises ``IndexError``."""
     rows = rows.astype(np.int64, copy=False)
     src_rows = np.empty(len(rows), np.int64)
     out_rows = np.empty(len(rows), np.int64)
     bounds = np.zeros(len(starts), np.int64)
-    _split_rows(starts.astype(np.int64, copy=False), rows, src_rows, out_rows, bounds)
+    bad = _split_rows(starts.astype(np.int64, copy=False), rows, src_rows, out_rows, bounds)
+    if bad >= 0:
+        raise IndexError(f"row {rows[bad]} of a run of {starts[-1]} rows")
     return src_rows, out_rows, bounds

@@ -5,8 +5,8 @@ of them ahead of the one being assembled, and come back in order. Their rows fil
 ``shuffle_buffer`` rows; each full buffer (a ``ChunkRun``: its chunks are not concatenated) is given its order:
 a permutation drawn from (seed, epoch, rank, buffer number) with shuffle, else its rows as they are. Batches of
 ``batch_size`` rows are cut from that row stream (the remainder carries over across pieces and shards) and
-gathered straight from the buffers' chunks into a free ring slot, one copy per row; the slot's host→device copy starts at once and the batch is
-queued for the consumer as ``(slot, rows, lists)``. After the last piece come the final partial batch and, on a
+gathered straight from the buffers' chunks into a free ring slot, one copy per row; the slot's host→device copy
+starts at once and the batch is queued for the consumer as ``(slot, rows, lists)``. After the last piece come the final partial batch and, on a
 rank whose slice is one row shorter, the empty batch it owes (``etl.loader.order.batches_per_rank``).
 
 A pass that starts at batch ``start`` > 0 (a resume) begins with the shuffle buffer holding that batch's first

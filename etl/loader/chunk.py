@@ -174,8 +174,8 @@ class ChunkRun:
         return int(self.starts[-1])
 
     def gather(self, rows: np.ndarray, out: dict[str, np.ndarray]) -> None:
-        """Fixed fields of rows ``rows`` (row numbers of the run, in range) into ``out``: name → array of
-        ``len(rows)`` rows."""
+        """Fixed fields of rows ``rows`` (row numbers of the run; ``IndexError`` for one out of range) into
+        ``out``: name → array of ``len(rows)`` rows."""
         src_rows, out_rows, bounds = split_rows(self.starts, rows)
         for k, c in enumerate(self.chunks):
             a, b = bounds[k], bounds[k + 1]

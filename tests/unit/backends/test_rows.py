@@ -60,3 +60,13 @@ def test_split_rows_sorts_rows_by_array_keeping_their_order() -> None:
     assert sorted(out_rows.tolist()) == list(range(10))
     empty = split_rows(starts, np.array([], np.int64))
     assert [len(x) for x in empty[:2]] == [0, 0] and empty[2].tolist() == [0] * 5
+
+
+def test_row_numbers_out_of_range_raise_instead_of_reading_or_writing_past_the_arrays() -> None:
+    src, out = np.arange(12, dtype=np.int64).reshape(4, 3), np.zeros((2, 3), np.int64)
+    for src_rows, out_rows in [([0, 4], [0, 1]), ([0, -1], [0, 1]), ([0, 1], [0, 2]), ([0, 1], [-1, 0])]:
+        with pytest.raises(IndexError):
+            scatter_rows(src, np.array(src_rows), out, np.array(out_rows))
+    for rows in ([0, 10], [-1]):
+        with pytest.raises(IndexError):
+            split_rows(np.array([0, 4, 10]), np.array(rows))

@@ -2,11 +2,11 @@
 
 The pieces of the pass (``etl.loader.order.rank_pieces``) go to a pool of reader threads, at most ``read_ahead``
 of them ahead of the one being assembled, and come back in order. Their rows fill shuffle buffers of
-``shuffle_buffer`` rows; each full buffer is concatenated once and given its order: a permutation drawn from
-(seed, epoch, rank, buffer number) with shuffle, else its rows as they are. Batches of ``batch_size`` rows are
-cut from that row stream (the remainder carries over across pieces and shards) and gathered straight from the
-buffer(s) into a free ring slot, one copy per row; the slot's host→device copy starts at once and the batch is
-queued for the consumer as ``(slot, rows, lists)``. After the last piece come the final partial batch and, on a
+``shuffle_buffer`` rows; each full buffer (a ``ChunkRun``: its chunks are not concatenated) is given its order:
+a permutation drawn from (seed, epoch, rank, buffer number) with shuffle, else its rows as they are. Batches of
+``batch_size`` rows are cut from that row stream (the remainder carries over across pieces and shards) and
+gathered straight from the buffers' chunks into a free ring slot, one copy per row; the slot's host→device copy
+starts at once and the batch is queued for the consumer as ``(slot, rows, lists)``. After the last piece come the final partial batch and, on a
 rank whose slice is one row shorter, the empty batch it owes (``etl.loader.order.batches_per_rank``).
 
 A pass that starts at batch ``start`` > 0 (a resume) begins with the shuffle buffer holding that batch's first
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from etl.loader.chunk import Chunk
+from etl.loader.chunk import Chunk, ChunkRun
 from etl.loader.device_stage import DeviceStage
 from etl.loader.order import Piece, RowGroup, epoch_rng, rank_pieces
 from etl.loader.ring import Ring
@@ -78,7 +78,7 @@ class Assembler:
         self.skip = first_row - self.buffer_no * settings.shuffle_buffer  # rows of the first buffer to drop
         self.filling: list[Chunk] = []  # the buffer being filled
         self.filled = 0
-        self.stream: deque[tuple[Chunk, np.ndarray]] = deque()  # full buffers and the order of their rows not yet emitted
+        self.stream: deque[tuple[ChunkRun, np.ndarray]] = deque()  # full buffers and the order of their rows not yet emitted
         self.emitted = settings.start
 
     def run(self, ready: queue.Queue) -> bool:
@@ -136,9 +136,9 @@ class Assembler:
         self.stats.add_assemble(time.perf_counter() - t0)
 
     def _flush(self) -> None:
-        """Close the buffer being filled: concatenate it and append it to the stream with its order."""
+        """Close the buffer being filled: append it to the stream with its order."""
         s = self.settings
-        buf = Chunk.concat(self.filling)
+        buf = ChunkRun(self.filling)
         order = np.arange(buf.n)
         if s.shuffle:
             order = epoch_rng(s.seed, s.epoch, s.rank, self.buffer_no).permutation(buf.n)
@@ -150,7 +150,7 @@ class Assembler:
     def _available(self) -> int:
         return sum(len(order) for _, order in self.stream)
 
-    def _take(self, n: int) -> list[tuple[Chunk, np.ndarray]]:
+    def _take(self, n: int) -> list[tuple[ChunkRun, np.ndarray]]:
         """The next ``n`` rows of the stream, as (buffer, rows of it) parts."""
         parts, need = [], n
         while need:
@@ -177,14 +177,13 @@ class Assembler:
         row = 0
         views = self.ring.write(slot, n)
         for buf, rows in parts:
-            for name, view in views.items():
-                np.take(buf.fixed[name], rows, axis=0, out=view[row : row + len(rows)], mode="clip")  # in range: clip skips a buffered copy
+            buf.gather(rows, {name: view[row : row + len(rows)] for name, view in views.items()})
             row += len(rows)
-        columns = Chunk.concat([buf.take_lists(rows) for buf, rows in parts]).lists if parts else self.empty.lists
+        columns = Chunk.concat([buf.lists.take_lists(rows) for buf, rows in parts]).lists if parts else self.empty.lists
         t1 = time.perf_counter()
         if self.stage is not None:
             stage = self.stage
-            origin = np.concatenate([buf.fixed["origin"][rows] for buf, rows in parts]) if parts else self.empty.fixed["origin"]
+            origin = np.concatenate([buf.take_fixed("origin", rows) for buf, rows in parts]) if parts else self.empty.fixed["origin"]
             lists = self.ring.ship(slot, n, lambda inputs, out: stage.run(inputs, out, columns, origin))
         else:
             self.ring.ship(slot, n)

@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import torch
 
+from etl.backends.rows import scatter_rows, split_rows
 from etl.batch import Batch, Column, list_elements
 from etl.loader.ring import Field
 from etl.pipeline import Pipeline
@@ -154,3 +155,37 @@ class Chunk:
                 valid = np.concatenate([np.ones(len(p.values), np.bool_) if p.valid is None else p.valid for p in parts])
             lists[k] = Column(np.concatenate([p.values for p in parts]), valid, offsets.astype(np.int64))
         return Chunk(sum(c.n for c in chunks), fixed, lists)
+
+
+class ChunkRun:
+    """Chunks taken as one run of rows (a shuffle buffer) without concatenating their fixed fields: row i of the
+    run is row ``i - starts[k]`` of chunk k, for the k with ``starts[k] <= i < starts[k + 1]``. ``gather`` copies
+    rows straight from the chunks into their destination (one copy per row, as ``np.take`` from a concatenation
+    would, without the concatenation); the list columns are concatenated once (``lists``)."""
+
+    def __init__(self, chunks: list[Chunk]):
+        self.chunks = chunks
+        self.starts = np.zeros(len(chunks) + 1, np.int64)
+        np.cumsum([c.n for c in chunks], out=self.starts[1:])
+        self.lists = Chunk.concat([Chunk(c.n, {}, c.lists) for c in chunks])
+
+    @property
+    def n(self) -> int:
+        return int(self.starts[-1])
+
+    def gather(self, rows: np.ndarray, out: dict[str, np.ndarray]) -> None:
+        """Fixed fields of rows ``rows`` (row numbers of the run; ``IndexError`` for one out of range) into
+        ``out``: name → array of ``len(rows)`` rows."""
+        src_rows, out_rows, bounds = split_rows(self.starts, rows)
+        for k, c in enumerate(self.chunks):
+            a, b = bounds[k], bounds[k + 1]
+            if a < b:
+                for name, dest in out.items():
+                    scatter_rows(c.fixed[name], src_rows[a:b], dest, out_rows[a:b])
+
+    def take_fixed(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """Fixed field ``name`` of rows ``rows``, as a new array."""
+        field = self.chunks[0].fixed[name]
+        out = {name: np.empty((len(rows), *field.shape[1:]), field.dtype)}
+        self.gather(rows, out)
+        return out[name]

@@ -1,4 +1,4 @@
-"""etl.loader.chunk: the Layout of a pipeline's output and Chunk (from_table, from_batch, slice, take_lists, concat), checked against plain
+"""etl.loader.chunk: the Layout of a pipeline's output, Chunk (from_table, from_batch, slice, take_lists, concat) and ChunkRun, checked against plain
 Python rows."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from etl.io.parquet import batch_from_arrow
-from etl.loader.chunk import Chunk, Layout
+from etl.loader.chunk import Chunk, ChunkRun, Layout
 from etl.pipeline import Pipeline
 from etl.schema import load_schema, parse_schema, schema_to_dict
 from etl.synth import generate
@@ -222,6 +222,28 @@ def test_slice_take_concat_match_plain_rows() -> None:
     one = c.slice(3, 9)
     assert Chunk.concat([one]) is one
     assert _as_rows(Chunk.concat([LAYOUT.empty(), c.slice(0, 2), LAYOUT.empty()])) == rows[:2]
+
+
+def _gathered(run: ChunkRun, idx: np.ndarray) -> Chunk:
+    """Rows ``idx`` of a run: fixed fields by ``gather`` (into fresh arrays), lists by ``take_lists``."""
+    out = {k: np.full((len(idx), *v.shape[1:]), -7, v.dtype) for k, v in run.chunks[0].fixed.items()}
+    run.gather(idx, out)
+    return Chunk(len(idx), out, run.lists.take_lists(idx).lists)
+
+
+def test_a_chunk_run_gathers_the_rows_of_its_concatenation() -> None:
+    rows = _f32(_rows(80, 4))
+    c = Chunk.from_table(_table(rows), LAYOUT)
+    parts = [c.slice(0, 7), c.slice(7, 7), LAYOUT.empty(), _take(c, np.array([30, 1, 2])), c.slice(60, 80), c.slice(79, 80)]
+    want = rows[0:7] + [rows[30], rows[1], rows[2]] + rows[60:80] + [rows[79]]
+    run = ChunkRun(parts)
+    assert run.n == len(want) == 31 and run.starts.tolist() == [0, 7, 7, 7, 10, 30, 31]
+    rng = np.random.default_rng(1)
+    for idx in [np.arange(31), rng.permutation(31), np.array([30, 30, 0, 6, 7, 9, 10]), np.array([], np.int64)]:
+        assert _as_rows(_gathered(run, idx)) == [want[i] for i in idx]
+    assert np.array_equal(run.take_fixed("sparse", np.array([8, 0])), np.array([rows[1][2], rows[0][2]], np.int32))
+    single = ChunkRun([c])
+    assert _as_rows(_gathered(single, np.array([5, 3]))) == [rows[5], rows[3]]
 
 
 def test_take_copies_and_slice_views() -> None:

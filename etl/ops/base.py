@@ -13,8 +13,9 @@ with the same bits out. Fittable ops add:
 - ``partials(stats, xp) -> {column: partial}``: the accumulator as plain data (numpy arrays, Arrow arrays,
   numbers: it pickles, no backend objects), so statistics gathered in other processes can be combined;
 - ``merge(a, b) -> partial``: the partial of the union of two sets of rows; associative and commutative;
-- ``finalize_partials(partials, xp)``: set the fitted state from one partial per column (merged over all rows);
-  ``finalize(stats, xp)`` is ``finalize_partials(partials(stats, xp), xp)``;
+- ``finalize_partials(partials, xp)``: set the fitted state of the columns ``partials`` holds, from one partial
+  per column (merged over all rows); ``finalize(stats, xp)`` is ``finalize_partials(partials(stats, xp), xp)``.
+  Columns are independent: the pipeline may finalize each column's accumulator on its own, in parallel threads;
 - ops whose partials are count tables (``etl.ops.counts.KeyCounts``: Categorify) also have ``rank(counts)``, the
   table thresholded, ordered and cut as the fitted state keeps it, and ``finalize_ranked(column, ranked, xp)``,
   which sets a column's state from the ranked table of all rows: a distributed fit ranks partitions of the keys
@@ -134,7 +135,7 @@ class Op:
         raise NotImplementedError
 
     def finalize(self, stats: Stats, xp: Backend) -> None:
-        """Set the fitted state from an accumulator."""
+        """Set the fitted state of the columns the accumulator holds."""
         self.finalize_partials(self.partials(stats, xp), xp)
 
     # ops whose partials are count tables override these

@@ -212,9 +212,9 @@ class Categorify(Op):
                 _remember_raw(s["raw"], col, xp)
 
     def partials(self, stats: Stats, xp: Backend) -> dict[str, KeyCounts]:
-        """Per column: every key counted (ascending) with its count, the missing values and, for string keys, the
-        texts."""
-        return {c: self._counts(stats[c], c, 1) for c in self.columns}
+        """Per column ``stats`` holds: every key counted (ascending) with its count, the missing values and, for
+        string keys, the texts."""
+        return {c: self._counts(stats[c], c, 1) for c in stats}
 
     def _counts(self, s: dict[str, Any], c: str, threshold: int) -> KeyCounts:
         """The count table of column ``c``'s accumulator ``s``, keys counted fewer than ``threshold`` times left out."""
@@ -223,9 +223,10 @@ class Categorify(Op):
         return KeyCounts.of(keys, counts, s["nulls"], texts)
 
     def finalize(self, stats: Stats, xp: Backend) -> None:
-        """``finalize_partials(partials(stats))``, with the threshold applied by the counter (when no partial is
-        merged any more, keys below it can be left out before they are sorted)."""
-        self.finalize_partials({c: self._counts(stats[c], c, self.freq_threshold) for c in self.columns}, xp)
+        """``finalize_partials(partials(stats))`` for the columns ``stats`` holds, with the threshold applied by
+        the counter (when no partial is merged any more, keys below it can be left out before they are sorted)."""
+        for c in stats:
+            self.finalize_ranked(c, self.rank(self._counts(stats[c], c, self.freq_threshold)), xp)
 
     def merge(self, a: KeyCounts, b: KeyCounts) -> KeyCounts:
         return merge_counts([a, b])
@@ -236,7 +237,7 @@ class Categorify(Op):
         return counts.ranked(self.freq_threshold, self.max_size)
 
     def finalize_partials(self, partials: dict[str, KeyCounts], xp: Backend) -> None:
-        for c in self.columns:
+        for c in partials:
             self.finalize_ranked(c, self.rank(partials[c]), xp)
 
     def finalize_ranked(self, column: str, ranked: KeyCounts, xp: Backend) -> None:
@@ -273,7 +274,7 @@ class Categorify(Op):
     # ---- artifacts
     def state(self) -> tuple[dict[str, Any], dict[str, pa.Table]]:
         doc = {"sizes": {c: self.vocab[c].num_rows for c in self.columns}, "cardinalities": self.cardinalities()}
-        return doc, dict(self.vocab)
+        return doc, {c: self.vocab[c] for c in self.columns}
 
     def load_state(self, doc: dict[str, Any], tables: dict[str, pa.Table]) -> None:
         """Take the vocabulary tables, each checked to be one ``finalize`` could have written (``InvalidState``

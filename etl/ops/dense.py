@@ -96,15 +96,15 @@ class Normalize(Op):
 
     def partials(self, stats: Stats, xp: Backend) -> dict[str, list[tuple[int, float, float]]]:
         """Per column: the sorted list of per-batch (count, sum, sum of squared deviations) triples."""
-        return {c: sorted(stats[c]) for c in self.columns}
+        return {c: sorted(stats[c]) for c in stats}
 
     def merge(self, a: list[tuple[int, float, float]], b: list[tuple[int, float, float]]) -> list[tuple[int, float, float]]:
         return sorted(a + b)
 
     def finalize_partials(self, partials: dict[str, list[tuple[int, float, float]]], xp: Backend) -> None:
-        """Set mean and std of every column; ``FitError`` when a column has no values, or values so large that
-        the mean or the std is beyond the float64 range (clamp or Log1p such a column first)."""
-        for c in self.columns:
+        """Set mean and std of every column ``partials`` holds; ``FitError`` when a column has no values, or
+        values so large that the mean or the std is beyond the float64 range (clamp or Log1p such a column first)."""
+        for c in partials:
             self.mean[c], self.std[c] = _mean_std(partials[c], c)
 
     def transform(self, batch: Batch, xp: Backend) -> dict[str, Column]:

@@ -25,7 +25,7 @@ from etl.io.fs import Location, location
 from etl.io.parquet import open_shard
 from etl.ops import Op
 from etl.progress import Progress
-from etl.workers import run_staged
+from etl.workers import run_staged, run_workers
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -125,7 +125,8 @@ def fit_batches(
     ``prepare`` runs in ``workers`` threads. Every prepared batch then goes to ``workers`` fitting threads that
     share its (op, column) units: each thread claims the next unclaimed unit of the batch and adds it to that
     column's accumulator, under the column's lock (one accumulator per column: no duplicated count tables; a busy
-    column is put off while the thread claims others, so the work balances whatever the columns cost)."""
+    column is put off while the thread claims others, so the work balances whatever the columns cost). Once every
+    batch is counted, the units are finalized in as many threads."""
     xp = pipeline.xp
     fitters = max(1, workers)
     stats = [op.new_stats(xp) for op in stage]
@@ -156,8 +157,24 @@ def fit_batches(
             _fit_unit(units[u], unit_locks[u], t, xp)
 
     run_staged(items, workers, fitters, produce, gather)
-    for op, st in zip(stage, stats):
-        op.finalize(st, xp)
+    _finalize_units(units, fitters, xp)
+
+
+def _finalize_units(units: list[Unit], workers: int, xp: Backend) -> None:
+    """Finalize every (op, column) unit, in ``workers`` threads (columns are independent: a vocabulary's sort
+    releases the GIL). An error is raised as a sequential finalize raises it: the first in unit order."""
+
+    def finalize(_w: int, unit: Unit, _stop: threading.Event) -> BaseException | None:
+        op, acc = unit
+        try:
+            op.finalize(acc, xp)
+        except Exception as e:  # noqa: BLE001 - raised below, the first in unit order
+            return e
+        return None
+
+    for error in run_workers(units, workers, finalize):
+        if error is not None:
+            raise error
 
 
 def _fit_unit(unit: Unit, held: threading.Lock, t: Transformed, xp: Backend) -> None:

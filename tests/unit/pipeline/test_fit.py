@@ -3,6 +3,7 @@ order and worker count, progress, invalid rows while fitting, list columns (Movi
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 
 import numpy as np
@@ -10,9 +11,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from etl.backends import hashing
-from etl.errors import RowError, SpecError
+from etl.backends import cpu, hashing
+from etl.errors import FitError, RowError, SpecError
 from etl.pipeline import Pipeline
+from etl.pipeline.fit import _finalize_units
 from tests.conftest import tree_bytes
 from tests.unit.pipeline.conftest import (
     BAD_ROWS,
@@ -174,3 +176,26 @@ def test_movielens_fit_transform_vs_reference(ml_shards):
             assert g is None
         else:
             assert g == pytest.approx((x - mean) / std, abs=1e-5)
+
+
+class _Failing:
+    """An op stand-in whose finalize of a column fails with the column's name (after ``delay`` seconds)."""
+
+    def __init__(self, delay: dict[str, float]):
+        self.delay = delay
+        self.done: list[str] = []
+
+    def finalize(self, stats, xp):
+        (c,) = stats
+        time.sleep(self.delay.get(c, 0))
+        self.done.append(c)
+        if c != "ok":
+            raise FitError("Failing", c, "no values to fit")
+
+
+def test_finalize_units_raises_the_first_error_in_unit_order():
+    op = _Failing({"late": 0.2})  # the first unit fails last: its error is still the one raised
+    units = [(op, {"late": None}), (op, {"ok": None}), (op, {"early": None})]
+    with pytest.raises(FitError, match="'late'"):
+        _finalize_units(units, 2, cpu)
+    assert sorted(op.done) == ["early", "late", "ok"]  # every unit was finalized

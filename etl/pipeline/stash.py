@@ -7,11 +7,11 @@ An entry is one row group of one shard, keyed by (shard index, row group), in on
 - ``RawRows``: the row group as read from the source (an Arrow table, with where it comes from), for row groups
   whose rows are better transformed from scratch (some were rejected while fitting).
 
-A prepared batch is held in memory packed (``Packed``): copied into one block of memory (large enough for the
-kernel to back it with huge pages: few page faults), each integer array in the narrowest integer type that holds
-all its values (decoded 8-digit hex keys in 4 bytes, 0/1 labels in 1), each validity array as a bitmap; ``get``
-and ``pop`` give back the batch that was put (the same dtypes and values, bit for bit) in new arrays. For a
-Criteo row group that is about 155 bytes a row instead of 364.
+A prepared batch is held in memory packed (``Packed``): each integer array in the narrowest integer type that
+holds all its values (decoded 8-digit hex keys in 4 bytes, 0/1 labels in 1), each validity array as a bitmap, other
+arrays as they are; ``get`` and ``pop`` give back the batch that was put (the same dtypes and values, bit for bit).
+For a Criteo row group that is about 155 bytes a row instead of 364: fewer fresh pages to fault in while fitting,
+and a budget that holds twice the rows.
 
 Entries stay in memory while the bytes they hold stay within a budget (``--memory-budget``, default
 ``DEFAULT_BUDGET_FRACTION`` of the machine's memory, or of the container's limit when lower); an entry that would
@@ -218,8 +218,6 @@ def _held_bytes(held: RawRows | Packed) -> int:
 
 #: The narrower integer types a stashed integer array may be held in, by dtype kind (signed, unsigned).
 _NARROWER = {"i": (np.int8, np.int16, np.int32), "u": (np.uint8, np.uint16, np.uint32)}
-#: Each array of a packed batch starts at a multiple of this many bytes in its block.
-_ALIGN = 64
 
 
 def _held_dtype(a: np.ndarray) -> np.dtype:
@@ -237,91 +235,70 @@ def _held_dtype(a: np.ndarray) -> np.dtype:
 
 
 @dataclass(frozen=True)
-class _Slot:
-    """Where one array of a packed batch lies in its block: ``count`` elements of ``held`` from byte ``start``
-    (a bool array as a bitmap: ``count`` bits, ``bitmap`` True), given back as ``dtype``."""
+class _Held:
+    """One array of a packed batch as held: ``data`` (``count`` values of ``dtype``, in a narrower integer type,
+    or as a bitmap when ``bitmap``)."""
 
-    start: int
-    count: int
-    held: np.dtype
+    data: np.ndarray
     dtype: np.dtype
-    bitmap: bool = False
+    count: int
+    bitmap: bool
 
-    @property
-    def nbytes(self) -> int:
-        return (self.count + 7) // 8 if self.bitmap else self.count * self.held.itemsize
+    @classmethod
+    def of(cls, a: np.ndarray, bitmap: bool = False) -> _Held:
+        if bitmap:
+            return cls(np.packbits(a, bitorder="little"), a.dtype, len(a), True)
+        held = _held_dtype(a)
+        return cls(a if held == a.dtype else a.astype(held), a.dtype, len(a), False)
+
+    def array(self) -> np.ndarray:
+        """The array that was held (the same one when it was held as it was)."""
+        if self.bitmap:
+            return np.unpackbits(self.data, count=self.count, bitorder="little").view(self.dtype)
+        return self.data if self.data.dtype == self.dtype else self.data.astype(self.dtype)
 
 
 @dataclass(frozen=True)
 class Packed:
-    """A prepared batch held compactly in one block of memory: every 1-d numeric column (no offsets, no raw
-    text) as its values in their ``_held_dtype`` and its validity as a bitmap; the row numbers likewise; other
-    columns (text, lists, keys with their raw text) as they are. ``batch()`` gives back the batch that was
-    packed: the same columns, dtypes and values."""
+    """A prepared batch held compactly: every 1-d numeric column (no offsets, no raw text) as its values in their
+    ``_held_dtype`` and its validity as a bitmap; the row numbers likewise; other columns (text, lists, keys with
+    their raw text) as they are. ``batch()`` gives back the batch that was packed: the same columns, dtypes and
+    values."""
 
-    block: np.ndarray  # uint8
-    columns: dict[str, tuple[_Slot, _Slot | None] | Column]
-    row_ids: _Slot
+    columns: dict[str, tuple[_Held, _Held | None] | Column]
+    row_ids: _Held
     num_rows: int
     source: str
     row_group: int
 
     @property
     def nbytes(self) -> int:
-        kept = [c for c in self.columns.values() if isinstance(c, Column)]
-        return int(self.block.nbytes) + sum(a.nbytes for c in kept for _, a in _parts(c))
+        held = [h for c in self.columns.values() if not isinstance(c, Column) for h in c if h is not None]
+        kept = [a for c in self.columns.values() if isinstance(c, Column) for _, a in _parts(c)]
+        return int(self.row_ids.data.nbytes) + sum(h.data.nbytes for h in held) + sum(a.nbytes for a in kept)
 
     def batch(self) -> Batch:
-        """The batch that was packed, its arrays new (widened back from the block)."""
+        """The batch that was packed (narrowed arrays widened back into new ones)."""
         columns = {}
         for name, c in self.columns.items():
             if isinstance(c, Column):
                 columns[name] = c
             else:
                 values, valid = c
-                columns[name] = Column(self._unpack(values), None if valid is None else self._unpack(valid))
-        return Batch(columns, self.num_rows, self.source, self.row_group, self._unpack(self.row_ids))
-
-    def _unpack(self, slot: _Slot) -> np.ndarray:
-        held = self.block[slot.start : slot.start + slot.nbytes]
-        if slot.bitmap:
-            return np.unpackbits(held, count=slot.count, bitorder="little").view(np.bool_)
-        out = np.empty(slot.count, slot.dtype)
-        np.copyto(out, held.view(slot.held))
-        return out
+                columns[name] = Column(values.array(), None if valid is None else valid.array())
+        return Batch(columns, self.num_rows, self.source, self.row_group, self.row_ids.array())
 
 
 def pack(batch: Batch) -> Packed:
-    """``batch`` copied into one block (see ``Packed``)."""
-    arrays: list[np.ndarray] = []  # the arrays to copy, in block order
-    slots: list[_Slot] = []
-    end = 0
-
-    def place(a: np.ndarray, bitmap: bool = False) -> _Slot:
-        nonlocal end
-        held = np.dtype(np.uint8) if bitmap else _held_dtype(a)
-        slot = _Slot(end, len(a), held, a.dtype, bitmap)
-        arrays.append(a)
-        slots.append(slot)
-        end += -(-slot.nbytes // _ALIGN) * _ALIGN
-        return slot
-
-    row_ids = place(batch.row_ids)
-    columns: dict[str, tuple[_Slot, _Slot | None] | Column] = {}
+    """``batch`` packed (see ``Packed``): its integer arrays narrowed into new ones, its validity into bitmaps."""
+    columns: dict[str, tuple[_Held, _Held | None] | Column] = {}
     for name, col in batch.columns.items():
         v = col.values
         if isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype.kind in "biuf" and col.offsets is None and col.raw is None:
-            columns[name] = (place(v), None if col.valid is None else place(col.valid, bitmap=True))
+            columns[name] = (_Held.of(v), None if col.valid is None else _Held.of(col.valid, bitmap=True))
         else:
             columns[name] = col
-    block = np.empty(end, np.uint8)
-    for a, slot in zip(arrays, slots):
-        held = block[slot.start : slot.start + slot.nbytes]
-        if slot.bitmap:
-            held[:] = np.packbits(a, bitorder="little")
-        else:
-            np.copyto(held.view(slot.held), a, casting="unsafe")  # exact: every value fits (``_held_dtype``)
-    return Packed(block, columns, row_ids, batch.num_rows, batch.source, batch.row_group)
+    return Packed(columns, _Held.of(batch.row_ids), batch.num_rows, batch.source, batch.row_group)
 
 
 def _parts(col: Column) -> list[tuple[str, np.ndarray]]:

@@ -114,11 +114,10 @@ def test_beyond_the_budget_entries_are_spilled_and_read_back_equal(tmp_path: Pat
 def test_numbers_are_held_in_the_narrowest_type_that_gives_them_back_exactly(dtype: type, values: list, held: type) -> None:
     n = 1000
     a = np.resize(np.array(values, dtype), n)
-    valid = np.arange(n) % 7 != 3
-    b = Batch({"a": Column(a, valid), "b": Column(a.copy())}, n, "s.parquet", 1, np.arange(7, 7 + n, dtype=np.int64))
+    b = Batch({"a": Column(a, np.arange(n) % 7 != 3), "b": Column(a.copy())}, n, "s.parquet", 1, np.arange(7, 7 + n, dtype=np.int64))
     packed = pack(b)
-    values_slot, valid_slot = packed.columns["a"]
-    assert values_slot.held == np.dtype(held) and valid_slot is not None and valid_slot.nbytes == n // 8
+    values, valid_bits = packed.columns["a"]
+    assert values.data.dtype == np.dtype(held) and valid_bits is not None and valid_bits.data.nbytes == n // 8
     assert_same(packed.batch(), b)
 
 

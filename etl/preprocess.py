@@ -10,7 +10,10 @@ owner of the manifest and of the directory's lock) renames it onto its final nam
 lists. Shards are transformed by worker threads, or, given a Dask ``client`` (``etl.cluster``), by tasks on its
 workers, each loading the fitted pipeline from the artifacts this run saved (``etl.preprocess_tasks``): the input and output
 paths must then name the same files on every worker (shared storage). A task whose worker dies is run again
-elsewhere, and what the killed attempt left under a temporary name is removed at the end of the run.
+elsewhere, and what the killed attempt left under a temporary name is removed at the end of the run. In threads,
+the fitted artifacts are saved (in a thread of their own) while the first shards are transformed; a shard is
+committed only once they are saved, and a rerun, which must compare their checksum with the manifest's first,
+waits for the save.
 
 A fit in threads reads each shard once (``etl.pipeline.single_pass``): it stashes the row groups it read
 (``etl.pipeline.stash``: in memory within ``memory_budget``, beyond it in a temporary directory inside the output

@@ -216,8 +216,10 @@ def _held_bytes(held: RawRows | Packed) -> int:
     return int(held.table.nbytes) if isinstance(held, RawRows) else held.nbytes
 
 
-#: The narrower integer types a stashed integer array may be held in, by dtype kind (signed, unsigned).
-_NARROWER = {"i": (np.int8, np.int16, np.int32), "u": (np.uint8, np.uint16, np.uint32)}
+#: The narrower integer types a stashed integer array may be held in, with their bounds, by dtype kind (signed,
+#: unsigned).
+_NARROWER = {k: [(np.dtype(t), int(np.iinfo(t).min), int(np.iinfo(t).max)) for t in ts]
+             for k, ts in {"i": (np.int8, np.int16, np.int32), "u": (np.uint8, np.uint16, np.uint32)}.items()}  # fmt: skip
 
 
 def _held_dtype(a: np.ndarray) -> np.dtype:
@@ -227,10 +229,9 @@ def _held_dtype(a: np.ndarray) -> np.dtype:
         return a.dtype
     lo = 0 if a.dtype.kind == "u" else int(a.min())
     hi = int(a.max())
-    for t in _NARROWER[a.dtype.kind]:
-        info = np.iinfo(t)
-        if np.dtype(t).itemsize < a.dtype.itemsize and info.min <= lo and hi <= info.max:
-            return np.dtype(t)
+    for t, least, most in _NARROWER[a.dtype.kind]:
+        if t.itemsize < a.dtype.itemsize and least <= lo and hi <= most:
+            return t
     return a.dtype
 
 

@@ -10,7 +10,10 @@ owner of the manifest and of the directory's lock) renames it onto its final nam
 lists. Shards are transformed by worker threads, or, given a Dask ``client`` (``etl.cluster``), by tasks on its
 workers, each loading the fitted pipeline from the artifacts this run saved (``etl.preprocess_tasks``): the input and output
 paths must then name the same files on every worker (shared storage). A task whose worker dies is run again
-elsewhere, and what the killed attempt left under a temporary name is removed at the end of the run.
+elsewhere, and what the killed attempt left under a temporary name is removed at the end of the run. In threads,
+the fitted artifacts are saved (in a thread of their own) while the first shards are transformed; a shard is
+committed only once they are saved, and a rerun, which must compare their checksum with the manifest's first,
+waits for the save.
 
 A fit in threads reads each shard once (``etl.pipeline.single_pass``): it stashes the row groups it read
 (``etl.pipeline.stash``: in memory within ``memory_budget``, beyond it in a temporary directory inside the output
@@ -36,6 +39,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -376,13 +380,16 @@ def _preprocess(
         e = previous.get(out.name)
         if e is not None and _complete(e, src, out, on_error):
             complete.add(i)
-    with Stash(memory_budget, out_dir if isinstance(out_dir, Path) else Path(tempfile.gettempdir())) as stash:
+    with Stash(memory_budget, out_dir if isinstance(out_dir, Path) else Path(tempfile.gettempdir())) as stash, \
+            ThreadPoolExecutor(1, thread_name_prefix="etl-save") as saver:  # fmt: skip
         pipeline, plan, fit_seconds = _fitted(pipeline, shards, out_dir, artifacts, workers, on_error, progress, client, partitions, stash, complete)
-        _remove_artifact_temporaries(out_dir / ARTIFACTS)
-        pipeline.save(out_dir / ARTIFACTS)
-        artifacts_sha = sha256_file(out_dir / ARTIFACTS / "pipeline.json")
-        reused = [i for i in sorted(complete) if previous[outputs[i].name].artifacts_sha256 == artifacts_sha]
+        saved = saver.submit(_save_artifacts, pipeline, out_dir)
+        # Threads transform while the artifacts are saved (a shard is committed once they are); a rerun needs
+        # their checksum first to know which shards it keeps, and tasks on a cluster load them.
+        reused = [i for i in sorted(complete) if previous[outputs[i].name].artifacts_sha256 == saved.result()]
         todo = [i for i in range(len(shards)) if i not in reused]
+        if client is not None or not todo:
+            saved.result()
 
         def transform(i: int) -> RowGroupTransform | None:
             """How the row groups of shard ``i`` are transformed: from the stash when the fit stashed them."""
@@ -391,9 +398,18 @@ def _preprocess(
             return functools.partial(_transform_from_stash, pipeline, plan, stash, i, on_error)
 
         summary = _transform(pipeline, shards, outputs, out_dir, {outputs[i].name: previous[outputs[i].name] for i in reused}, previous,
-                             todo, artifacts_sha, workers, on_error, compression, progress, client, transform)  # fmt: skip
+                             todo, saved.result, workers, on_error, compression, progress, client, transform)  # fmt: skip
+        saved.result()  # its error, when no shard was committed to raise it
         stashed = {"stash_peak_bytes": stash.peak_bytes, "stash_spilled_bytes": stash.spilled_bytes, "memory_budget": memory_budget}
         return replace(summary, fit_seconds=fit_seconds, **stashed)
+
+
+def _save_artifacts(pipeline: Pipeline, out_dir: Location) -> str:
+    """Save the fitted state of ``pipeline`` in ``out_dir``'s artifacts directory (removing first what a killed
+    save left there); returns the checksum its manifest entries record (``artifacts_sha256``)."""
+    _remove_artifact_temporaries(out_dir / ARTIFACTS)
+    pipeline.save(out_dir / ARTIFACTS)
+    return sha256_file(out_dir / ARTIFACTS / "pipeline.json")
 
 
 def _fitted(
@@ -443,7 +459,7 @@ def _transform(
     entries: dict[str, ManifestEntry],
     previous: dict[str, ManifestEntry],
     todo: list[int],
-    artifacts_sha: str,
+    artifacts_sha: Callable[[], str],
     workers: int,
     on_error: OnError,
     compression: str,
@@ -452,7 +468,10 @@ def _transform(
     transform: Callable[[int], RowGroupTransform | None],
 ) -> Summary:
     """Write the shards ``todo`` (``entries``: those of the others, kept from the earlier run's ``previous``
-    ones), with ``transform(i)`` for shard ``i`` in threads, or on the cluster of ``client``."""
+    ones), with ``transform(i)`` for shard ``i`` in threads, or on the cluster of ``client``. ``artifacts_sha()``
+    is the checksum of the saved artifacts: the first shard committed waits for it (the save may still run while
+    shards are transformed), so a manifest lists a shard only once the artifacts it was made with are saved; it
+    raises what failed the save."""
     lock = threading.Lock()
 
     def save_manifest() -> None:
@@ -469,9 +488,16 @@ def _transform(
             return
         if written.entry.output != outputs[i].name:
             raise RuntimeError(f"{shards[i]}: its task wrote {written.entry.output}, expected {outputs[i].name}")
+        try:
+            sha = artifacts_sha()
+        except BaseException:  # the save failed: the shard is not committed
+            for tmp in (written.output, written.quarantine):
+                if tmp is not None:
+                    tmp.unlink(missing_ok=True)
+            raise
         with lock:
             entry = commit_shard(out_dir, written)
-            entries[entry.output] = replace(entry, artifacts_sha256=artifacts_sha)
+            entries[entry.output] = replace(entry, artifacts_sha256=sha)
             save_manifest()
 
     def work(w: int, i: int, stop: threading.Event) -> None:
@@ -485,7 +511,7 @@ def _transform(
     else:
         from etl.preprocess_tasks import shard_task  # it imports this module
 
-        task = functools.partial(shard_task, out_dir / ARTIFACTS, artifacts_sha, uuid.uuid4().hex, on_error, compression)
+        task = functools.partial(shard_task, out_dir / ARTIFACTS, artifacts_sha(), uuid.uuid4().hex, on_error, compression)
         try:
             run_tasks(client, task, [(shards[i], outputs[i]) for i in todo], lambda k, w: record(todo[k], w), transformed,
                       describe=lambda shard: str(shard[0]))  # fmt: skip

@@ -7,6 +7,12 @@ An entry is one row group of one shard, keyed by (shard index, row group), in on
 - ``RawRows``: the row group as read from the source (an Arrow table, with where it comes from), for row groups
   whose rows are better transformed from scratch (some were rejected while fitting).
 
+A prepared batch is held in memory packed (``Packed``): each integer array in the narrowest integer type that
+holds all its values (decoded 8-digit hex keys in 4 bytes, 0/1 labels in 1), each validity array as a bitmap, other
+arrays as they are; ``get`` and ``pop`` give back the batch that was put (the same dtypes and values, bit for bit).
+For a Criteo row group that is about 155 bytes a row instead of 364: fewer fresh pages to fault in while fitting,
+and a budget that holds twice the rows.
+
 Entries stay in memory while the bytes they hold stay within a budget (``--memory-budget``, default
 ``DEFAULT_BUDGET_FRACTION`` of the machine's memory, or of the container's limit when lower); an entry that would
 exceed it is written to a spill directory instead, as an Arrow IPC file, and memory-mapped when it is read back.
@@ -124,7 +130,7 @@ class Stash:
         self.budget, self.directory = budget, directory
         self.peak_bytes = 0  #: the most bytes held in memory at once
         self.spilled_bytes = 0  #: bytes written to the spill directory
-        self._memory: dict[Key, tuple[Entry, int]] = {}
+        self._memory: dict[Key, tuple[RawRows | Packed, int]] = {}
         self._spilled: dict[Key, Path] = {}
         self._bytes = 0
         self._dir: Path | None = None
@@ -147,12 +153,13 @@ class Stash:
 
     def put(self, key: Key, entry: Entry) -> None:
         """Keep ``entry`` under ``key``: in memory when it fits in what is left of the budget, else on disk."""
-        size = entry_bytes(entry)
+        held = entry if isinstance(entry, RawRows) else pack(entry)
+        size = _held_bytes(held)
         with self._lock:
             if self._closed:
                 raise StashClosed("the stash is closed")
             if self._bytes + size <= self.budget:
-                self._memory[key] = (entry, size)
+                self._memory[key] = (held, size)
                 self._bytes += size
                 self.peak_bytes = max(self.peak_bytes, self._bytes)
                 return
@@ -164,12 +171,13 @@ class Stash:
             self._spilled[key] = path
 
     def get(self, key: Key) -> Entry:
-        """The entry under ``key`` (a spilled one read back memory-mapped)."""
+        """The entry under ``key`` (a prepared batch unpacked into new arrays, a spilled one read back
+        memory-mapped)."""
         with self._lock:
             held = self._memory.get(key)
             path = self._spilled.get(key)
         if held is not None:
-            return held[0]
+            return held[0].batch() if isinstance(held[0], Packed) else held[0]
         if path is None:
             raise KeyError(key)
         return _read(path)
@@ -200,10 +208,98 @@ class Stash:
 
 
 def entry_bytes(entry: Entry) -> int:
-    """The bytes an entry holds (its arrays' sizes)."""
-    if isinstance(entry, RawRows):
-        return int(entry.table.nbytes)
-    return int(entry.row_ids.nbytes) + sum(a.nbytes for c in entry.columns.values() for _, a in _parts(c))
+    """The bytes the stash holds in memory for ``entry`` (a prepared batch packed, see ``Packed``)."""
+    return _held_bytes(entry if isinstance(entry, RawRows) else pack(entry))
+
+
+def _held_bytes(held: RawRows | Packed) -> int:
+    return int(held.table.nbytes) if isinstance(held, RawRows) else held.nbytes
+
+
+#: The narrower integer types a stashed integer array may be held in, with their bounds, by dtype kind (signed,
+#: unsigned).
+_NARROWER = {k: [(np.dtype(t), int(np.iinfo(t).min), int(np.iinfo(t).max)) for t in ts]
+             for k, ts in {"i": (np.int8, np.int16, np.int32), "u": (np.uint8, np.uint16, np.uint32)}.items()}  # fmt: skip
+
+
+def _held_dtype(a: np.ndarray) -> np.dtype:
+    """The dtype ``a`` is held in: the narrowest integer type of its kind that holds every one of its values (so
+    that widening it back gives the same values), else its own."""
+    if a.dtype.kind not in _NARROWER or a.size == 0:
+        return a.dtype
+    lo = 0 if a.dtype.kind == "u" else int(a.min())
+    hi = int(a.max())
+    for t, least, most in _NARROWER[a.dtype.kind]:
+        if t.itemsize < a.dtype.itemsize and least <= lo and hi <= most:
+            return t
+    return a.dtype
+
+
+@dataclass(frozen=True)
+class _Held:
+    """One array of a packed batch as held: ``data`` (``count`` values of ``dtype``, in a narrower integer type,
+    or as a bitmap when ``bitmap``)."""
+
+    data: np.ndarray
+    dtype: np.dtype
+    count: int
+    bitmap: bool
+
+    @classmethod
+    def of(cls, a: np.ndarray, bitmap: bool = False) -> _Held:
+        if bitmap:
+            return cls(np.packbits(a, bitorder="little"), a.dtype, len(a), True)
+        held = _held_dtype(a)
+        return cls(a if held == a.dtype else a.astype(held), a.dtype, len(a), False)
+
+    def array(self) -> np.ndarray:
+        """The array that was held (the same one when it was held as it was)."""
+        if self.bitmap:
+            return np.unpackbits(self.data, count=self.count, bitorder="little").view(self.dtype)
+        return self.data if self.data.dtype == self.dtype else self.data.astype(self.dtype)
+
+
+@dataclass(frozen=True)
+class Packed:
+    """A prepared batch held compactly: every 1-d numeric column (no offsets, no raw text) as its values in their
+    ``_held_dtype`` and its validity as a bitmap; the row numbers likewise; other columns (text, lists, keys with
+    their raw text) as they are. ``batch()`` gives back the batch that was packed: the same columns, dtypes and
+    values."""
+
+    columns: dict[str, tuple[_Held, _Held | None] | Column]
+    row_ids: _Held
+    num_rows: int
+    source: str
+    row_group: int
+
+    @property
+    def nbytes(self) -> int:
+        held = [h for c in self.columns.values() if not isinstance(c, Column) for h in c if h is not None]
+        kept = [a for c in self.columns.values() if isinstance(c, Column) for _, a in _parts(c)]
+        return int(self.row_ids.data.nbytes) + sum(h.data.nbytes for h in held) + sum(a.nbytes for a in kept)
+
+    def batch(self) -> Batch:
+        """The batch that was packed (narrowed arrays widened back into new ones)."""
+        columns = {}
+        for name, c in self.columns.items():
+            if isinstance(c, Column):
+                columns[name] = c
+            else:
+                values, valid = c
+                columns[name] = Column(values.array(), None if valid is None else valid.array())
+        return Batch(columns, self.num_rows, self.source, self.row_group, self.row_ids.array())
+
+
+def pack(batch: Batch) -> Packed:
+    """``batch`` packed (see ``Packed``): its integer arrays narrowed into new ones, its validity into bitmaps."""
+    columns: dict[str, tuple[_Held, _Held | None] | Column] = {}
+    for name, col in batch.columns.items():
+        v = col.values
+        if isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype.kind in "biuf" and col.offsets is None and col.raw is None:
+            columns[name] = (_Held.of(v), None if col.valid is None else _Held.of(col.valid, bitmap=True))
+        else:
+            columns[name] = col
+    return Packed(columns, _Held.of(batch.row_ids), batch.num_rows, batch.source, batch.row_group)
 
 
 def _parts(col: Column) -> list[tuple[str, np.ndarray]]:

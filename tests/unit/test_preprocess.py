@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from etl import preprocess as preprocess_module
 from etl.cluster import connect
 from etl.errors import InputError, RowError
 from etl.io import parquet
@@ -243,6 +244,50 @@ def test_temporaries_a_killed_save_left_in_the_artifacts_are_removed(shards: lis
         (d / ".C2.parquet.123-abcd1234.tmp").write_bytes(b"partial")
     run(shards, out, artifacts=out / "artifacts")
     assert tree_bytes(out) == first
+
+
+def test_shards_are_transformed_while_the_artifacts_are_saved_and_committed_after(
+    shards: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "out"
+    transforming = threading.Event()
+    seen: dict[str, bool] = {}
+    save, process_shard, commit_shard = Pipeline.save, preprocess_module.process_shard, preprocess_module.commit_shard
+
+    def slow_save(self: Pipeline, directory: Path) -> None:
+        seen["transformed while saving"] = transforming.wait(timeout=60)
+        save(self, directory)
+
+    def transform(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        transforming.set()
+        return process_shard(*args, **kwargs)
+
+    def commit(directory: Path, written):  # noqa: ANN001, ANN202
+        seen.setdefault("artifacts saved at every commit", True)
+        seen["artifacts saved at every commit"] &= (out / "artifacts" / "pipeline.json").exists()
+        return commit_shard(directory, written)
+
+    monkeypatch.setattr(Pipeline, "save", slow_save)
+    monkeypatch.setattr(preprocess_module, "process_shard", transform)
+    monkeypatch.setattr(preprocess_module, "commit_shard", commit)
+    run(shards, out, workers=2)
+    assert seen == {"transformed while saving": True, "artifacts saved at every commit": True}
+    assert read_manifest(out).complete
+    monkeypatch.undo()
+    assert tree_bytes(out) == two_pass(CRITEO, shards, tmp_path / "two")
+
+
+def test_a_failed_save_of_the_artifacts_is_raised_and_commits_no_shard(shards: list[Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "out"
+
+    def failing_save(self: Pipeline, directory: Path) -> None:
+        raise OSError(28, "No space left on device", str(directory))
+
+    monkeypatch.setattr(Pipeline, "save", failing_save)
+    with pytest.raises(OSError, match="No space left"):
+        run(shards, out, workers=2)
+    assert read_manifest(out).files == []
+    assert sorted(p.name for p in out.iterdir() if p.suffix == ".parquet" or is_temporary(p.name)) == []
 
 
 # ---------------------------------------------------------------- single pass

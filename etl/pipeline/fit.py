@@ -100,13 +100,27 @@ def _fit_stage(
     prep, columns = fit_plan(pipeline, stage)
 
     def prepare(path: Location, emit: Callable[[Transformed], None], stop: threading.Event) -> None:
-        shard = open_shard(path, pipeline.schema)
-        for i in range(shard.num_row_groups):
-            if stop.is_set():
-                return
-            emit(pipeline.run_ops(shard.read(i, columns), prep, on_error, labels=True, output=False))
+        emit_prepared(pipeline, path, columns, prep, on_error, emit, stop)
 
     fit_batches(pipeline, stage, shards, prepare, workers, progress, lock)
+
+
+def emit_prepared(
+    pipeline: Pipeline,
+    path: Location,
+    columns: list[str],
+    prep: list[Op],
+    on_error: OnError,
+    emit: Callable[[Transformed], None],
+    stop: threading.Event,
+) -> None:
+    """Read ``columns`` of each row group of shard ``path``, run the label check and the ops ``prep`` on it (as
+    ``fit_plan`` says) and ``emit`` the result, until the shard ends or ``stop`` is set."""
+    shard = open_shard(path, pipeline.schema)
+    for i in range(shard.num_row_groups):
+        if stop.is_set():
+            return
+        emit(pipeline.run_ops(shard.read(i, columns), prep, on_error, labels=True, output=False))
 
 
 def fit_batches(

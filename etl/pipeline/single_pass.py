@@ -34,7 +34,7 @@ from etl.io.fs import Location
 from etl.io.parquet import Shard, open_shard
 from etl.ops import Op
 from etl.pipeline.core import OnError, Pipeline, Transformed
-from etl.pipeline.fit import fit_batches, fit_plan, fit_stages, stage_name
+from etl.pipeline.fit import emit_prepared, fit_batches, fit_plan, fit_stages, stage_name
 from etl.pipeline.stash import Key, RawRows, Stash
 from etl.progress import Progress
 
@@ -136,11 +136,7 @@ def _fit_from_stash(
             else:
                 emit(pipeline.run_ops(entry, more, on_error, labels=False, output=False))
             return
-        shard = open_shard(item, pipeline.schema)
-        for i in range(shard.num_row_groups):
-            if stop.is_set():
-                return
-            emit(pipeline.run_ops(shard.read(i, columns), prep, on_error, labels=True, output=False))
+        emit_prepared(pipeline, item, columns, prep, on_error, emit, stop)
 
     fit_batches(pipeline, stage, sources, prepare, workers, progress, lock)
 

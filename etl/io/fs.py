@@ -97,7 +97,8 @@ class Url:
     # ------------------------------------------------------------------ the filesystem
     @property
     def fs(self) -> Any:
-        """The fsspec filesystem of this URL (fsspec keeps one instance per protocol, options and process)."""
+        """The fsspec filesystem of this URL (fsspec keeps one instance per protocol, options and process), without
+        a cache of listings: every listing and existence check asks the store, since other processes write there."""
         return _filesystem(self.protocol, self.storage_options)
 
     def exists(self) -> bool:
@@ -117,7 +118,6 @@ class Url:
 
     def iterdir(self) -> Iterator[Url]:
         """The entries directly under this prefix, freshly listed."""
-        self.fs.invalidate_cache(self.key)
         with accessing(self):
             keys = sorted(self.fs.ls(self.key, detail=False))
         for key in keys:
@@ -126,7 +126,6 @@ class Url:
 
     def glob(self, pattern: str) -> Iterator[Url]:
         """The entries matching ``pattern`` under this prefix (fsspec glob rules), freshly listed."""
-        self.fs.invalidate_cache(self.key)
         with accessing(self):
             keys = sorted(self.fs.glob(f"{self.key}/{pattern}"))
         for key in keys:
@@ -266,8 +265,8 @@ def _access_errors() -> tuple[type[BaseException], ...]:
 def _filesystem(protocol: str, options: dict[str, Any]) -> Any:
     import fsspec
 
-    try:
-        return fsspec.filesystem(protocol, **options)
+    try:  # no cached listings: other processes (workers, producers, other runs) write under the same prefixes
+        return fsspec.filesystem(protocol, **{"use_listings_cache": False, **options})
     except (ImportError, ValueError) as e:
         raise ConfigError(f"{protocol}:// paths: {e} (object storage needs the 'dist' extra: pip install 'etl[dist]')") from None
 
@@ -356,7 +355,6 @@ def remove_tree(path: Location) -> None:
     if isinstance(path, Url):
         with writing(path), contextlib.suppress(FileNotFoundError):
             path.fs.rm(path.key, recursive=True)
-        path.fs.invalidate_cache(path.key)
     elif path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
     else:

@@ -329,10 +329,11 @@ def preprocess(
     cluster's workers (the fit's count tables spilled inside --out), and each shard is read by both."""
     from etl.cluster import connecting
 
-    # a local cluster starts in the background while the pipeline is imported and read and the shards listed
+    # a local cluster starts in the background while the pipeline is imported and read (or loaded from --artifacts)
+    # and the shards listed
     with user_errors(), connecting(cluster) as client:
         from etl.io.parquet import list_shards
-        from etl.pipeline import Pipeline
+        from etl.pipeline import Pipeline, check_match
         from etl.preprocess import COMPRESSIONS, check_apart
         from etl.preprocess import preprocess as run
 
@@ -342,11 +343,14 @@ def preprocess(
         inputs, out_dir = expand_globs(input), location(out)
         check_apart(out_dir, inputs)
         shards = list_shards(inputs)
+        if artifacts is not None:  # the fitted pipeline, handed to the run as such (nothing left to fit)
+            saved = location(artifacts)
+            p, spec = Pipeline.load(saved), p
+            check_match(p, spec, saved)
         with progress_bars(_total_rows(shards)) as report:
             mode = cast("OnError", on_error)
-            fitted = None if artifacts is None else location(artifacts)
-            summary = run(p, shards, out_dir, artifacts=fitted, workers=workers, on_error=mode, compression=compression, progress=report,
-                          client=client(), partitions=partitions, memory_budget=memory_budget)  # fmt: skip
+            summary = run(p, shards, out_dir, workers=workers, on_error=mode, compression=compression, progress=report, client=client(),
+                          partitions=partitions, memory_budget=memory_budget)  # fmt: skip
     c = console
     c.print(f"files: {summary.files}" + (f" ({summary.files_skipped} already complete, skipped)" if summary.files_skipped else ""))
     c.print(f"rows: {summary.rows_in:,} in = {summary.rows_out:,} out + {summary.rows_quarantined:,} quarantined")

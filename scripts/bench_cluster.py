@@ -4,7 +4,9 @@
 Fits the pipeline once (`etl fit`, timed: the fit's per-core rate), then runs `etl preprocess --artifacts ...`
 alternately in ``--workers N`` threads and on ``--cluster local:N`` (``--repeat`` times each, a fresh output
 directory every time), as a user runs them. For each run it records the wall time of the command (interpreter
-start, cluster start and stop included) and the transform time the command reports (shards only), and checks that
+start, cluster start and stop included), the CPU time of its processes (user + system, worker processes included:
+what decides the wall time on a machine whose cores are all busy) and the transform time the command reports
+(shards only), and checks that
 every output file is byte-identical to the first threaded run's. Prints a table and the ratios of the best runs
 (and of the medians). Then, in a fresh interpreter of its own, times the phases of a fresh cluster run one by one
 (``--phases``): the cluster's start (worker processes importing etl in their preload), loading the pipeline in
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -30,14 +33,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def etl(*args: object) -> tuple[float, str]:
-    """Run ``etl`` with ``args``; (wall seconds, stdout). Exits when the command fails."""
-    t0 = time.perf_counter()
+def etl(*args: object) -> tuple[float, float, str]:
+    """Run ``etl`` with ``args``; (wall seconds, CPU seconds of its processes, stdout). Exits when it fails."""
+    r0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "etl", *map(str, args)], capture_output=True, text=True)
-    seconds = time.perf_counter() - t0
+    seconds, r1 = time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         sys.exit(f"etl {' '.join(map(str, args))} failed:\n{proc.stderr}")
-    return seconds, proc.stdout
+    return seconds, r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime, proc.stdout
 
 
 def tree_digest(root: Path) -> dict[str, str]:
@@ -91,7 +94,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="etl-bench-cluster-"))
     try:
         rows = None
-        fit_wall, out = etl("fit", "--pipeline", a.pipeline, "--input", a.data, "--artifacts", work / "artifacts", "--workers", a.workers)
+        fit_wall, _, out = etl("fit", "--pipeline", a.pipeline, "--input", a.data, "--artifacts", work / "artifacts", "--workers", a.workers)
         m = re.search(r"on ([\d,]+) rows in ([\d.]+) s", out)
         if m:
             rows = int(m.group(1).replace(",", ""))
@@ -101,7 +104,8 @@ def main() -> None:
         for i in range(a.repeat):
             for how, option in (("threads", ["--workers", a.workers]), ("cluster", ["--cluster", f"local:{a.workers}"])):
                 dest = work / f"{how}{i}"
-                wall, out = etl("preprocess", "--pipeline", a.pipeline, "--input", a.data, "--out", dest, "--artifacts", work / "artifacts", *option)
+                args = ("--pipeline", a.pipeline, "--input", a.data, "--out", dest, "--artifacts", work / "artifacts", *option)
+                wall, cpu, out = etl("preprocess", *args)
                 m = re.search(r"transform: ([\d,]+) rows in ([\d.]+) s", out)
                 if m is None:
                     sys.exit(f"no transform line in:\n{out}")
@@ -112,7 +116,8 @@ def main() -> None:
                 if digest != reference:
                     sys.exit(f"{dest}: the output differs from the first threaded run's")
                 shutil.rmtree(dest)
-                print(f"{how:8} run {i + 1}: wall {wall:6.2f} s, transform {float(m.group(2)):6.2f} s ({rows / float(m.group(2)):,.0f} rows/s)")
+                print(f"{how:8} run {i + 1}: wall {wall:6.2f} s, transform {float(m.group(2)):6.2f} s ({rows / float(m.group(2)):,.0f} rows/s), "
+                      f"CPU {cpu:6.2f} s")  # fmt: skip
         for name, pick in (("best", min), ("median", statistics.median)):
             by = {how: (pick(w for w, _ in r), pick(t for _, t in r)) for how, r in runs.items()}
             (tw, tt), (cw, ct) = by["threads"], by["cluster"]

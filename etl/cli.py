@@ -327,24 +327,30 @@ def preprocess(
     """Fit (when no artifacts are given) and transform every shard, reading each shard once (the fit keeps what the
     transform needs, see --memory-budget); resumable after an interruption. With --cluster, both run on the
     cluster's workers (the fit's count tables spilled inside --out), and each shard is read by both."""
-    from etl.cluster import connect
-    from etl.io.parquet import list_shards
-    from etl.pipeline import Pipeline
-    from etl.preprocess import COMPRESSIONS, check_apart
-    from etl.preprocess import preprocess as run
+    from etl.cluster import connecting
 
-    with user_errors():
+    # a local cluster starts in the background while the pipeline is imported and read (or loaded from --artifacts)
+    # and the shards listed
+    with user_errors(), connecting(cluster) as client:
+        from etl.io.parquet import list_shards
+        from etl.pipeline import Pipeline, check_match
+        from etl.preprocess import COMPRESSIONS, check_apart
+        from etl.preprocess import preprocess as run
+
         _check_choice("--on-error", on_error, ("raise", "quarantine"))
         _check_choice("--compression", compression, COMPRESSIONS)
         p = Pipeline.from_file(pipeline)
         inputs, out_dir = expand_globs(input), location(out)
         check_apart(out_dir, inputs)
         shards = list_shards(inputs)
-        with connect(cluster) as client, progress_bars(_total_rows(shards)) as report:
+        if artifacts is not None:  # the fitted pipeline, handed to the run as such (nothing left to fit)
+            saved = location(artifacts)
+            p, spec = Pipeline.load(saved), p
+            check_match(p, spec, saved)
+        with progress_bars(_total_rows(shards)) as report:
             mode = cast("OnError", on_error)
-            fitted = None if artifacts is None else location(artifacts)
-            summary = run(p, shards, out_dir, artifacts=fitted, workers=workers, on_error=mode, compression=compression, progress=report,
-                          client=client, partitions=partitions, memory_budget=memory_budget)  # fmt: skip
+            summary = run(p, shards, out_dir, workers=workers, on_error=mode, compression=compression, progress=report, client=client(),
+                          partitions=partitions, memory_budget=memory_budget)  # fmt: skip
     c = console
     c.print(f"files: {summary.files}" + (f" ({summary.files_skipped} already complete, skipped)" if summary.files_skipped else ""))
     c.print(f"rows: {summary.rows_in:,} in = {summary.rows_out:,} out + {summary.rows_quarantined:,} quarantined")

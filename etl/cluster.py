@@ -19,7 +19,8 @@ import logging
 import os
 import re
 import signal
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from etl.errors import ConfigError
@@ -80,12 +81,58 @@ def connect(spec: str | None, timeout: float = 30.0) -> Iterator[Client | None]:
         yield client
 
 
+@contextlib.contextmanager
+def connecting(spec: str | None, timeout: float = 30.0) -> Iterator[Callable[[], Client | None]]:
+    """``connect(spec, timeout)`` in a thread of its own, so that a local cluster starts (its worker processes
+    importing Python and etl) while the calling thread goes on reading the pipeline and listing shards: yields a
+    function that waits for the start to end and returns the client (None without a cluster), or raises what the
+    start raised. A bad spec raises ``ConfigError`` here, at once. That thread owns the client and the cluster: on
+    exit, whatever ends the block, it is told to close them, as ``connect`` does, and waited for."""
+    if cluster_spec(spec) is None:
+        yield lambda: None
+        return
+    started: list[Client | None] = []
+    failed: list[BaseException] = []
+    ready, done = threading.Event(), threading.Event()
+
+    def own() -> None:
+        try:
+            with connect(spec, timeout) as client:
+                started.append(client)
+                ready.set()
+                done.wait()
+        except BaseException as e:  # raised in the calling thread: by client() or on exit
+            failed.append(e)
+        finally:
+            ready.set()
+
+    def client() -> Client | None:
+        ready.wait()
+        if not started:
+            raise failed[0]
+        return started[0]
+
+    thread = threading.Thread(target=own, name="etl-cluster")
+    thread.start()
+    try:
+        yield client
+    finally:
+        done.set()
+        thread.join()
+    if started and failed:  # the cluster failed to close
+        raise failed[0]
+
+
 def dask_setup(worker: object) -> None:
     """Run by each worker process of a local cluster that ``connect`` starts (a Dask preload, restarted workers
     included): it leaves the terminal's foreground process group (a session of its own) and ignores SIGINT, so that
     Ctrl-C in a terminal interrupts the ``etl`` process alone; that one stops the tasks and then the cluster. Leaving
     the group is what counts: polars answers SIGINT itself, with a KeyboardInterrupt inside a running query,
-    whatever Python's handler is. The worker still stops with the ``etl`` process (Dask ties it to its parent)."""
+    whatever Python's handler is. The worker still stops with the ``etl`` process (Dask ties it to its parent).
+
+    It then imports what etl's tasks run (``etl.preprocess_tasks``: the pipeline, its ops, Parquet and Arrow), while
+    the cluster is starting, rather than in the worker's first task."""
     with contextlib.suppress(OSError):  # already a session leader
         os.setsid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    import etl.preprocess_tasks  # noqa: F401

@@ -136,8 +136,9 @@ def _read_table(d: Location, rel: Any, field: str) -> pa.Table:
     if ".." in Path(rel).parts if isinstance(d, Url) else not is_within(target.resolve(), d.resolve()):
         raise ArtifactError(f"{d / 'pipeline.json'}: field '{field}': {rel!r} resolves outside the artifacts directory")
     source, filesystem = arrow_source(target)
-    try:
-        return pq.read_table(source, filesystem=filesystem)
+    try:  # ParquetFile, not pq.read_table: that one imports pyarrow.dataset, and pandas with it (half a second)
+        with pq.ParquetFile(source, filesystem=filesystem) as f:
+            return f.read()
     except (OSError, pa.ArrowException) as e:
         raise ArtifactError(f"{target}: cannot read: {e}") from None
 

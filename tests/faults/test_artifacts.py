@@ -175,6 +175,7 @@ VOCAB_EDITS: dict[str, Callable[[pa.Table], pa.Table]] = {
     "id repeated": _with_column("id", [5, 5, 7]),
     "id missing": _with_column("id", [5, None, 7]),
     "key repeated": _with_column("key", [10, 11, 11]),
+    "key repeated at another count": _with_column("key", [11, 10, 11]),  # in count-then-key order, yet twice
     "key missing": _with_column("key", [10, None, 12]),
     "count below freq_threshold": _with_column("count", [4, 3, 1]),
     "count missing": _with_column("count", [4, None, 3]),

@@ -50,3 +50,14 @@ def test_local_preprocess_imports_no_heavy_library(tmp_path: Path, schema: str, 
     out = tmp_path / "out"
     assert loaded_by("preprocess", "--pipeline", REPO / f"pipelines/{pipeline}.yaml", "--input", tmp_path / "raw", "--out", out) == []
     assert (out / "manifest.json").is_file()
+
+
+def test_preprocess_with_artifacts_imports_no_heavy_library(tmp_path: Path) -> None:
+    # loading fitted artifacts (their vocabulary tables) reads Parquet without pyarrow.dataset, which imports pandas
+    run_etl("generate", "--schema", REPO / "schemas/criteo.yaml", "--rows", 500, "--out", tmp_path / "raw")
+    pipeline = REPO / "pipelines/criteo.yaml"
+    run_etl("fit", "--pipeline", pipeline, "--input", tmp_path / "raw", "--artifacts", tmp_path / "artifacts")
+    out = tmp_path / "out"
+    args = ("preprocess", "--pipeline", pipeline, "--input", tmp_path / "raw", "--out", out, "--artifacts", tmp_path / "artifacts")
+    assert loaded_by(*args) == []
+    assert (out / "manifest.json").is_file()

@@ -42,6 +42,7 @@ import pyarrow.ipc as ipc
 
 from etl.batch import Batch, Column, InlineStrings, Strings
 from etl.errors import ConfigError
+from etl.io.arrow import from_numpy, to_numpy
 from etl.io.files import temporary_path
 from etl.io.parquet import batch_from_arrow
 from etl.schema import Schema
@@ -167,7 +168,12 @@ class Stash:
                 self._dir = temporary_path(self.directory / "stash")
                 self._dir.mkdir()
             path = self._dir / f"{key[0]}-{key[1]}.arrow"
-            self.spilled_bytes += _write(path, entry)
+        written = _write(path, entry)  # outside the lock: threads spill at once
+        with self._lock:
+            if self._closed:  # closed while it was written: the directory is gone or going
+                path.unlink(missing_ok=True)
+                raise StashClosed("the stash is closed")
+            self.spilled_bytes += written
             self._spilled[key] = path
 
     def get(self, key: Key) -> Entry:
@@ -325,12 +331,12 @@ def _write(path: Path, entry: Entry) -> int:
         where = {"source": entry.source, "row_group": entry.row_group, "first_row": entry.first_row}
         table = entry.table.replace_schema_metadata({"kind": "raw", "where": json.dumps(where)})
     else:
-        arrays, names = [pa.array(entry.row_ids)], ["row_ids"]
+        arrays, names = [from_numpy(entry.row_ids)], ["row_ids"]
         for c, col in entry.columns.items():
             for part, a in _parts(col):
-                arrays.append(pa.array(np.ascontiguousarray(a)))
+                arrays.append(from_numpy(a))
                 names.append(f"{c}:{part}")
-        lists = [pa.LargeListArray.from_arrays(pa.array([0, len(a)], pa.int64()), a) for a in arrays]
+        lists = [pa.LargeListArray.from_arrays(from_numpy(np.array([0, len(a)], np.int64)), a) for a in arrays]
         where = {"source": entry.source, "row_group": entry.row_group, "num_rows": entry.num_rows}
         table = pa.Table.from_arrays(lists, names=names).replace_schema_metadata({"kind": "batch", "where": json.dumps(where)})
     with ipc.new_file(str(path), table.schema) as w:
@@ -357,8 +363,7 @@ def _read(path: Path) -> Entry:
 
 def _array(col: pa.ChunkedArray) -> np.ndarray:
     """The values of a one-row ``large_list`` column as a numpy array viewing its buffer."""
-    values = col.chunk(0).values
-    return values.to_numpy(zero_copy_only=True) if len(values) else values.to_numpy(zero_copy_only=False)
+    return to_numpy(col.chunk(0).values)
 
 
 def _column(parts: dict[str, np.ndarray]) -> Column:

@@ -44,11 +44,15 @@ def test_help_imports_no_heavy_library() -> None:
     assert loaded_by("preprocess", "--help") == []
 
 
-@pytest.mark.parametrize(("schema", "pipeline"), [("criteo", "criteo"), ("movielens", "movielens")])
-def test_local_preprocess_imports_no_heavy_library(tmp_path: Path, schema: str, pipeline: str) -> None:
+@pytest.mark.parametrize(
+    ("schema", "pipeline", "budget"),
+    [("criteo", "criteo", None), ("movielens", "movielens", None), ("criteo", "criteo", "1")],  # "1": the stash spills to disk
+)
+def test_local_preprocess_imports_no_heavy_library(tmp_path: Path, schema: str, pipeline: str, budget: str | None) -> None:
     run_etl("generate", "--schema", REPO / f"schemas/{schema}.yaml", "--rows", 500, "--out", tmp_path / "raw")
     out = tmp_path / "out"
-    assert loaded_by("preprocess", "--pipeline", REPO / f"pipelines/{pipeline}.yaml", "--input", tmp_path / "raw", "--out", out) == []
+    more = () if budget is None else ("--memory-budget", budget)
+    assert loaded_by("preprocess", "--pipeline", REPO / f"pipelines/{pipeline}.yaml", "--input", tmp_path / "raw", "--out", out, *more) == []
     assert (out / "manifest.json").is_file()
 
 

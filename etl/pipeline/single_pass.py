@@ -87,13 +87,13 @@ def fit_stashing(
 
     def prepare_first(item: tuple[int, Location], emit: Callable[[Transformed], None], stop: threading.Event) -> None:
         index, path = item
+        if index not in stashed:
+            emit_prepared(pipeline, path, columns, first, on_error, emit, stop)
+            return
         shard = open_shard(path, pipeline.schema)
         for i in range(shard.num_row_groups):
             if stop.is_set():
                 return
-            if index not in stashed:
-                emit(pipeline.run_ops(shard.read(i, columns), first, on_error, labels=True, output=False))
-                continue
             raw = RawRows(shard.read_table(i), str(path), i, shard.row_group_starts[i])
             t = pipeline.run_ops(raw.batch(pipeline.schema), first, on_error, labels=True, output=False)
             stash.put((index, i), raw if t.rejected or not exact else t.batch)

@@ -33,7 +33,7 @@ log() { echo "[gpu_check ${SECONDS}s] $*"; }
 
 log "1/5 environment"
 DEVICE=$("$PY" - <<'EOF'
-import importlib, os, sys
+import importlib.util, os, sys
 missing = [m for m in ("numpy", "numba", "pyarrow", "yaml", "typer", "rich", "pytest", "torch") if importlib.util.find_spec(m) is None]
 if missing:
     sys.exit(f"missing Python packages: {', '.join(missing)} (carry them as wheels)")

@@ -48,6 +48,5 @@ def test_check_before_finds_the_saved_shard_at_its_place(tmp_path: Path) -> None
         arrivals.check_before(1, None)
 
 
-
 def test_check_before_an_empty_start(tmp_path: Path) -> None:
     Arrivals(tmp_path).check_before(0, None)

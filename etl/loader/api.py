@@ -391,12 +391,12 @@ def _follow_settings(follow: bool, poll_interval: float, idle_flush: float | Non
 def _open_followed(source: str | Location | list[str | Location], pipeline: str | Path | None, artifacts: str | Location | None,
                    storage_options: dict[str, Any] | None) -> tuple[Pipeline, Location]:  # fmt: skip
     """The pipeline and the directory of a following loader: ``source`` must be one directory of raw shards (it
-    may hold no shard yet)."""
+    may hold no shard yet; in object storage, a prefix that may hold no object yet)."""
     items = locations(source if isinstance(source, list) else [source], storage_options)
     if len(items) != 1:
         raise ConfigError(f"follow=True follows one directory of raw shards, got {len(items)} sources")
     directory = items[0]
-    if not directory.is_dir():
+    if directory.is_file() or (isinstance(directory, Path) and not directory.is_dir()):  # an empty prefix is no "directory" in a store
         raise ConfigError(f"{directory}: follow=True follows a directory of raw shards, and this is not one")
     if is_processed(directory):
         raise ConfigError(f"{directory}: follow=True reads raw shards; this is the output of etl preprocess")

@@ -196,3 +196,21 @@ def test_position_from_dict_refuses_what_to_dict_cannot_make() -> None:
     for bad in ({"shard": 3}, {"row": -1}, {"delivered": 5}, {"buffer_rows": 4, "delivered": 5}, {"other": 1}):
         with pytest.raises(ConfigError):
             FollowPosition.from_dict(bad)
+
+
+def test_follows_a_prefix_in_object_storage(stream: Path, s3: str) -> None:
+    from etl.io.fs import location
+
+    prefix = location(f"{s3}/raw")
+    for i, first in enumerate((0, 300)):
+        add_shard(stream, i, first, 300)
+    fs = prefix.fs
+    fs.put_file(str(stream / "raw/part-00000.parquet"), f"{prefix.key}/part-00000.parquet")
+    fs.put_file(str(stream / "raw/part-00001.parquet"), f"{prefix.key}/.part-00001.parquet.0-0.tmp")  # not complete yet
+    ld = Loader(str(prefix), pipeline=stream / "pipeline.yaml", follow=True, batch_size=64, shuffle_buffer=100, poll_interval=0.05, idle_flush=0.2)
+    it = iter(ld)
+    got = rows(it, 300)
+    fs.copy(f"{prefix.key}/.part-00001.parquet.0-0.tmp", f"{prefix.key}/part-00001.parquet")  # the store's "rename"
+    got += rows(it, 300)
+    ld.close()
+    assert sorted(got) == list(range(600))

@@ -125,7 +125,7 @@ class Loader:
     ``follow=True``: follow a directory of raw shards that a producer keeps filling (``etl.loader.follow``): the
     shards present at start, then each new one once complete (renamed onto its ``*.parquet`` name), in name order;
     the directory is listed every ``poll_interval`` seconds, and when no shard has arrived for ``idle_flush``
-    seconds (default: 5 × ``poll_interval``) the rows held in the shuffle buffer are delivered. Iteration never ends
+    seconds (default: ``poll_interval``) the rows held in the shuffle buffer are delivered. Iteration never ends
     by itself (until ``close()`` or ``break``); ``state_dict`` then saves the position in the stream, and a loader
     given it with ``load_state_dict`` delivers every row not delivered before it exactly once. Needs
     ``num_workers >= 1`` and ``transform_on="host"``; ``len()`` and ``set_epoch`` have no meaning there."""
@@ -385,7 +385,7 @@ def _follow_settings(follow: bool, poll_interval: float, idle_flush: float | Non
         raise ConfigError(f"poll_interval must be > 0 and idle_flush >= 0, got poll_interval={poll_interval}, idle_flush={idle_flush}")
     if num_workers < 1 or transform_on != "host":
         raise ConfigError(f"follow=True needs num_workers >= 1 and transform_on='host', got num_workers={num_workers}, transform_on={transform_on!r}")
-    return FollowSettings(poll_interval, 5 * poll_interval if idle_flush is None else idle_flush, drop_last)
+    return FollowSettings(poll_interval, poll_interval if idle_flush is None else idle_flush, drop_last)
 
 
 def _open_followed(source: str | Location | list[str | Location], pipeline: str | Path | None, artifacts: str | Location | None,

@@ -24,7 +24,7 @@ from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
 from etl.allocator import tune_allocator
-from etl.errors import EtlError
+from etl.errors import ConfigError, EtlError
 from etl.io.fs import Location, location
 from etl.io.paths import expand_globs
 
@@ -336,8 +336,14 @@ def preprocess(
     cluster's workers (the fit's count tables spilled inside --out), and each shard is read by both. With --follow,
     keep transforming the shards a producer adds to the input directory (etl.preprocess_follow)."""
     if follow:
+        with user_errors():
+            if memory_budget is not None or partitions is not None:
+                raise ConfigError("--follow fits nothing: it takes no --memory-budget nor --partitions")
         _preprocess_follow(pipeline, input, out, artifacts, workers, on_error, compression, cluster, poll_interval, stop_after_idle)
         return
+    if poll_interval != 1.0 or stop_after_idle is not None:
+        with user_errors():
+            raise ConfigError("--poll-interval and --stop-after-idle go with --follow")
     from etl.cluster import connecting
 
     # a local cluster starts in the background while the pipeline is imported and read (or loaded from --artifacts)
@@ -382,7 +388,6 @@ def _preprocess_follow(pipeline: Path, inputs: list[str], out: str, artifacts: s
     import signal
 
     with user_errors():
-        from etl.errors import ConfigError
         from etl.pipeline import Pipeline, check_match
         from etl.preprocess import COMPRESSIONS
         from etl.preprocess_follow import preprocess_follow

@@ -111,3 +111,10 @@ def test_follow_takes_one_input_directory(tmp_path: Path) -> None:
     raw = tmp_path / "raw"
     proc = run_etl("preprocess", "--follow", "--pipeline", HASH, "--input", raw, "--input", raw, "--out", tmp_path / "o", check=False)
     assert proc.returncode == 2 and "one input directory" in proc.stderr
+
+
+def test_options_of_follow_mode_alone_are_refused(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    proc = run_etl("preprocess", "--stop-after-idle", "1", "--pipeline", HASH, "--input", raw, "--out", tmp_path / "o", check=False)
+    assert proc.returncode == 2 and "go with --follow" in proc.stderr

@@ -24,7 +24,7 @@ from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
 from etl.allocator import tune_allocator
-from etl.errors import EtlError
+from etl.errors import ConfigError, EtlError
 from etl.io.fs import Location, location
 from etl.io.paths import expand_globs
 
@@ -323,10 +323,27 @@ def preprocess(
         help="Bytes the single pass may hold in memory between fit and transform, e.g. 512M or 2G (default: a quarter of the "
         "machine's memory); beyond it, row groups wait in a temporary directory inside --out.",
     ),
+    follow: bool = typer.Option(
+        False,
+        help="Follow one input directory: transform each shard as it arrives (renamed onto its .parquet name, in name order), "
+        "appending to --out, until Ctrl-C / SIGTERM or --stop-after-idle. Needs --artifacts or a pipeline with nothing to fit.",
+    ),
+    poll_interval: float = typer.Option(1.0, min=0.001, help="With --follow: seconds between listings of the input directory."),
+    stop_after_idle: float | None = typer.Option(None, min=0, help="With --follow: stop once no shard has arrived for this many seconds."),
 ) -> None:
     """Fit (when no artifacts are given) and transform every shard, reading each shard once (the fit keeps what the
     transform needs, see --memory-budget); resumable after an interruption. With --cluster, both run on the
-    cluster's workers (the fit's count tables spilled inside --out), and each shard is read by both."""
+    cluster's workers (the fit's count tables spilled inside --out), and each shard is read by both. With --follow,
+    keep transforming the shards a producer adds to the input directory (etl.preprocess_follow)."""
+    if follow:
+        with user_errors():
+            if memory_budget is not None or partitions is not None:
+                raise ConfigError("--follow fits nothing: it takes no --memory-budget nor --partitions")
+        _preprocess_follow(pipeline, input, out, artifacts, workers, on_error, compression, cluster, poll_interval, stop_after_idle)
+        return
+    if poll_interval != 1.0 or stop_after_idle is not None:
+        with user_errors():
+            raise ConfigError("--poll-interval and --stop-after-idle go with --follow")
     from etl.cluster import connecting
 
     # a local cluster starts in the background while the pipeline is imported and read (or loaded from --artifacts)
@@ -362,6 +379,46 @@ def preprocess(
     if summary.files_skipped < summary.files:
         c.print(f"transform: {summary.rows_processed:,} rows in {summary.transform_seconds:.2f} s ({summary.rows_per_second:,.0f} rows/s)")
     c.print(f"output: {out}")
+
+
+def _preprocess_follow(pipeline: Path, inputs: list[str], out: str, artifacts: str | None, workers: int, on_error: str, compression: str,
+                       cluster: str | None, poll_interval: float, stop_after_idle: float | None) -> None:  # fmt: skip
+    """``etl preprocess --follow``: SIGINT and SIGTERM stop the run cleanly (exit 0, the manifest listing what was
+    committed)."""
+    import signal
+
+    with user_errors():
+        from etl.pipeline import Pipeline, check_match
+        from etl.preprocess import COMPRESSIONS
+        from etl.preprocess_follow import preprocess_follow
+
+        _check_choice("--on-error", on_error, ("raise", "quarantine"))
+        _check_choice("--compression", compression, COMPRESSIONS)
+        if cluster is not None:
+            raise ConfigError("--follow runs in threads: it takes no --cluster")
+        if len(inputs) != 1:
+            raise ConfigError(f"--follow follows one input directory, got {len(inputs)} inputs")
+        directory = location(inputs[0])
+        if not directory.is_dir():
+            raise ConfigError(f"{directory}: --follow follows a directory of shards, and this is not one")
+        p = Pipeline.from_file(pipeline)
+        if artifacts is not None:
+            saved = location(artifacts)
+            p, spec = Pipeline.load(saved), p
+            check_match(p, spec, saved)
+        stop = threading.Event()
+        handlers = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            console.print(f"following {directory} → {out} (Ctrl-C stops)")
+            summary = preprocess_follow(p, directory, location(out), stop=stop, poll_interval=poll_interval, stop_after_idle=stop_after_idle,
+                                        workers=workers, on_error=cast("OnError", on_error), compression=compression)  # fmt: skip
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+    t = summary.totals
+    console.print(f"files: {summary.files} ({summary.files_kept} already complete, {summary.files_committed} transformed now)")
+    console.print(f"rows: {t.rows_in:,} in = {t.rows_out:,} out + {t.rows_quarantined:,} quarantined")
+    console.print(f"output: {out}")
 
 
 def _mib(n: int) -> str:

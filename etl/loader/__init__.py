@@ -4,6 +4,7 @@ Modules, from the training loop inwards (``api``'s docstring tells how they work
 
 - ``api``: ``Loader`` and ``LoaderBatch``: configuration, epochs, position and ``state_dict``, the consumer's side;
 - ``epoch``: ``EpochPass``, one pass over an epoch: its assembler thread, reader pool, ready queue and shutdown;
+- ``follow``: ``FollowPass``, the never-ending pass of follow mode over shards as they arrive, and its position;
 - ``assembler``: pieces → shuffle buffers → batches in ring slots;
 - ``pieces``: reading and transforming one piece, per kind of source;
 - ``order``: which rows a rank reads, in which order;

@@ -35,6 +35,7 @@ and resuming recomputes the order and skips ahead, re-reading at most one shuffl
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 import time
 import weakref
@@ -54,6 +55,7 @@ from etl.loader.assembler import PassSettings
 from etl.loader.chunk import Chunk, Layout
 from etl.loader.device_stage import DeviceStage
 from etl.loader.epoch import EpochPass, InlinePass
+from etl.loader.follow import FollowCursor, FollowPass, FollowPosition, FollowSettings
 from etl.loader.order import Piece, batches_per_rank, row_groups
 from etl.loader.pieces import guarded, reader_for
 from etl.loader.ring import Ring
@@ -118,7 +120,15 @@ class Loader:
     URLs (``s3://bucket/raw``, ``gs://...``, see ``etl.io.fs``), with ``storage_options`` for their filesystem
     (credentials and endpoints otherwise come from the environment, e.g. ``AWS_ENDPOINT_URL``); from object storage,
     ``num_workers + prefetch`` pieces are read at once, so that their requests overlap (with ``num_workers=0`` each
-    request's latency is the training loop's)."""
+    request's latency is the training loop's).
+
+    ``follow=True``: follow a directory of raw shards that a producer keeps filling (``etl.loader.follow``): the
+    shards present at start, then each new one once complete (renamed onto its ``*.parquet`` name), in name order;
+    the directory is listed every ``poll_interval`` seconds, and when no shard has arrived for ``idle_flush``
+    seconds (default: ``poll_interval``) the rows held in the shuffle buffer are delivered. Iteration never ends
+    by itself (until ``close()`` or ``break``); ``state_dict`` then saves the position in the stream, and a loader
+    given it with ``load_state_dict`` delivers every row not delivered before it exactly once. Needs
+    ``num_workers >= 1`` and ``transform_on="host"``; ``len()`` and ``set_epoch`` have no meaning there."""
 
     def __init__(
         self,
@@ -140,6 +150,9 @@ class Loader:
         allow_partial: bool = False,
         copy: bool = False,
         storage_options: dict[str, Any] | None = None,
+        follow: bool = False,
+        poll_interval: float = 1.0,
+        idle_flush: float | None = None,
     ):
         tune_allocator()
         if batch_size < 1 or prefetch < 1:
@@ -148,7 +161,13 @@ class Loader:
             raise ConfigError(f"num_workers must be >= 0 (0: no worker threads), got {num_workers}")
         if transform_on not in ("host", "device"):
             raise ConfigError(f"transform_on must be 'host' or 'device', got {transform_on!r}")
-        self.pipeline, output, shards = _open_source(source, pipeline, artifacts, allow_partial, storage_options)
+        self._follow = _follow_settings(follow, poll_interval, idle_flush, drop_last, num_workers, transform_on)
+        self._directory: Location | None = None  # follow mode: the directory followed
+        shards: list[Location] = []
+        if self._follow is not None:
+            (self.pipeline, self._directory), output, shards = _open_followed(source, pipeline, artifacts, storage_options), None, shards
+        else:
+            self.pipeline, output, shards = _open_source(source, pipeline, artifacts, allow_partial, storage_options)
         self.processed = output is not None
         if transform_on == "device" and self.processed:
             raise ConfigError("transform_on='device' transforms raw shards; this source is already transformed")
@@ -164,7 +183,7 @@ class Loader:
             raise ConfigError(f"rank and world_size must be given together with 0 <= rank < world_size, got {rank}, {world_size}")
         self.rank, self.world_size = rank, world_size
         rows = self.total_rows // world_size  # the smallest slice of a rank (batches_per_rank)
-        if drop_last and batch_size > rows:
+        if drop_last and batch_size > rows and self._follow is None:
             raise ConfigError(f"batch_size={batch_size} is larger than the {rows} rows of a rank ({self.total_rows} rows over {world_size} "
                               "rank(s)): with drop_last=True no batch is left; use a smaller batch_size or drop_last=False")  # fmt: skip
         self.batch_size, self.shuffle, self.seed, self.drop_last, self.copy = batch_size, shuffle, seed, drop_last, copy
@@ -181,22 +200,33 @@ class Loader:
         self._ring: Ring | None = None
         self._active: weakref.ref[_Iteration] | None = None
         self._ahead: EpochPass | InlinePass | None = None  # epoch + 1, started while the current pass drains
+        self._cursor = FollowCursor(FollowPosition())  # follow mode: the position after the last batch handed out
 
     # ------------------------------------------------------------------ public
     def __len__(self) -> int:
-        """Batches per epoch on this rank (the same on every rank)."""
+        """Batches per epoch on this rank (the same on every rank). A following loader has no length (TypeError)."""
+        if self._follow is not None:
+            raise TypeError("a following loader (follow=True) has no length: its stream never ends")
         return batches_per_rank(self.total_rows, self.world_size, self.batch_size, self.drop_last)
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch the next iteration yields. Setting the current epoch keeps the position, so a loop
-        that resumed with ``load_state_dict`` may call it as usual."""
-        if epoch != self.epoch:
+        that resumed with ``load_state_dict`` may call it as usual. No effect on a following loader."""
+        if epoch != self.epoch and self._follow is None:
             self._close_active()
             if self._ahead is not None and self._ahead.epoch != epoch:
                 self._close_ahead()
             self.epoch, self.position, self._finished = epoch, 0, False
 
     def state_dict(self) -> dict[str, Any]:
+        """The loader's position and the settings it depends on. In follow mode, ``follow`` (the position in the
+        stream after the last batch handed out, see ``etl.loader.follow.FollowPosition``) replaces epoch, position
+        and total_rows: save it together with what the training did with that batch (a model checkpoint), never
+        ahead of it, so that a restart neither loses nor repeats a row."""
+        if self._follow is not None:
+            return {"follow": self._cursor.position.to_dict(), "seed": self.seed, "rank": self.rank, "world_size": self.world_size,
+                    "batch_size": self.batch_size, "shuffle": self.shuffle, "shuffle_buffer": self.shuffle_buffer,
+                    "drop_last": self.drop_last}  # fmt: skip
         return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "rank": self.rank,
                 "world_size": self.world_size, "batch_size": self.batch_size, "shuffle": self.shuffle,
                 "shuffle_buffer": self.shuffle_buffer, "drop_last": self.drop_last, "total_rows": self.total_rows}  # fmt: skip
@@ -204,10 +234,16 @@ class Loader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue exactly where the loader that produced ``state`` stopped (same data and settings)."""
         mine = self.state_dict()
+        if ("follow" in state) != ("follow" in mine):
+            raise ConfigError("state_dict mismatch: " + ("a following loader's state given to a loader without follow=True" if "follow" in state
+                              else "the state of a loader without follow=True given to a following loader"))  # fmt: skip
         for k in ("seed", "rank", "world_size", "batch_size", "shuffle", "shuffle_buffer", "drop_last", "total_rows"):
-            if state[k] != mine[k]:
+            if k in mine and state[k] != mine[k]:
                 raise ConfigError(f"state_dict mismatch on {k}: saved {state[k]!r}, this loader {mine[k]!r}")
         self.close()
+        if "follow" in state:
+            self._cursor.position = FollowPosition.from_dict(state["follow"])
+            return
         self.epoch, self.position, self._finished = int(state["epoch"]), int(state["position"]), False
 
     def __iter__(self) -> _Iteration:
@@ -217,6 +253,11 @@ class Loader:
         batches enter the ring only after this pass's last one), so that its first batches are ready when the
         training loop calls ``set_epoch(epoch + 1)`` and iterates again (any other next pass discards it)."""
         self._close_active()
+        if self._follow is not None:
+            self._slots().reclaim()
+            it = _Iteration(self, self._follow_pass())
+            self._active = weakref.ref(it)
+            return it
         if self._finished:
             self.position, self._finished = 0, False
         ahead, self._ahead = self._ahead, None
@@ -260,6 +301,16 @@ class Loader:
             return InlinePass(settings, self.groups, guarded(_read_weakly(self)), self._slots(), self.stats, stage=self.stage, empty=empty)
         return EpochPass(settings, self.groups, guarded(_read_weakly(self)), self._slots(), self.stats, num_workers=self.num_workers,
                          prefetch=self.prefetch, stage=self.stage, empty=empty, after=after, io_bound=self.remote)  # fmt: skip
+
+    def _follow_pass(self) -> FollowPass:
+        """A following pass from the position after the last batch handed out."""
+        if self._follow is None or self._directory is None:
+            raise RuntimeError("a following pass needs a following loader")
+        settings = PassSettings(epoch=0, start=0, total=sys.maxsize, batch_size=self.batch_size, shuffle_buffer=self.shuffle_buffer,
+                                shuffle=self.shuffle, seed=self.seed, rank=self.rank, world_size=self.world_size)  # fmt: skip
+        return FollowPass(settings, self._follow, self._directory, self._cursor.position, guarded(_read_weakly(self)), self._slots(),
+                          self.stats, self._cursor, num_workers=self.num_workers, prefetch=self.prefetch, empty=self.layout.empty(),
+                          io_bound=isinstance(self._directory, Url))  # fmt: skip
 
     def _close_active(self) -> None:
         it = self._active() if self._active is not None else None
@@ -309,6 +360,12 @@ def _open_source(
         if artifacts is not None and _read_bytes(artifacts / "pipeline.json") != _read_bytes(processed.artifacts / "pipeline.json"):
             raise ArtifactError(f"{artifacts}: not the artifacts {items[0]} was made with ({processed.artifacts})")
         return fitted, processed, processed.parts
+    return _raw_pipeline(pipeline, artifacts), None, list_shards(items)
+
+
+def _raw_pipeline(pipeline: str | Path | None, artifacts: Location | None) -> Pipeline:
+    """The fitted pipeline that transforms raw shards: loaded from ``artifacts`` (checked against ``pipeline``), or
+    ``pipeline`` itself when it has nothing to fit."""
     if pipeline is None:
         raise ConfigError("raw shards need a pipeline (or give the output directory of etl preprocess)")
     p = Pipeline.load(artifacts) if artifacts is not None else Pipeline.from_file(pipeline)
@@ -316,7 +373,34 @@ def _open_source(
         check_match(p, Pipeline.from_file(pipeline), artifacts)
     if not p.is_fitted:
         raise ConfigError(f"{pipeline} has ops to fit: run `etl fit` and pass artifacts=")
-    return p, None, list_shards(items)
+    return p
+
+
+def _follow_settings(follow: bool, poll_interval: float, idle_flush: float | None, drop_last: bool, num_workers: int,
+                     transform_on: str) -> FollowSettings | None:  # fmt: skip
+    """The settings of follow mode, checked; None without ``follow``."""
+    if not follow:
+        return None
+    if not poll_interval > 0 or (idle_flush is not None and not idle_flush >= 0):
+        raise ConfigError(f"poll_interval must be > 0 and idle_flush >= 0, got poll_interval={poll_interval}, idle_flush={idle_flush}")
+    if num_workers < 1 or transform_on != "host":
+        raise ConfigError(f"follow=True needs num_workers >= 1 and transform_on='host', got num_workers={num_workers}, transform_on={transform_on!r}")
+    return FollowSettings(poll_interval, poll_interval if idle_flush is None else idle_flush, drop_last)
+
+
+def _open_followed(source: str | Location | list[str | Location], pipeline: str | Path | None, artifacts: str | Location | None,
+                   storage_options: dict[str, Any] | None) -> tuple[Pipeline, Location]:  # fmt: skip
+    """The pipeline and the directory of a following loader: ``source`` must be one directory of raw shards (it
+    may hold no shard yet; in object storage, a prefix that may hold no object yet)."""
+    items = locations(source if isinstance(source, list) else [source], storage_options)
+    if len(items) != 1:
+        raise ConfigError(f"follow=True follows one directory of raw shards, got {len(items)} sources")
+    directory = items[0]
+    if directory.is_file() or (isinstance(directory, Path) and not directory.is_dir()):  # an empty prefix is no "directory" in a store
+        raise ConfigError(f"{directory}: follow=True follows a directory of raw shards, and this is not one")
+    if is_processed(directory):
+        raise ConfigError(f"{directory}: follow=True reads raw shards; this is the output of etl preprocess")
+    return _raw_pipeline(pipeline, location(artifacts, storage_options) if artifacts is not None else None), directory
 
 
 def _read_bytes(path: Location) -> bytes:
@@ -330,7 +414,7 @@ class _Iteration:
     """The consumer's side of one pass: counts the loader's position, turns each ring slot into a ``LoaderBatch``,
     and starts the next epoch's pass once this one has submitted all its pieces."""
 
-    def __init__(self, loader: Loader, epoch_pass: EpochPass | InlinePass):
+    def __init__(self, loader: Loader, epoch_pass: EpochPass | InlinePass | FollowPass):
         self.loader, self.epoch_pass = loader, epoch_pass
         self.last: float | None = None  # when the previous batch was returned (or the first next() began)
 

@@ -1,0 +1,272 @@
+"""Follow mode: a pass that never ends, over the shards of a directory as they arrive (``Loader(follow=True)``).
+
+Rows: the shards are taken in arrival order (``etl.io.arrivals``: name order, each shard once it is complete), the
+ones present at start first. Each shard's rows are split between ranks by the rule of ``etl.loader.order`` applied
+to that shard alone (rank ``r`` of ``w`` takes rows ``[r * N // w, (r + 1) * N // w)`` of its ``N``), so every rank
+gets its share of every shard and the ranks' row counts differ by at most one per shard. A rank's rows, in arrival
+order, form its stream.
+
+Batches: the stream fills shuffle buffers of ``shuffle_buffer`` rows, each permuted (with ``shuffle``) by a
+generator drawn from (seed, rank, buffer number), and batches are cut from them as in ``etl.loader.assembler``: a
+row is delivered at most ``shuffle_buffer`` rows away from its place in arrival order. When no shard has arrived
+for ``idle_flush`` seconds and every known row is buffered, the buffer being filled is closed as it is (shorter)
+and its rows are delivered: in full batches, and, without ``drop_last``, a short last one (with ``drop_last`` the
+rows short of a batch wait for the next shard). The pass ends only when it is closed.
+
+Position (``FollowPosition``, what ``Loader.state_dict`` saves in follow mode): the first buffer not yet wholly
+delivered, given by where its rows start in the stream (the shard, how many shards came before it, the row within
+the shard's slice), its number, its length when it was already closed (a buffer closed early by an idle flush is
+shorter) and how many of its rows were delivered. A pass started from a position rebuilds that buffer, the same
+rows in the same permutation, drops the rows already delivered and goes on: every row of the stream is delivered
+exactly once across any number of restarts, provided each restart starts from the position saved with the last
+batch the training counted. Where later buffers end may differ from the run before (idle flushes depend on time);
+which rows come out does not.
+
+Ranks: each rank polls the directory on its own and waits, in its poll loop, for the next shard; a rank that sees
+a shard later (or reads it more slowly) delivers its rows later, and in distributed training the collectives of the
+training step make the other ranks wait for it. Idle flushes follow each rank's own clock, so with
+``world_size > 1`` a quiet stream may give ranks different numbers of short batches: use ``drop_last=True`` there
+(only full batches, so the ranks' batch counts differ only by what has not arrived yet) or a long ``idle_flush``.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Generator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from etl.errors import ConfigError, LoaderError
+from etl.io.arrivals import Arrivals
+from etl.io.fs import Location
+from etl.loader.assembler import Assembler, Item, PassSettings, _pieces_from
+from etl.loader.chunk import Chunk
+from etl.loader.epoch import _assemble, _shutdown, _Slots
+from etl.loader.order import Piece, rank_pieces, row_groups
+from etl.loader.ring import Ring
+from etl.loader.stats import LoaderStats
+
+
+@dataclass(frozen=True)
+class FollowPosition:
+    """A place in a rank's stream and the state of the shuffle buffer that starts there (see the module
+    docstring). ``shard``: the file name of the shard holding the buffer's first row (None before any shard),
+    ``before``: how many shards precede it in arrival order, ``row``: the row within the shard's slice for this
+    rank; ``buffer_no``: the buffer's number; ``buffer_rows``: its length, when it was closed before the position
+    was taken (None: still open, nothing of it delivered); ``delivered``: its rows already delivered."""
+
+    shard: str | None = None
+    before: int = 0
+    row: int = 0
+    buffer_no: int = 0
+    buffer_rows: int | None = None
+    delivered: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> FollowPosition:
+        """The position a ``to_dict`` saved; ``ConfigError`` for anything else."""
+        try:
+            pos = cls(**doc)
+        except TypeError as e:
+            raise ConfigError(f"not a follow-mode loader position: {doc!r} ({e})") from None
+        ints = (pos.before, pos.row, pos.buffer_no, pos.delivered) + (() if pos.buffer_rows is None else (pos.buffer_rows,))
+        if not all(isinstance(v, int) and v >= 0 for v in ints) or not (pos.shard is None or isinstance(pos.shard, str)):
+            raise ConfigError(f"not a follow-mode loader position: {doc!r}")
+        if pos.delivered > (pos.buffer_rows or 0):
+            raise ConfigError(f"a follow-mode loader position with more rows delivered than its buffer holds: {doc!r}")
+        return pos
+
+
+@dataclass(frozen=True)
+class FollowSettings:
+    """How a following pass polls: ``poll_interval`` seconds between listings of the directory; ``idle_flush``
+    seconds without a new shard before the buffered rows are delivered; ``drop_last``: no short batches."""
+
+    poll_interval: float
+    idle_flush: float
+    drop_last: bool
+
+
+#: Where rows start in a rank's stream: (shards before, shard name, row within the shard's slice).
+_At = tuple[int, str | None, int]
+
+#: A batch as a following pass queues it: the assembler's item and the position after it.
+FollowItem = tuple[int, int, dict, FollowPosition]
+
+
+class FollowAssembler(Assembler):
+    """The assembler of a following pass (see the module docstring): ``batches`` polls ``arrivals`` for shards,
+    reads their pieces on the pool, and yields ``FollowItem``s, forever (until ``stop``)."""
+
+    def __init__(self, settings: PassSettings, follow: FollowSettings, arrivals: Arrivals, start: FollowPosition,
+                 read: Callable[[Piece], Chunk], pool: ThreadPoolExecutor, ring: Ring, stats: LoaderStats, *,
+                 read_ahead: int, stop: threading.Event, empty: Chunk) -> None:  # fmt: skip
+        super().__init__(settings, [], read, pool, ring, stats, read_ahead=read_ahead, stop=stop,
+                         all_submitted=threading.Event(), empty=empty)  # fmt: skip
+        self.follow, self.arrivals, self.start = follow, arrivals, start
+        self.buffer_no, self.skip = start.buffer_no, start.delivered
+        self.limit = start.buffer_rows  # the length of the first buffer, when the position fixed it
+        self.next_at: _At = (start.before, start.shard, start.row)  # where the next row fed comes from
+        self.filling_at: _At = self.next_at  # where the buffer being filled starts
+        self.closed: deque[tuple[_At, int, int]] = deque()  # (start, number, rows) of each buffer in self.stream
+
+    def batches(self) -> Generator[FollowItem, None, None]:  # type: ignore[override]
+        """The stream's batches, each with the position after it; ends only once ``stop`` is set."""
+        f = self.follow
+        pending: deque[tuple[Piece, _At]] = deque()  # pieces of known shards not yet submitted
+        window: deque[tuple[Future, _At]] = deque()
+        next_poll = last_arrival = time.monotonic()
+        flushed = True  # nothing buffered has arrived since the last idle flush
+        first = True
+        while not self.stop.is_set():
+            now = time.monotonic()
+            if now >= next_poll:
+                for index, path in self._arrived(first):
+                    pending.extend(self._shard_pieces(index, path))
+                    last_arrival, flushed = now, False
+                first, next_poll = False, now + f.poll_interval
+            while pending and len(window) < self.read_ahead:
+                piece, at = pending.popleft()
+                window.append((self.pool.submit(self.read, piece), at))
+            if window:
+                future, at = window.popleft()
+                self._feed(future.result(), at)
+                yield from self._emit_full()
+                continue
+            if not flushed and now - last_arrival >= f.idle_flush:
+                flushed = True
+                yield from self._emit_idle()
+                continue
+            wake = next_poll if flushed else min(next_poll, last_arrival + f.idle_flush)
+            self.stop.wait(max(0.0, wake - time.monotonic()))
+
+    def _arrived(self, first: bool) -> list[tuple[int, Location]]:
+        """The shards that arrived since the last poll with their index in arrival order; on the first poll,
+        those from the start position's shard on (the ones before it were delivered before the restart)."""
+        before = len(self.arrivals.names)
+        new = self.arrivals.poll()
+        if first:
+            self.arrivals.check_before(self.start.before, self.start.shard)
+        return [(before + k, path) for k, path in enumerate(new) if before + k >= self.start.before]
+
+    def _shard_pieces(self, index: int, path: Location) -> list[tuple[Piece, _At]]:
+        """The pieces of this rank's slice of a shard, each with where it starts in the stream (from the start
+        position's row on, for the start position's shard)."""
+        s = self.settings
+        pieces = rank_pieces(row_groups([path]), seed=s.seed, epoch=0, shuffle=False, rank=s.rank, world_size=s.world_size)
+        row = self.start.row if index == self.start.before else 0
+        out: list[tuple[Piece, _At]] = []
+        for piece in _pieces_from(pieces, row):
+            out.append((piece, (index, path.name, row)))
+            row += piece.length
+        return out
+
+    def _feed(self, chunk: Chunk, at: _At) -> None:
+        """Append a chunk that starts at ``at`` to the shuffle buffers, closing each one that fills up."""
+        index, name, row = at
+        while chunk.n:
+            if not self.filled:
+                self.filling_at = (index, name, row)
+            size = self.limit or self.settings.shuffle_buffer
+            take = min(chunk.n, size - self.filled)
+            self._buffer(chunk.slice(0, take))
+            chunk, row = chunk.slice(take, chunk.n), row + take
+            if self.filled == size:  # a first buffer of a fixed length shorter than shuffle_buffer
+                self._flush()
+        self.next_at = (index, name, row)
+
+    def _flush(self) -> None:
+        self.closed.append((self.filling_at, self.buffer_no, self.filled))
+        self.limit = None
+        super()._flush()
+
+    def _emit_full(self) -> Generator[FollowItem, None, None]:
+        while self._available() >= self.settings.batch_size:
+            item = self._emit(self.settings.batch_size)
+            if item is None:
+                return
+            yield self._with_position(item)
+
+    def _emit_idle(self) -> Generator[FollowItem, None, None]:
+        """Close the buffer being filled and deliver what the buffers hold (a short batch only without
+        ``drop_last``)."""
+        if self.filled:
+            self._flush()
+        yield from self._emit_full()
+        if self._available() and not self.follow.drop_last:
+            item = self._emit(self._available())
+            if item is not None:
+                yield self._with_position(item)
+
+    def _with_position(self, item: Item) -> FollowItem:
+        """``item`` and the position after it: the first buffer with rows not yet delivered."""
+        while len(self.closed) > len(self.stream):
+            self.closed.popleft()
+        if self.stream:
+            (before, shard, row), number, rows = self.closed[0]
+            delivered = rows - len(self.stream[0][1])
+            return (*item, FollowPosition(shard, before, row, number, rows, delivered))
+        before, shard, row = self.filling_at if self.filled else self.next_at
+        return (*item, FollowPosition(shard, before, row, self.buffer_no))
+
+
+class FollowPass:
+    """A following pass: an assembler thread (``FollowAssembler``) and ``num_workers`` reader threads, with the
+    interface of ``etl.loader.epoch.EpochPass`` (``take``, ``release``, ``close``; its ``settings.total`` is
+    unbounded). ``take`` also records the position after the batch in ``cursor`` (the loader's, which
+    ``state_dict`` reads). Like an epoch pass, it stops its threads when closed or garbage-collected."""
+
+    def __init__(self, settings: PassSettings, follow: FollowSettings, directory: Location, start: FollowPosition,
+                 read: Callable[[Piece], Chunk], ring: Ring, stats: LoaderStats, cursor: FollowCursor, *,
+                 num_workers: int, prefetch: int, empty: Chunk, io_bound: bool = False) -> None:  # fmt: skip
+        self.settings, self.epoch, self.ring, self.cursor = settings, settings.epoch, ring, cursor
+        self.all_submitted = threading.Event()  # never set: a following pass always has more to read
+        self.assembled = threading.Event()
+        self.stop = threading.Event()
+        self.ready: queue.Queue = queue.Queue(maxsize=prefetch + 1)
+        self.pool = ThreadPoolExecutor(num_workers + prefetch if io_bound else num_workers, thread_name_prefix="etl-loader")
+        assembler = FollowAssembler(settings, follow, Arrivals(directory), start, read, self.pool, ring, stats,
+                                    read_ahead=num_workers + prefetch, stop=self.stop, empty=empty)  # fmt: skip
+        self.thread = threading.Thread(target=_assemble, args=(assembler, self.ready, self.assembled), daemon=True, name="etl-follow")
+        self.thread.start()
+        self._slots = _Slots(ring, self.ready)
+        self._finalizer = weakref.finalize(self, _shutdown, self.stop, self.pool, self.thread, self._slots, self.assembled)
+
+    def take(self) -> Item:
+        """The next batch, waiting for it as long as it takes (the pass ends only when closed); the error that
+        stopped the pass is raised instead."""
+        while True:
+            try:
+                item = self.ready.get(timeout=0.1)
+                break
+            except queue.Empty:
+                if not self.thread.is_alive():
+                    raise LoaderError("the loader's follow thread stopped without a batch or an error") from None
+        if isinstance(item, BaseException):
+            self.close()
+            raise item
+        slot, n, lists, position = item
+        self._slots.held = slot
+        self.cursor.position = position
+        return slot, n, lists
+
+    def release(self) -> None:
+        self._slots.release_held()
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+class FollowCursor:
+    """The position after the last batch a following loader handed out (where a restart continues)."""
+
+    def __init__(self, position: FollowPosition):
+        self.position = position

@@ -1,0 +1,52 @@
+"""Arrivals: the complete shards of a followed directory, in name order, once each."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from etl.errors import InputError
+from etl.io.arrivals import Arrivals
+
+
+def touch(d: Path, *names: str) -> None:
+    for name in names:
+        (d / name).write_bytes(b"")
+
+
+def test_poll_returns_new_complete_shards_in_name_order_once(tmp_path: Path) -> None:
+    touch(tmp_path, "b.parquet", "a.parquet", ".c.parquet.1-ab.tmp", "notes.txt")
+    (tmp_path / "d.parquet").mkdir()  # a directory is not a shard
+    arrivals = Arrivals(tmp_path)
+    assert [p.name for p in arrivals.poll()] == ["a.parquet", "b.parquet"]
+    assert arrivals.poll() == []
+    (tmp_path / ".c.parquet.1-ab.tmp").rename(tmp_path / "c.parquet")  # complete once renamed
+    assert [p.name for p in arrivals.poll()] == ["c.parquet"]
+    assert arrivals.names == ["a.parquet", "b.parquet", "c.parquet"]
+
+
+def test_a_shard_arriving_out_of_name_order_is_an_error_naming_it(tmp_path: Path) -> None:
+    touch(tmp_path, "part-00002.parquet")
+    arrivals = Arrivals(tmp_path)
+    arrivals.poll()
+    touch(tmp_path, "part-00001.parquet")
+    with pytest.raises(InputError, match=r"part-00001\.parquet.*arrived after part-00002\.parquet"):
+        arrivals.poll()
+
+
+def test_check_before_finds_the_saved_shard_at_its_place(tmp_path: Path) -> None:
+    touch(tmp_path, "a.parquet", "b.parquet")
+    arrivals = Arrivals(tmp_path)
+    arrivals.poll()
+    arrivals.check_before(1, "b.parquet")
+    with pytest.raises(InputError, match="shard 0"):
+        arrivals.check_before(0, "b.parquet")  # a shard before it appeared while the consumer was stopped
+    with pytest.raises(InputError, match="nothing there"):
+        arrivals.check_before(2, "c.parquet")  # removed
+    with pytest.raises(InputError, match="missing shard"):
+        arrivals.check_before(1, None)
+
+
+def test_check_before_an_empty_start(tmp_path: Path) -> None:
+    Arrivals(tmp_path).check_before(0, None)

@@ -1,0 +1,216 @@
+"""Follow mode (``Loader(follow=True)``, ``etl.loader.follow``): arrival order, the shuffle window, idle flushes,
+positions and resuming, ranks, and shutdown. Row ids ride in a dense column, numbered in arrival order."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from etl.errors import ConfigError, InputError
+from etl.loader import Loader
+from etl.loader.follow import FollowPosition
+
+SCHEMA = "name: stream\ncolumns:\n  - {name: label, role: label, dtype: int64}\n  - {name: rid, role: dense, dtype: int64}\n"
+PIPELINE = "name: stream\nschema: schema.yaml\nops:\n  - {op: FillMissing, columns: [rid], value: 0}\n"
+
+
+@pytest.fixture()
+def stream(tmp_path: Path) -> Path:
+    (tmp_path / "schema.yaml").write_text(SCHEMA)
+    (tmp_path / "pipeline.yaml").write_text(PIPELINE)
+    (tmp_path / "raw").mkdir()
+    return tmp_path
+
+
+def add_shard(stream: Path, index: int, first: int, rows: int, row_group: int = 128) -> None:
+    """Shard ``index`` with row ids ``first ..``, written under a temporary name and renamed."""
+    t = pa.table({"label": pa.array(np.zeros(rows, np.int64)), "rid": pa.array(np.arange(first, first + rows, dtype=np.int64))})
+    tmp = stream / "raw" / f".part-{index:05d}.parquet.0-0.tmp"
+    pq.write_table(t, tmp, row_group_size=row_group)
+    tmp.rename(stream / "raw" / f"part-{index:05d}.parquet")
+
+
+def loader(stream: Path, **kw) -> Loader:
+    settings = {"batch_size": 64, "shuffle": True, "shuffle_buffer": 200, "seed": 3, "poll_interval": 0.02, "idle_flush": 0.2, "prefetch": 2} | kw
+    return Loader(stream / "raw", pipeline=stream / "pipeline.yaml", follow=True, **settings)
+
+
+def rows(batches: Iterator, n: int) -> list[int]:
+    """The row ids of the first batches that hold ``n`` rows together."""
+    out: list[int] = []
+    for b in batches:
+        out += b.dense[:, 0].long().tolist()
+        if len(out) >= n:
+            return out
+    raise AssertionError("the iteration ended")
+
+
+def test_shards_present_then_arriving_each_row_once_within_the_shuffle_window(stream: Path) -> None:
+    add_shard(stream, 0, 0, 500)
+    add_shard(stream, 1, 500, 300)
+    ld = loader(stream)
+    it = iter(ld)
+    got = rows(it, 400)
+    add_shard(stream, 2, 800, 450)
+    got += rows(it, 1250 - len(got))
+    ld.close()
+    assert sorted(got) == list(range(1250))
+    assert max(abs(i - r) for i, r in enumerate(got)) < 200  # rows leave at most shuffle_buffer rows from arrival order
+    assert got != sorted(got)
+
+
+def test_idle_flush_delivers_the_buffer_short_batch_only_without_drop_last(stream: Path) -> None:
+    add_shard(stream, 0, 0, 150)  # less than a shuffle buffer, and than three batches
+    for drop_last, sizes in ((False, [64, 64, 22]), (True, [64, 64])):
+        ld = loader(stream, drop_last=drop_last)
+        it = iter(ld)
+        assert [len(next(it)) for _ in sizes] == sizes
+        if drop_last:  # the 22 rows left wait for the next shard
+            add_shard(stream, 1, 150, 42)
+            assert len(next(it)) == 64
+        ld.close()
+
+
+def test_resume_from_state_dict_continues_with_the_same_batches(stream: Path) -> None:
+    for i in range(3):
+        add_shard(stream, i, 400 * i, 400, row_group=97)
+    whole = loader(stream, idle_flush=30)
+    expected = [b.dense[:, 0].long().tolist() for _, b in zip(range(18), whole)]
+    whole.close()
+    for k in (1, 4, 7, 15):  # inside a buffer, at a buffer's end, across shards
+        first = loader(stream, idle_flush=30)
+        it = iter(first)
+        for _ in range(k):
+            next(it)
+        state = first.state_dict()
+        first.close()
+        again = loader(stream, idle_flush=30)
+        again.load_state_dict(state)
+        got = [b.dense[:, 0].long().tolist() for _, b in zip(range(18 - k), again)]
+        again.close()
+        assert got == expected[k:], k
+
+
+def test_resume_after_an_idle_flush_delivers_the_rest_exactly_once(stream: Path) -> None:
+    add_shard(stream, 0, 0, 170)
+    first = loader(stream)
+    it = iter(first)
+    got = rows(it, 64) + rows(it, 64)  # the second batch is cut from a buffer the idle flush closed at 170 rows
+    state = first.state_dict()
+    assert state["follow"]["buffer_rows"] == 170 and state["follow"]["delivered"] == 128
+    first.close()
+    add_shard(stream, 1, 170, 300)
+    again = loader(stream)
+    again.load_state_dict(state)
+    got += rows(iter(again), 470 - len(got))
+    again.close()
+    assert sorted(got) == list(range(470))
+
+
+def test_ranks_split_each_shard_and_together_deliver_every_row(stream: Path) -> None:
+    add_shard(stream, 0, 0, 301)
+    add_shard(stream, 1, 301, 5)
+    got = []
+    for rank in (0, 1):
+        ld = loader(stream, rank=rank, world_size=2)
+        got.append(rows(iter(ld), 152 if rank == 0 else 154))  # 150 + 2 rows, 151 + 3 rows
+        ld.close()
+    assert sorted(got[0] + got[1]) == list(range(306))
+    assert sorted(got[0]) == [*range(150), 301, 302]
+
+
+def test_a_shard_out_of_name_order_stops_the_iteration_with_an_error_naming_it(stream: Path) -> None:
+    add_shard(stream, 5, 0, 100)
+    ld = loader(stream)
+    it = iter(ld)
+    rows(it, 100)
+    add_shard(stream, 4, 100, 100)
+    with pytest.raises(InputError, match="part-00004.parquet"):
+        rows(it, 100)
+    ld.close()
+
+
+def test_state_names_a_removed_shard(stream: Path) -> None:
+    add_shard(stream, 0, 0, 100)
+    add_shard(stream, 1, 100, 100)
+    ld = loader(stream, shuffle_buffer=50, batch_size=50)
+    rows(iter(ld), 150)
+    state = ld.state_dict()
+    ld.close()
+    (stream / "raw" / "part-00000.parquet").unlink()
+    again = loader(stream, shuffle_buffer=50, batch_size=50)
+    again.load_state_dict(state)
+    with pytest.raises(InputError, match="was removed"):
+        next(iter(again))
+    again.close()
+
+
+def _follow_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith(("etl-follow", "etl-loader"))]
+
+
+def test_close_break_and_drop_stop_every_thread(stream: Path) -> None:
+    add_shard(stream, 0, 0, 100)
+    ld = loader(stream)
+    it = iter(ld)
+    next(it)  # the pass now waits for shards
+    ld.close()
+    for _ in ld:
+        break
+    del ld, it
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while _follow_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not _follow_threads()
+
+
+def test_settings_that_cannot_follow_are_config_errors(stream: Path) -> None:
+    add_shard(stream, 0, 0, 10)
+    with pytest.raises(ConfigError, match="num_workers"):
+        loader(stream, num_workers=0)
+    with pytest.raises(ConfigError, match="poll_interval"):
+        loader(stream, poll_interval=0)
+    with pytest.raises(ConfigError, match="not one"):
+        Loader(stream / "raw" / "part-00000.parquet", pipeline=stream / "pipeline.yaml", follow=True)
+    with pytest.raises(TypeError, match="no length"):
+        len(loader(stream))
+    fixed = Loader(stream / "raw", pipeline=stream / "pipeline.yaml", batch_size=4)
+    with pytest.raises(ConfigError, match="following loader's state"):
+        fixed.load_state_dict(loader(stream).state_dict())
+    with pytest.raises(ConfigError, match="state_dict mismatch on batch_size"):
+        loader(stream, batch_size=8).load_state_dict(loader(stream).state_dict())
+
+
+def test_position_from_dict_refuses_what_to_dict_cannot_make() -> None:
+    pos = FollowPosition("part-00001.parquet", 1, 5, 2, 100, 40)
+    assert FollowPosition.from_dict(pos.to_dict()) == pos
+    for bad in ({"shard": 3}, {"row": -1}, {"delivered": 5}, {"buffer_rows": 4, "delivered": 5}, {"other": 1}):
+        with pytest.raises(ConfigError):
+            FollowPosition.from_dict(bad)
+
+
+def test_follows_a_prefix_in_object_storage(stream: Path, s3: str) -> None:
+    from etl.io.fs import location
+
+    prefix = location(f"{s3}/raw")
+    for i, first in enumerate((0, 300)):
+        add_shard(stream, i, first, 300)
+    fs = prefix.fs
+    fs.put_file(str(stream / "raw/part-00000.parquet"), f"{prefix.key}/part-00000.parquet")
+    fs.put_file(str(stream / "raw/part-00001.parquet"), f"{prefix.key}/.part-00001.parquet.0-0.tmp")  # not complete yet
+    ld = Loader(str(prefix), pipeline=stream / "pipeline.yaml", follow=True, batch_size=64, shuffle_buffer=100, poll_interval=0.05, idle_flush=0.2)
+    it = iter(ld)
+    got = rows(it, 300)
+    fs.copy(f"{prefix.key}/.part-00001.parquet.0-0.tmp", f"{prefix.key}/part-00001.parquet")  # the store's "rename"
+    got += rows(it, 300)
+    ld.close()
+    assert sorted(got) == list(range(600))

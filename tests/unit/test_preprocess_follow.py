@@ -1,0 +1,54 @@
+"""preprocess_follow in process: shards added while it runs, the stop event, the idle stop, a pipeline to fit."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from etl.errors import ConfigError
+from etl.io.processed import read_manifest
+from etl.pipeline import Pipeline
+from etl.preprocess import preprocess
+from etl.preprocess_follow import preprocess_follow
+from etl.schema import load_schema
+from etl.synth import generate
+from tests.conftest import REPO, tree_bytes
+
+HASH = REPO / "pipelines/criteo_hash.yaml"
+
+
+def test_shards_added_while_running_are_appended_then_the_stop_event_ends_it(tmp_path: Path) -> None:
+    staged, raw = tmp_path / "staged", tmp_path / "raw"
+    generate(load_schema(REPO / "schemas/criteo.yaml"), 1500, 3, staged, seed=2)
+    raw.mkdir()
+    stop = threading.Event()
+
+    def produce() -> None:
+        for p in sorted(staged.glob("*.parquet")):
+            os.rename(p, raw / p.name)
+            time.sleep(0.1)
+        while not (tmp_path / "out/manifest.json").exists() or len(read_manifest(tmp_path / "out").files) < 3:
+            time.sleep(0.02)
+        stop.set()
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    summary = preprocess_follow(Pipeline.from_file(HASH), raw, tmp_path / "out", stop=stop, poll_interval=0.02, workers=2,
+                                stop_after_idle=60)  # fmt: skip
+    producer.join()
+    assert (summary.files, summary.files_kept, summary.files_committed, summary.totals.rows_in) == (3, 0, 3, 1500)
+    preprocess(Pipeline.from_file(HASH), sorted(raw.glob("*.parquet")), tmp_path / "ref")
+    assert tree_bytes(tmp_path / "out") == tree_bytes(tmp_path / "ref")
+    again = preprocess_follow(Pipeline.from_file(HASH), raw, tmp_path / "out", stop=threading.Event(), poll_interval=0.02, stop_after_idle=0.1)
+    assert (again.files_kept, again.files_committed) == (3, 0)
+    assert tree_bytes(tmp_path / "out") == tree_bytes(tmp_path / "ref")
+
+
+def test_a_pipeline_with_ops_to_fit_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "raw").mkdir()
+    with pytest.raises(ConfigError, match="fitted pipeline"):
+        preprocess_follow(Pipeline.from_file(REPO / "pipelines/criteo.yaml"), tmp_path / "raw", tmp_path / "out", stop=threading.Event())

@@ -349,8 +349,11 @@ class _Iteration:
         t0 = time.perf_counter()
         self.last = self.last or t0
         try:
-            slot, n, lists = epoch_pass.take()
+            slot, n, lists, check = epoch_pass.take()
+            if check is not None:  # device placement: a NaN or ±inf found on the device is raised here
+                check.raise_if_set()
         except Exception:
+            epoch_pass.close()
             if self._is_active():
                 loader._close_ahead()  # an error ends the run: no next epoch in the background
             raise

@@ -6,7 +6,7 @@ of them ahead of the one being assembled, and come back in order. Their rows fil
 a permutation drawn from (seed, epoch, rank, buffer number) with shuffle, else its rows as they are. Batches of
 ``batch_size`` rows are cut from that row stream (the remainder carries over across pieces and shards) and
 gathered straight from the buffers' chunks into a free ring slot, one copy per row; the slot's host→device copy
-starts at once and the batch is queued for the consumer as ``(slot, rows, lists)``. After the last piece come the final partial batch and, on a
+starts at once and the batch is queued for the consumer as an ``Item``. After the last piece come the final partial batch and, on a
 rank whose slice is one row shorter, the empty batch it owes (``etl.loader.order.batches_per_rank``).
 
 A pass that starts at batch ``start`` > 0 (a resume) begins with the shuffle buffer holding that batch's first
@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from etl.loader.chunk import Chunk, ChunkRun
-from etl.loader.device_stage import DeviceStage
+from etl.loader.device_stage import DeviceStage, PendingCheck
 from etl.loader.order import Piece, RowGroup, epoch_rng, rank_pieces
 from etl.loader.ring import Ring
 from etl.loader.stats import LoaderStats
@@ -51,8 +51,9 @@ class PassSettings:
     world_size: int
 
 
-#: One batch as the assembler hands it over: (ring slot, rows, list columns as (values, offsets)).
-Item = tuple[int, int, dict[str, tuple[torch.Tensor, torch.Tensor]]]
+#: One batch as the assembler hands it over: (ring slot, rows, list columns as (values, offsets), the non-finite
+#: checks the consumer examines before using it (device placement) or None).
+Item = tuple[int, int, dict[str, tuple[torch.Tensor, torch.Tensor]], PendingCheck | None]
 
 
 class Assembler:
@@ -184,13 +185,14 @@ class Assembler:
         if self.stage is not None:
             stage = self.stage
             origin = np.concatenate([buf.take_fixed("origin", rows) for buf, rows in parts]) if parts else self.empty.fixed["origin"]
-            lists = self.ring.ship(slot, n, lambda inputs, out: stage.run(inputs, out, columns, origin))
+            lists, check = self.ring.ship(slot, n, lambda inputs, out: stage.run(inputs, out, columns, origin))
         else:
             self.ring.ship(slot, n)
             lists = {k: (torch.from_numpy(c.values), torch.from_numpy(c.offsets)) for k, c in columns.items()}
+            check = None
         self.stats.add_assemble(t1 - t0, time.perf_counter() - t1)
         self.emitted += 1
-        return slot, n, lists
+        return slot, n, lists, check
 
 
 class InlineExecutor(Executor):

@@ -21,6 +21,8 @@ Inputs of one slot (``Inputs.fields``):
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,6 +118,25 @@ class Inputs:
         return Chunk(n, fixed, lists)
 
 
+@dataclass(frozen=True)
+class PendingCheck:
+    """The non-finite checks of one batch transformed on the device, examined by the consumer when it receives the
+    batch: ``flag`` (host bool [1], pinned on CUDA) is set once the copy ``done`` (None: already done) has
+    completed if a check found a present NaN or ±inf; ``recheck`` then raises the ``RowError`` naming it."""
+
+    flag: torch.Tensor
+    done: torch.cuda.Event | None
+    recheck: Callable[[], None]
+
+    def raise_if_set(self) -> None:
+        """Wait for the batch's checks (not for the rest of the device's work) and raise the error they found."""
+        if self.done is not None:
+            self.done.synchronize()
+        if bool(self.flag[0]):
+            self.recheck()
+            raise RuntimeError("the device flagged a NaN or infinite value that the checks, run again, did not find")
+
+
 class DeviceStage:
     """Runs the device part of ``pipeline`` on one slot's inputs and writes the loader's batch fields."""
 
@@ -132,18 +153,39 @@ class DeviceStage:
 
     def run(
         self, inputs: dict[str, torch.Tensor], out: dict[str, torch.Tensor], lists: dict[str, Column], origin: np.ndarray
-    ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    ) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], PendingCheck]:
         """Transform one batch: ``inputs`` (device tensors of the slot), ``lists`` (numpy, copied here). Fills
-        ``out`` and returns the list columns as (ids, offsets) on the device. A value the device part finds
-        invalid raises ``RowError`` naming its source row."""
+        ``out`` and returns the list columns as (ids, offsets) on the device, and the batch's non-finite checks,
+        which ran on the device without the host waiting for them (``PendingCheck``). Any other value the device
+        part finds invalid raises ``RowError`` naming its source row at once."""
+        batch = self.batch(inputs, lists)
+        device = inputs["in_label"].device
         try:
-            result = self.pipeline.transform(self.batch(inputs, lists), part="device", xp=self.xp).batch
+            with self.xp.deferred_nonfinite(device) as deferred:
+                result = self.pipeline.transform(batch, part="device", xp=self.xp).batch
+        except RowError as e:
+            self.check(batch, origin)  # a non-finite value the deferred checks passed over comes first
+            raise self._located(e, origin) from None
+        written = self.write(result, out)
+        if device.type != "cuda":
+            return written, PendingCheck(deferred.flag, None, functools.partial(self.check, batch, origin))
+        flag = torch.empty(1, dtype=torch.bool, pin_memory=True)
+        flag.copy_(deferred.flag, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record(torch.cuda.current_stream(device))
+        return written, PendingCheck(flag, done, functools.partial(self.check, batch, origin))
+
+    def check(self, batch: Batch, origin: np.ndarray) -> None:
+        """Run the device part on ``batch`` with every check waiting for its result: raise ``RowError`` naming the
+        source row of the first invalid value, in the order of the ops (the error host placement raises)."""
+        try:
+            self.pipeline.transform(batch, part="device", xp=self.xp)
         except RowError as e:
             raise self._located(e, origin) from None
-        return self.write(result, out)
 
     def batch(self, inputs: dict[str, torch.Tensor], lists: dict[str, Column]) -> Batch:
-        """The slot's inputs as a batch of torch columns (lists copied to the inputs' device)."""
+        """The slot's inputs as a batch of torch columns (lists copied to the inputs' device through pinned memory,
+        without waiting for the copy)."""
         device = inputs["in_label"].device
         # one transpose per field, so that each column is contiguous for the ops
         fields = ("in_numbers", "in_numbers_valid", "in_keys", "in_keys_valid")
@@ -154,7 +196,7 @@ class DeviceStage:
         for j, c in enumerate(self.inputs.keys):
             columns[c] = Column(keys[j], keys_valid[j])
         for c, col in lists.items():
-            columns[c] = self.xp.column_to(col, device)
+            columns[c] = self.xp.column_to(col, device, staged=True)
         return Batch(columns, inputs["in_label"].shape[0], "<device batch>")
 
     def write(self, result: Batch, out: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:

@@ -175,24 +175,38 @@ class Assembler:
         slot = self.ring.acquire(self.stop)
         if slot is None:
             return None
-        row = 0
-        views = self.ring.write(slot, n)
-        for buf, rows in parts:
-            buf.gather(rows, {name: view[row : row + len(rows)] for name, view in views.items()})
-            row += len(rows)
         columns = Chunk.concat([buf.lists.take_lists(rows) for buf, rows in parts]).lists if parts else self.empty.lists
-        t1 = time.perf_counter()
-        if self.stage is not None:
-            stage = self.stage
-            origin = np.concatenate([buf.take_fixed("origin", rows) for buf, rows in parts]) if parts else self.empty.fixed["origin"]
-            lists, check = self.ring.ship(slot, n, lambda inputs, out: stage.run(inputs, out, columns, origin))
+        stage, check = self.stage, None
+        if stage is not None and parts and parts[0][0].on_device:  # rows read into device memory: gathered there
+            t1 = t0
+            lists, check = self.ring.ship(slot, n, lambda inputs, out: stage.run(inputs, out, columns, _gather_tensors(parts, inputs)), copy=False)
         else:
-            self.ring.ship(slot, n)
-            lists = {k: (torch.from_numpy(c.values), torch.from_numpy(c.offsets)) for k, c in columns.items()}
-            check = None
+            row = 0
+            views = self.ring.write(slot, n)
+            for buf, rows in parts:
+                buf.gather(rows, {name: view[row : row + len(rows)] for name, view in views.items()})
+                row += len(rows)
+            t1 = time.perf_counter()
+            if stage is not None:
+                origin = np.concatenate([buf.take_fixed("origin", rows) for buf, rows in parts]) if parts else self.empty.fixed["origin"]
+                lists, check = self.ring.ship(slot, n, lambda inputs, out: stage.run(inputs, out, columns, origin))
+            else:
+                self.ring.ship(slot, n)
+                lists = {k: (torch.from_numpy(c.values), torch.from_numpy(c.offsets)) for k, c in columns.items()}
         self.stats.add_assemble(t1 - t0, time.perf_counter() - t1)
         self.emitted += 1
         return slot, n, lists, check
+
+
+def _gather_tensors(parts: list[tuple[ChunkRun, np.ndarray]], inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Gather the rows of ``parts`` (buffers of device chunks) into the slot's device ``inputs``, in order, on the
+    current stream; returns their ``origin``s (a tensor on the device)."""
+    row, origins = 0, []
+    for buf, rows in parts:
+        buf.gather_tensors(rows, {name: t[row : row + len(rows)] for name, t in inputs.items()})
+        origins.append(buf.take_fixed("origin", rows))
+        row += len(rows)
+    return torch.cat(origins)
 
 
 class InlineExecutor(Executor):

@@ -152,7 +152,7 @@ class DeviceStage:
         return tuple(self.layout.batch_fields())
 
     def run(
-        self, inputs: dict[str, torch.Tensor], out: dict[str, torch.Tensor], lists: dict[str, Column], origin: np.ndarray
+        self, inputs: dict[str, torch.Tensor], out: dict[str, torch.Tensor], lists: dict[str, Column], origin: np.ndarray | torch.Tensor
     ) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], PendingCheck]:
         """Transform one batch: ``inputs`` (device tensors of the slot), ``lists`` (numpy, copied here). Fills
         ``out`` and returns the list columns as (ids, offsets) on the device, and the batch's non-finite checks,
@@ -175,7 +175,7 @@ class DeviceStage:
         done.record(torch.cuda.current_stream(device))
         return written, PendingCheck(flag, done, functools.partial(self.check, batch, origin))
 
-    def check(self, batch: Batch, origin: np.ndarray) -> None:
+    def check(self, batch: Batch, origin: np.ndarray | torch.Tensor) -> None:
         """Run the device part on ``batch`` with every check waiting for its result: raise ``RowError`` naming the
         source row of the first invalid value, in the order of the ops (the error host placement raises)."""
         try:
@@ -210,7 +210,7 @@ class DeviceStage:
             out["sparse"].copy_(torch.stack([result[c].array.to(self.layout.sparse_dtype) for c in self.layout.sparse], dim=1))
         return {c: (result[c].array.to(self.layout.sparse_dtype), result[c].list_offsets) for c in self.layout.lists}
 
-    def _located(self, e: RowError, origin: np.ndarray) -> RowError:
+    def _located(self, e: RowError, origin: np.ndarray | torch.Tensor) -> RowError:
         """``e`` (row = position in the batch) re-addressed to the file row the value came from."""
         o = int(origin[e.row])
         g = self.groups[o >> ROW_BITS]

@@ -15,8 +15,15 @@ Inputs of one slot (``Inputs.fields``):
 - ``in_keys`` int64 [B, K] and ``in_keys_valid`` bool [B, K]: single-valued key columns (DateParts' included), the
   uint64 keys' bits;
 - list columns travel beside the ring as (values int64 keys, valid bool, offsets int64);
-- ``origin`` (host only, never copied): ``(row group number in the loader's list) << 32 | row within the row
-  group`` of every row, so that a value found invalid on the device is reported with its file, row group and row.
+- ``origin`` (host only, never copied; on the device for rows read there, ``etl.loader.device_columns``):
+  ``(row group number in the loader's list) << 32 | row within the row group`` of every row, so that a value found
+  invalid on the device is reported with its file, row group and row.
+
+The stage never makes the host wait for the device: the non-finite checks of ``FillMissing`` and of the output
+run inside ``etl.backends.tensor.deferred_nonfinite`` and leave a flag on the device, copied into pinned memory
+with an event (``PendingCheck``); the consumer examines it when it receives the batch and, when it is set, runs
+the device part again with waiting checks to raise the ``RowError`` host placement raises. A batch with such a
+value is never handed out.
 """
 
 from __future__ import annotations

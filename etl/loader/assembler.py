@@ -6,8 +6,10 @@ of them ahead of the one being assembled, and come back in order. Their rows fil
 a permutation drawn from (seed, epoch, rank, buffer number) with shuffle, else its rows as they are. Batches of
 ``batch_size`` rows are cut from that row stream (the remainder carries over across pieces and shards) and
 gathered straight from the buffers' chunks into a free ring slot, one copy per row; the slot's host→device copy
-starts at once and the batch is queued for the consumer as an ``Item``. After the last piece come the final partial batch and, on a
-rank whose slice is one row shorter, the empty batch it owes (``etl.loader.order.batches_per_rank``).
+starts at once and the batch is queued for the consumer as an ``Item``. After the last piece come the final partial
+batch and, on a rank whose slice is one row shorter, the empty batch it owes (``etl.loader.order.batches_per_rank``).
+Chunks read into device memory (``etl.loader.device_columns``) are gathered on the device, on the ring's copy
+stream, straight into the slot's device inputs: no host copy of their rows.
 
 A pass that starts at batch ``start`` > 0 (a resume) begins with the shuffle buffer holding that batch's first
 row, drops the rows before it, and re-reads at most that one buffer.

@@ -10,7 +10,8 @@ Slots are allocated once and reused batch after batch.
 
 A ring may also hold ``outputs``: device tensors per slot that no copy fills, written by a function ``ship`` runs
 on the side stream right after the copy (the device part of a pipeline, see ``etl.loader.device_stage``); the event the
-consumer waits for is recorded after it.
+consumer waits for is recorded after it. Inputs already on the device are written by that function itself
+(``ship(copy=False)``), with no copy.
 """
 
 from __future__ import annotations

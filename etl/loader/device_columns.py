@@ -59,7 +59,7 @@ def device_chunk(inputs: Inputs, batch: Batch, group_no: int, group_first_row: i
     origin = torch.arange(first, first + n, dtype=torch.int64, device=device)
     origin |= group_no << ROW_BITS
     fixed = {
-        "in_label": batch[inputs.label].array.to(torch.float64),
+        "in_label": batch[inputs.label].array.to(torch.float64, copy=True),  # every field its own (torch) memory
         "in_numbers": numbers,
         "in_numbers_valid": numbers_valid,
         "in_keys": keys,
@@ -77,8 +77,9 @@ class DeviceColumnReader:
     """A raw shard read by ``read`` into the device column layout on ``device``, and taken through the pipeline's
     host part on the device into a ``device_chunk`` for ``stage``. Each file's column types are checked against
     the schema (from its footer, once) before its first rows are read, as the default reader does. Work is queued
-    on the calling thread's current stream, which is synchronised before the chunk is returned (the assembler
-    reads it from another stream)."""
+    on the calling thread's current stream (the legacy default stream, ordered after cudf's own work there or on
+    a per-thread default stream), which is synchronised before the chunk is returned: the assembler reads it from
+    another stream. The chunk's fields are fresh torch allocations, never the reader's buffers."""
 
     def __init__(self, pipeline: Pipeline, stage: DeviceStage, groups: list[RowGroup], stats: LoaderStats,
                  device: torch.device, read: ReadColumns) -> None:  # fmt: skip

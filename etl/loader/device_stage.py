@@ -174,13 +174,18 @@ class DeviceStage:
             self.check(batch, origin)  # a non-finite value the deferred checks passed over comes first
             raise self._located(e, origin) from None
         written = self.write(result, out)
+        recheck = functools.partial(self.recheck, inputs, lists, origin)  # the slot's inputs: kept until it is released
         if device.type != "cuda":
-            return written, PendingCheck(deferred.flag, None, functools.partial(self.check, batch, origin))
+            return written, PendingCheck(deferred.flag, None, recheck)
         flag = torch.empty(1, dtype=torch.bool, pin_memory=True)
         flag.copy_(deferred.flag, non_blocking=True)
         done = torch.cuda.Event()
         done.record(torch.cuda.current_stream(device))
-        return written, PendingCheck(flag, done, functools.partial(self.check, batch, origin))
+        return written, PendingCheck(flag, done, recheck)
+
+    def recheck(self, inputs: dict[str, torch.Tensor], lists: dict[str, Column], origin: np.ndarray | torch.Tensor) -> None:
+        """``check`` on a slot's inputs, once its transform is done (the consumer holds the slot)."""
+        self.check(self.batch(inputs, lists), origin)
 
     def check(self, batch: Batch, origin: np.ndarray | torch.Tensor) -> None:
         """Run the device part on ``batch`` with every check waiting for its result: raise ``RowError`` naming the

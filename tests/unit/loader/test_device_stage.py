@@ -139,3 +139,28 @@ def test_a_set_flag_that_the_recheck_does_not_confirm_is_an_error() -> None:
     check = PendingCheck(torch.ones(1, dtype=torch.bool), None, lambda: None)
     with pytest.raises(RuntimeError, match="did not find"):
         check.raise_if_set()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="host synchronisation is a CUDA notion")
+@pytest.mark.parametrize("name", ["criteo_hash", "criteo"])
+def test_run_does_not_synchronise(name: str, tmp_path: Path) -> None:
+    """Every function the device part calls, by construction: a whole ``run`` (after a first one that makes the
+    constants and vocabularies resident) and the consumer's examination of its checks, under sync debug mode."""
+    pipe = Pipeline.from_file(REPO / f"pipelines/{name}.yaml")
+    table = criteo_table(3_000, 5)
+    if not pipe.is_fitted:
+        pq.write_table(table, tmp_path / "t.parquet")
+        pipe.fit([tmp_path / "t.parquet"])
+    stage = DeviceStage(pipe, Layout.of(pipe), [])
+    chunk = stage.inputs.chunk(pipe.transform(batch_from_arrow(table, pipe.schema), part="host").batch, 0, 0)
+    inputs = {k: v.cuda() for k, v in tensors(chunk).items()}
+    out = {k: v.cuda() for k, v in outputs(stage, 3_000).items()}
+    stage.run(inputs, out, chunk.lists, chunk.fixed["origin"])[1].raise_if_set()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        _, check = stage.run(inputs, out, chunk.lists, chunk.fixed["origin"])
+        check.raise_if_set()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)

@@ -473,6 +473,7 @@ def bench(
     device_placement: bool | None = typer.Option(
         None, help="Also measure transform_on='device' (stages on the device, loader, stall); default: when the device is CUDA."
     ),
+    reader: str = typer.Option("cpu", help="cudf: also measure a loader whose row groups cudf decodes on the GPU (needs cudf and CUDA)."),
     json_out: Path | None = typer.Option(None, "--json", help="Write the results as JSON."),
     plot_out: Path | None = typer.Option(None, "--plot", help="Write a PNG chart of the stages and the stall timeline."),
     cluster: str | None = typer.Option(
@@ -499,10 +500,19 @@ def bench(
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise EtlError(f"--device {device}: torch {torch.__version__} sees no CUDA device")
         input_dir = None if input is None else location(input)
+        if reader not in ("cpu", "cudf"):
+            raise EtlError(f"--reader {reader!r}: cpu or cudf")
+        if reader == "cudf":
+            from etl.loader import cudf_columns
+            from etl.pipeline import Pipeline
+
+            why = cudf_columns.unavailable(torch.device(device), Pipeline.from_file(pipelines[0]).schema)
+            if why is not None:
+                raise EtlError(f"--reader cudf: {why}")
         with connect(cluster) as client:
             report = run_bench(pipelines, input_dir=input_dir, rows=rows, files=files, workers=workers, batch_size=batch_size,
                                device=device, step_factor=step_factor, model=model, run_baselines=baselines,
-                               device_placement=device_placement, progress=lambda msg: status.update(msg),
+                               device_placement=device_placement, reader=reader, progress=lambda msg: status.update(msg),
                                client=client)  # fmt: skip
     _print_report(report)
     if json_out:

@@ -13,7 +13,12 @@ For each pipeline (Categorify with fitted artifacts, Hash) and batch size, with 
   is the first);
 - ``wait_dlrm``: the data-wait share of the DLRM of scripts/train_dlrm.py training on the batches;
 - ``device_stages``: rows/s of each stage of the device part (``etl.bench.device``), Categorify and Hash on the
-  device among them.
+  device among them;
+- with cudf importable on a CUDA device, runs with ``reader="cudf"`` (row groups decoded on the GPU, device
+  placement) beside the others: every run records its ``reader``.
+
+``--phase headline`` measures only Categorify at the first batch size, both placements (the figures wanted first);
+``--phase rest`` everything else, added to the runs already in ``--json``; ``--phase all`` (default) both.
 
     python scripts/gpu_placement.py --data RAW --artifacts ART --device cuda --json OUT/placement.json
 """
@@ -30,7 +35,7 @@ import torch
 from etl.bench.device import measure_device_stages
 from etl.bench.run import dlrm_step, measure_stall, next_epoch
 from etl.io.parquet import list_shards, read_rows
-from etl.loader import Loader
+from etl.loader import Loader, cudf_columns
 from etl.loader.order import row_groups
 from etl.pipeline import Pipeline
 
@@ -46,9 +51,10 @@ def epoch(loader: Loader) -> tuple[float, float]:
     return time.perf_counter() - t0, time.process_time() - c0
 
 
-def measure(data: Path, pipeline: Path, artifacts: Path | None, batch_size: int, placement: str, device: str, workers: int, dlrm: bool) -> dict:
+def measure(data: Path, pipeline: Path, artifacts: Path | None, batch_size: int, placement: str, device: str, workers: int, dlrm: bool,
+            reader: str = "cpu") -> dict:  # fmt: skip
     loader = Loader(data, pipeline=pipeline, artifacts=artifacts, batch_size=batch_size, shuffle=True, seed=0,
-                    device=device, num_workers=workers, transform_on=placement)  # fmt: skip
+                    device=device, num_workers=workers, transform_on=placement, reader=reader)  # fmt: skip
     epoch(loader)  # warm-up: page cache, kernels, vocabularies moved to the device
     seconds, cpu = epoch(loader)
     rows = loader.total_rows
@@ -71,6 +77,7 @@ def main() -> None:
     ap.add_argument("--stage-groups", type=int, default=8, help="row groups held in memory for the device stages")
     ap.add_argument("--no-dlrm", action="store_true", help="skip the DLRM data-wait runs")
     ap.add_argument("--json", type=Path, required=True)
+    ap.add_argument("--phase", choices=("headline", "rest", "all"), default="all")
     args = ap.parse_args()
 
     pipelines = {"categorify": (REPO / "pipelines/criteo.yaml", args.artifacts), "hash": (REPO / "pipelines/criteo_hash.yaml", None)}
@@ -78,29 +85,46 @@ def main() -> None:
     report: dict = {"device": args.device, "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
                     "torch": torch.__version__, "workers": args.workers, "rows": sum(g.num_rows for g in row_groups(list_shards(args.data))),
                     "runs": [], "device_stages": {}}  # fmt: skip
+    if args.phase == "rest" and args.json.is_file():
+        report = json.loads(args.json.read_text())
+    headline = ("categorify", args.batch_sizes[0])
+    readers = [("host", "cpu"), ("device", "cpu")]
+    cudf_missing = cudf_columns.unavailable(torch.device(args.device), Pipeline.from_file(pipelines["categorify"][0]).schema)
+    report["cudf"] = cudf_missing or "measured"
+    if cudf_missing is None:
+        readers.append(("device", "cudf"))
     for name, (path, art) in pipelines.items():
         p = Pipeline.load(art) if art is not None else Pipeline.from_file(path)
-        tables = [read_rows(g.path, p.schema.names, g.first_row, g.num_rows, g.index) for g in groups]
+        tables = [read_rows(g.path, p.schema.names, g.first_row, g.num_rows, g.index) for g in groups] if _in_phase(args.phase, False) else []
         stage_rows = sum(t.num_rows for t in tables)
         for bs in args.batch_sizes:
-            stages = measure_device_stages(p, tables, bs, torch.device(args.device))
-            report["device_stages"][f"{name}/{bs}"] = {s: stage_rows / sec for s, sec in stages}
-            for placement in ("host", "device"):
-                r = measure(args.data, path, art, bs, placement, args.device, args.workers, not args.no_dlrm)
-                report["runs"].append({"pipeline": name, "batch_size": bs, "placement": placement, **r})
+            runs = [(placement, reader) for placement, reader in readers if _in_phase(args.phase, (name, bs) == headline and reader == "cpu")]
+            for placement, reader in runs:
+                r = measure(args.data, path, art, bs, placement, args.device, args.workers, not args.no_dlrm, reader)
+                report["runs"].append({"pipeline": name, "batch_size": bs, "placement": placement, "reader": reader, **r})
                 print(json.dumps(report["runs"][-1]), flush=True)
+            if _in_phase(args.phase, False):
+                stages = measure_device_stages(p, tables, bs, torch.device(args.device))
+                report["device_stages"][f"{name}/{bs}"] = {s: stage_rows / sec for s, sec in stages}
     args.json.write_text(json.dumps(report, indent=1))
     print_table(report)
+
+
+def _in_phase(phase: str, headline: bool) -> bool:
+    """Whether a measurement (one of the headline figures or not) belongs to ``phase``."""
+    return phase == "all" or (phase == "headline") == headline
 
 
 def print_table(report: dict) -> None:
     """The report as a short table (also printed last by scripts/gpu_check.sh)."""
     print(f"\n{report['device_name']}, torch {report['torch']}, {report['rows']:,} rows, {report['workers']} workers")
-    print(f"{'pipeline':11s} {'batch':>7s} {'placement':9s} {'M rows/s':>9s} {'CPU s/Mrow':>10s} {'wait@4M/s':>9s} {'wait DLRM':>9s}")
+    print(f"{'pipeline':11s} {'batch':>7s} {'placement':9s} {'reader':6s} {'M rows/s':>9s} {'CPU s/Mrow':>10s} {'wait@4M/s':>9s} {'wait DLRM':>9s}")
     for r in report["runs"]:
         dl = f"{100 * r['wait_dlrm']:8.2f}%" if "wait_dlrm" in r else "        -"
         rate, cpu, wait = r["rows_per_second"] / 1e6, r["cpu_seconds_per_mrow"], 100 * r["wait_4m"]
-        print(f"{r['pipeline']:11s} {r['batch_size']:7d} {r['placement']:9s} {rate:9.2f} {cpu:10.2f} {wait:8.2f}% {dl}")
+        print(f"{r['pipeline']:11s} {r['batch_size']:7d} {r['placement']:9s} {r.get('reader', 'cpu'):6s} {rate:9.2f} {cpu:10.2f} {wait:8.2f}% {dl}")
+    if report.get("cudf", "measured") != "measured":
+        print(f"cudf reader not measured: {report['cudf']}")
     for key, st in report["device_stages"].items():
         ops = "  ".join(f"{s.removeprefix('dp:')}={v / 1e6:.1f}M" for s, v in st.items())
         print(f"device stages {key}: {ops}")

@@ -27,14 +27,17 @@ Where the results differ from the CPU backend:
 
 Loops run over byte positions (at most 16, 19 or the longest string) or over the columns of a cross, never over
 rows. Host synchronisation happens only where a function returns a host value or an error mask, or needs a
-data-dependent size (``first_x``, ``take`` on text, ``decode_string``'s longest string, ``KeyCounter``).
+data-dependent size (``first_x``, ``take`` on text, ``decode_string``'s longest string, ``KeyCounter``);
+``first_nonfinite`` does not inside ``deferred_nonfinite`` (the device path's non-finite checks).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import overload
 
@@ -211,7 +214,10 @@ def as_float32(values: torch.Tensor) -> torch.Tensor:
 def first_nonfinite(columns: list[tuple[torch.Tensor, torch.Tensor | None]]) -> tuple[int, torch.Tensor] | None:
     """The first of ``columns`` (values, valid) holding a present NaN or ±inf, as (its index, its
     ``nonfinite_mask``), or None: one host synchronisation for all of them (aligned columns are checked as one
-    stacked tensor)."""
+    stacked tensor).
+
+    Inside ``deferred_nonfinite`` it does not synchronise: it records on the device whether any column holds
+    such a value (``DeferredNonfinite.flag``) and returns None."""
     floats = [(i, v, m) for i, (v, m) in enumerate(columns) if isinstance(v, torch.Tensor) and v.is_floating_point()]
     if not floats:
         return None
@@ -222,15 +228,43 @@ def first_nonfinite(columns: list[tuple[torch.Tensor, torch.Tensor | None]]) -> 
         valid = _stacked_valid([m for _, _, m in floats], stacked)
         if valid is not None:
             bad &= valid
-        flags = bad.any(dim=1).tolist()
+        per_column = bad.any(dim=1)
         masks = list(bad.unbind(0))
     else:
         masks = [~torch.isfinite(v) if m is None else ~torch.isfinite(v) & m for _, v, m in floats]
-        flags = torch.stack([b.any() for b in masks]).tolist()
-    for (i, _, _), flag, mask in zip(floats, flags, masks):
+        per_column = torch.stack([b.any() for b in masks])
+    deferred = _deferred.get()
+    if deferred is not None:
+        deferred.flag |= per_column.any().to(deferred.flag.device)
+        return None
+    for (i, _, _), flag, mask in zip(floats, per_column.tolist(), masks):
         if flag:
             return i, mask
     return None
+
+
+class DeferredNonfinite:
+    """What ``deferred_nonfinite`` yields: ``flag``, a bool tensor of one element on the device, set once a
+    ``first_nonfinite`` call inside the block saw a present NaN or ±inf."""
+
+    def __init__(self, device: torch.device):
+        self.flag = torch.zeros(1, dtype=torch.bool, device=device)
+
+
+_deferred: contextvars.ContextVar[DeferredNonfinite | None] = contextvars.ContextVar("deferred_nonfinite", default=None)
+
+
+@contextlib.contextmanager
+def deferred_nonfinite(device: torch.device) -> Iterator[DeferredNonfinite]:
+    """Within the block (in this thread), ``first_nonfinite`` queues its check on the device without waiting for
+    it: the result is the yielded flag, which the caller examines later (and, when it is set, runs the checks
+    again outside the block to find the row). Ops then go on with the values they would have refused."""
+    deferred = DeferredNonfinite(device)
+    token = _deferred.set(deferred)
+    try:
+        yield deferred
+    finally:
+        _deferred.reset(token)
 
 
 # ---------------------------------------------------------------- host data
@@ -299,21 +333,24 @@ _quiet_read_only_warning()
 
 
 @overload
-def to_device(x: np.ndarray | torch.Tensor, device: torch.device | str) -> torch.Tensor: ...
+def to_device(x: np.ndarray | torch.Tensor, device: torch.device | str, *, staged: bool = False) -> torch.Tensor: ...
 @overload
-def to_device(x: Strings, device: torch.device | str) -> Strings: ...
+def to_device(x: Strings, device: torch.device | str, *, staged: bool = False) -> Strings: ...
 @overload
-def to_device(x: None, device: torch.device | str) -> None: ...
-def to_device(x: np.ndarray | Strings | torch.Tensor | None, device: torch.device | str) -> torch.Tensor | Strings | None:
+def to_device(x: None, device: torch.device | str, *, staged: bool = False) -> None: ...
+def to_device(x: np.ndarray | Strings | torch.Tensor | None, device: torch.device | str, *, staged: bool = False) -> torch.Tensor | Strings | None:
     """A numpy array (uint64 viewed as int64 first) or numpy ``Strings`` (offsets made int64) as tensors on
-    ``device``; zero copy on CPU where the dtype allows. Tensors are moved; None stays None."""
+    ``device``; zero copy on CPU where the dtype allows. Tensors are moved; None stays None.
+
+    ``staged``: to a CUDA device, copy numpy data into pinned host memory first and queue the host→device copy on
+    the current stream without waiting for it (the pinned block is not reused before the copy is done)."""
     if x is None:
         return None
     if isinstance(x, Strings):
         return Strings(
-            to_device(x.data, device),
-            to_device(x.starts, device).to(torch.int64),
-            to_device(x.ends, device).to(torch.int64),
+            to_device(x.data, device, staged=staged),
+            to_device(x.starts, device, staged=staged).to(torch.int64),
+            to_device(x.ends, device, staged=staged).to(torch.int64),
         )
     if isinstance(x, torch.Tensor):
         return x.to(device)
@@ -322,12 +359,16 @@ def to_device(x: np.ndarray | Strings | torch.Tensor | None, device: torch.devic
         a = a.view(np.int64)
     if any(st < 0 for st in a.strides):
         a = a.copy()
-    return torch.from_numpy(a).to(device)
+    host = torch.from_numpy(a)
+    if staged and torch.device(device).type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
 
 
-def column_to(col: Column, device: torch.device | str) -> Column:
-    """The column with every field (values, valid, offsets, raw) on ``device``."""
-    return Column(to_device(col.values, device), to_device(col.valid, device), to_device(col.offsets, device), to_device(col.raw, device))
+def column_to(col: Column, device: torch.device | str, *, staged: bool = False) -> Column:
+    """The column with every field (values, valid, offsets, raw) on ``device`` (``staged``: see ``to_device``)."""
+    return Column(to_device(col.values, device, staged=staged), to_device(col.valid, device, staged=staged),
+                  to_device(col.offsets, device, staged=staged), to_device(col.raw, device, staged=staged))
 
 
 def batch_to(batch: Batch, device: torch.device | str) -> Batch:

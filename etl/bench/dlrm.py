@@ -34,10 +34,11 @@ class DLRM(nn.Module):
 
     pairs_i: torch.Tensor  # the feature pairs (i < j) whose dot products enter the top MLP (buffers)
     pairs_j: torch.Tensor
+    table_rows: torch.Tensor  # rows of each table (a buffer: it moves with the model, no copy per forward pass)
 
     def __init__(self, dense: int, table_rows: list[int], dim: int):
         super().__init__()
-        self.table_rows = torch.tensor(table_rows)
+        self.register_buffer("table_rows", torch.tensor(table_rows), persistent=False)
         self.embeddings = nn.ModuleList(nn.Embedding(n, dim) for n in table_rows)
         self.bottom = mlp([dense, 64, dim], last_activation=True)
         features = len(table_rows) + 1
@@ -49,7 +50,7 @@ class DLRM(nn.Module):
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
         """Logits ``[B]`` of a batch: ``dense`` ``[B, D]`` float32, ``sparse`` ``[B, S]`` ids."""
         x = self.bottom(dense)
-        ids = sparse.long() % self.table_rows.to(sparse.device)
+        ids = sparse.long() % self.table_rows
         embs = [x] + [table(ids[:, k]) for k, table in enumerate(self.embeddings)]
         z = torch.stack(embs, dim=1)  # [B, F, dim]
         dots = torch.bmm(z, z.transpose(1, 2))[:, self.pairs_i, self.pairs_j]

@@ -22,6 +22,8 @@
 - with device placement (``device_placement``; on by default with CUDA): the stages of the pipeline's device
   part (``etl.bench.device``: host part, ring, ``h2d``, each op on the device) and a loader epoch with
   ``transform_on="device"`` and its stall;
+- with ``reader="cudf"`` (``--reader cudf``; a GPU with cudf): ``cudf:loader``, a loader epoch whose row groups cudf
+  decodes into GPU memory (``Loader(reader="cudf")``), its stall in the note, beside the default reader's rows;
 - peak memory (resident set size of this process);
 - baselines: the naive polars and pyarrow+numpy scripts of ``etl.bench.baselines`` doing the same work (best of two
   runs, as ours), with their outputs compared to ours.
@@ -285,6 +287,7 @@ def run_bench(
     model: bool = False,
     run_baselines: bool = True,
     device_placement: bool | None = None,
+    reader: str = "cpu",
     progress: Callable[[str], None] = lambda msg: None,
     client: Client | None = None,
 ) -> Report:
@@ -330,6 +333,13 @@ def run_bench(
                 seconds, _, rep.device_data_wait, _ = measure_loader(dloader, step_factor)
                 rep.stages.append(Stage("dp:loader", seconds, total, mbytes, "end to end, shuffled epoch"))
                 dloader.close()
+            if reader == "cudf":
+                progress(f"{p.name}: loader, cudf reader")
+                cloader = Loader(input_dir, transform_on="device", reader="cudf", **loader_args)
+                seconds, _, wait, _ = measure_loader(cloader, step_factor)
+                note = f"reader='cudf', end to end, shuffled epoch; data wait {100 * wait:.2f}%"
+                rep.stages.append(Stage("cudf:loader", seconds, total, mbytes, note))
+                cloader.close()
             progress(f"{p.name}: preprocess")
             warm = preprocess(p, shards, work / f"warm-{p.name}", workers=workers).transform_seconds
             shutil.rmtree(work / f"warm-{p.name}", ignore_errors=True)

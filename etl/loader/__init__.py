@@ -11,6 +11,8 @@ Modules, from the training loop inwards (``api``'s docstring tells how they work
 - ``chunk``: the column layout of rows between the pipeline and the ring;
 - ``ring``: pinned slots and the host→device copy;
 - ``device_stage``: the pipeline's device part, after the copy (``transform_on="device"``);
+- ``device_columns``: rows read into device memory (``reader="cudf"``): host part, chunks and gather on the device;
+- ``cudf_columns``: the cudf adapter, Parquet row groups → device columns (the only module that imports cudf);
 - ``stats``: ``LoaderStats``, where the time goes.
 
 Names are imported on first use, so that ``etl.loader.order`` and friends do not import torch.

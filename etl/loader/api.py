@@ -51,6 +51,7 @@ from etl.errors import ArtifactError, ConfigError
 from etl.io.fs import Location, Url, location, locations
 from etl.io.parquet import list_shards
 from etl.io.processed import ProcessedOutput, is_processed, open_processed
+from etl.loader import cudf_columns
 from etl.loader.assembler import PassSettings
 from etl.loader.chunk import Chunk, Layout
 from etl.loader.device_stage import DeviceStage
@@ -108,7 +109,11 @@ class Loader:
     fit-free) or the output directory of ``etl preprocess`` (detected by its manifest.json; read as is).
     ``rank``/``world_size`` default to ``torch.distributed`` when it is initialised, else 0/1.
     ``transform_on``: ``"host"`` (worker threads run the whole pipeline) or ``"device"`` (they run only its host
-    part; the rest runs on ``device`` after the copy, with the torch backend; raw shards only).
+    part; the rest runs on ``device`` after the copy, with the torch backend; raw shards only). ``reader``:
+    ``"cpu"`` (Parquet decoded on the CPU) or ``"cudf"`` (decoded by cudf straight into GPU memory, the host part
+    run there too, then gathered and transformed on the device: ``etl.loader.device_columns``; needs
+    ``transform_on="device"``, a CUDA ``device``, cudf installed, local files and no list column; the batches are
+    the same).
     ``allow_partial``: read a processed output whose run did not complete (refused by default: its manifest lists
     only the files done). Each file of a processed output is checked against its manifest's sha256 before its
     rows are used; a ``pipeline`` (or ``artifacts``) given with one must be the one it was made with
@@ -147,6 +152,7 @@ class Loader:
         rank: int | None = None,
         world_size: int | None = None,
         transform_on: str = "host",
+        reader: str = "cpu",
         allow_partial: bool = False,
         copy: bool = False,
         storage_options: dict[str, Any] | None = None,
@@ -195,8 +201,10 @@ class Loader:
         self.epoch, self.position = 0, 0
         self._finished = False  # the last pass ran to its end: the next iteration starts the epoch over
         self.stats = LoaderStats()
-        self._reader = reader_for(self.pipeline, self.layout, processed=output, stage=self.stage,
-                                  groups=self.groups, stats=self.stats)  # fmt: skip
+        self._check_reader(reader, transform_on)
+        self._reader = reader_for(self.pipeline, self.layout, processed=output, stage=self.stage, groups=self.groups,
+                                  stats=self.stats, device=self.device,
+                                  read_columns=cudf_columns.read_columns if reader == "cudf" else None)  # fmt: skip
         self._ring: Ring | None = None
         self._active: weakref.ref[_Iteration] | None = None
         self._ahead: EpochPass | InlinePass | None = None  # epoch + 1, started while the current pass drains
@@ -279,6 +287,20 @@ class Loader:
         self._close_ahead()
 
     # ------------------------------------------------------------------ passes
+    def _check_reader(self, reader: str, transform_on: str) -> None:
+        """``ConfigError`` (one line) unless ``reader`` can read this loader's source here."""
+        if reader not in ("cpu", "cudf"):
+            raise ConfigError(f"reader must be 'cpu' or 'cudf', got {reader!r}")
+        if reader == "cpu":
+            return
+        if transform_on != "device":
+            raise ConfigError("reader='cudf' leaves the rows in GPU memory: it needs transform_on='device'")
+        if self.remote:
+            raise ConfigError("reader='cudf' reads local files; this source is in object storage")
+        why = cudf_columns.unavailable(self.device, self.pipeline.schema)
+        if why is not None:
+            raise ConfigError(why)
+
     def _slots(self) -> Ring:
         """The ring, made on first use: slots for the batch fields, or, with device placement, for the device
         stage's inputs and outputs."""
@@ -433,8 +455,11 @@ class _Iteration:
         t0 = time.perf_counter()
         self.last = self.last or t0
         try:
-            slot, n, lists = epoch_pass.take()
+            slot, n, lists, check = epoch_pass.take()
+            if check is not None:  # device placement: a NaN or ±inf found on the device is raised here
+                check.raise_if_set()
         except Exception:
+            epoch_pass.close()
             if self._is_active():
                 loader._close_ahead()  # an error ends the run: no next epoch in the background
             raise

@@ -6,8 +6,10 @@ of them ahead of the one being assembled, and come back in order. Their rows fil
 a permutation drawn from (seed, epoch, rank, buffer number) with shuffle, else its rows as they are. Batches of
 ``batch_size`` rows are cut from that row stream (the remainder carries over across pieces and shards) and
 gathered straight from the buffers' chunks into a free ring slot, one copy per row; the slot's host→device copy
-starts at once and the batch is queued for the consumer as ``(slot, rows, lists)``. After the last piece come the final partial batch and, on a
-rank whose slice is one row shorter, the empty batch it owes (``etl.loader.order.batches_per_rank``).
+starts at once and the batch is queued for the consumer as an ``Item``. After the last piece come the final partial
+batch and, on a rank whose slice is one row shorter, the empty batch it owes (``etl.loader.order.batches_per_rank``).
+Chunks read into device memory (``etl.loader.device_columns``) are gathered on the device, on the ring's copy
+stream, straight into the slot's device inputs: no host copy of their rows.
 
 A pass that starts at batch ``start`` > 0 (a resume) begins with the shuffle buffer holding that batch's first
 row, drops the rows before it, and re-reads at most that one buffer.
@@ -28,7 +30,7 @@ import numpy as np
 import torch
 
 from etl.loader.chunk import Chunk, ChunkRun
-from etl.loader.device_stage import DeviceStage
+from etl.loader.device_stage import DeviceStage, PendingCheck
 from etl.loader.order import Piece, RowGroup, epoch_rng, rank_pieces
 from etl.loader.ring import Ring
 from etl.loader.stats import LoaderStats
@@ -51,8 +53,9 @@ class PassSettings:
     world_size: int
 
 
-#: One batch as the assembler hands it over: (ring slot, rows, list columns as (values, offsets)).
-Item = tuple[int, int, dict[str, tuple[torch.Tensor, torch.Tensor]]]
+#: One batch as the assembler hands it over: (ring slot, rows, list columns as (values, offsets), the non-finite
+#: checks the consumer examines before using it (device placement) or None).
+Item = tuple[int, int, dict[str, tuple[torch.Tensor, torch.Tensor]], PendingCheck | None]
 
 
 class Assembler:
@@ -174,23 +177,38 @@ class Assembler:
         slot = self.ring.acquire(self.stop)
         if slot is None:
             return None
-        row = 0
-        views = self.ring.write(slot, n)
-        for buf, rows in parts:
-            buf.gather(rows, {name: view[row : row + len(rows)] for name, view in views.items()})
-            row += len(rows)
         columns = Chunk.concat([buf.lists.take_lists(rows) for buf, rows in parts]).lists if parts else self.empty.lists
-        t1 = time.perf_counter()
-        if self.stage is not None:
-            stage = self.stage
-            origin = np.concatenate([buf.take_fixed("origin", rows) for buf, rows in parts]) if parts else self.empty.fixed["origin"]
-            lists = self.ring.ship(slot, n, lambda inputs, out: stage.run(inputs, out, columns, origin))
+        stage, check = self.stage, None
+        if stage is not None and parts and parts[0][0].on_device:  # rows read into device memory: gathered there
+            t1 = t0
+            lists, check = self.ring.ship(slot, n, lambda inputs, out: stage.run(inputs, out, columns, _gather_tensors(parts, inputs)), copy=False)
         else:
-            self.ring.ship(slot, n)
-            lists = {k: (torch.from_numpy(c.values), torch.from_numpy(c.offsets)) for k, c in columns.items()}
+            row = 0
+            views = self.ring.write(slot, n)
+            for buf, rows in parts:
+                buf.gather(rows, {name: view[row : row + len(rows)] for name, view in views.items()})
+                row += len(rows)
+            t1 = time.perf_counter()
+            if stage is not None:
+                origin = np.concatenate([buf.take_fixed("origin", rows) for buf, rows in parts]) if parts else self.empty.fixed["origin"]
+                lists, check = self.ring.ship(slot, n, lambda inputs, out: stage.run(inputs, out, columns, origin))
+            else:
+                self.ring.ship(slot, n)
+                lists = {k: (torch.from_numpy(c.values), torch.from_numpy(c.offsets)) for k, c in columns.items()}
         self.stats.add_assemble(t1 - t0, time.perf_counter() - t1)
         self.emitted += 1
-        return slot, n, lists
+        return slot, n, lists, check
+
+
+def _gather_tensors(parts: list[tuple[ChunkRun, np.ndarray]], inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Gather the rows of ``parts`` (buffers of device chunks) into the slot's device ``inputs``, in order, on the
+    current stream; returns their ``origin``s (a tensor on the device)."""
+    row, origins = 0, []
+    for buf, rows in parts:
+        buf.gather_tensors(rows, {name: t[row : row + len(rows)] for name, t in inputs.items()})
+        origins.append(buf.take_fixed("origin", rows))
+        row += len(rows)
+    return torch.cat(origins)
 
 
 class InlineExecutor(Executor):

@@ -16,7 +16,7 @@ import pyarrow as pa
 import torch
 
 from etl.backends.rows import scatter_rows, split_rows
-from etl.batch import Batch, Column, list_elements
+from etl.batch import Array, Batch, Column, list_elements
 from etl.loader.ring import Field
 from etl.pipeline import Pipeline
 
@@ -72,10 +72,12 @@ class Layout:
 @dataclass(frozen=True)
 class Chunk:
     """``n`` rows: fixed-shape fields (``label``, ``dense``, ``sparse``; other names for the inputs of a device
-    transform, see ``etl.loader.device_stage``) and list columns (values, per-value ``valid`` or None, offsets)."""
+    transform, see ``etl.loader.device_stage``) and list columns (values, per-value ``valid`` or None, offsets).
+    Fields are numpy arrays, or torch tensors on the device for chunks read there (``etl.loader.device_columns``,
+    which have no list columns)."""
 
     n: int
-    fixed: dict[str, np.ndarray]
+    fixed: dict[str, Array]
     lists: dict[str, Column]
 
     @classmethod
@@ -168,10 +170,31 @@ class ChunkRun:
         self.starts = np.zeros(len(chunks) + 1, np.int64)
         np.cumsum([c.n for c in chunks], out=self.starts[1:])
         self.lists = Chunk.concat([Chunk(c.n, {}, c.lists) for c in chunks])
+        self.on_device = bool(chunks) and any(isinstance(v, torch.Tensor) for v in chunks[0].fixed.values())
+        self._whole: dict[str, torch.Tensor] | None = None  # the fields of chunks on the device, concatenated
 
     @property
     def n(self) -> int:
         return int(self.starts[-1])
+
+    def gather_tensors(self, rows: np.ndarray, out: dict[str, torch.Tensor]) -> None:
+        """``gather`` for chunks of tensors (``on_device``), on their device and the current stream: the run's
+        fields are concatenated there once, then rows ``rows`` are selected from them into the tensors ``out``."""
+        whole = self._concatenated()
+        index = _index(rows, next(iter(whole.values())).device)
+        for name, dest in out.items():
+            torch.index_select(whole[name], 0, index, out=dest)
+
+    def _concatenated(self) -> dict[str, torch.Tensor]:
+        if self._whole is None:
+            fields = self.chunks[0].fixed
+            if any(v.is_cuda for v in fields.values()):
+                stream = torch.cuda.current_stream()
+                for c in self.chunks:  # made on a reader's stream, read on this one: not reused before this reads them
+                    for v in c.fixed.values():
+                        v.record_stream(stream)
+            self._whole = {k: torch.cat([c.fixed[k] for c in self.chunks]) for k in fields}
+        return self._whole
 
     def gather(self, rows: np.ndarray, out: dict[str, np.ndarray]) -> None:
         """Fixed fields of rows ``rows`` (row numbers of the run; ``IndexError`` for one out of range) into
@@ -183,9 +206,19 @@ class ChunkRun:
                 for name, dest in out.items():
                     scatter_rows(c.fixed[name], src_rows[a:b], dest, out_rows[a:b])
 
-    def take_fixed(self, name: str, rows: np.ndarray) -> np.ndarray:
-        """Fixed field ``name`` of rows ``rows``, as a new array."""
+    def take_fixed(self, name: str, rows: np.ndarray) -> Array:
+        """Fixed field ``name`` of rows ``rows``, as a new array (a tensor on the device when ``on_device``)."""
+        if self.on_device:
+            whole = self._concatenated()[name]
+            return torch.index_select(whole, 0, _index(rows, whole.device))
         field = self.chunks[0].fixed[name]
         out = {name: np.empty((len(rows), *field.shape[1:]), field.dtype)}
         self.gather(rows, out)
         return out[name]
+
+
+def _index(rows: np.ndarray, device: torch.device) -> torch.Tensor:
+    """Row numbers as an int64 tensor on ``device``, copied there without waiting (``tensor.to_device``, staged)."""
+    from etl.backends import tensor  # imported here: host chunks never need it
+
+    return tensor.to_device(rows.astype(np.int64, copy=False), device, staged=True)

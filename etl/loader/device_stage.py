@@ -15,12 +15,21 @@ Inputs of one slot (``Inputs.fields``):
 - ``in_keys`` int64 [B, K] and ``in_keys_valid`` bool [B, K]: single-valued key columns (DateParts' included), the
   uint64 keys' bits;
 - list columns travel beside the ring as (values int64 keys, valid bool, offsets int64);
-- ``origin`` (host only, never copied): ``(row group number in the loader's list) << 32 | row within the row
-  group`` of every row, so that a value found invalid on the device is reported with its file, row group and row.
+- ``origin`` (host only, never copied; on the device for rows read there, ``etl.loader.device_columns``):
+  ``(row group number in the loader's list) << 32 | row within the row group`` of every row, so that a value found
+  invalid on the device is reported with its file, row group and row.
+
+The stage never makes the host wait for the device: the non-finite checks of ``FillMissing`` and of the output
+run inside ``etl.backends.tensor.deferred_nonfinite`` and leave a flag on the device, copied into pinned memory
+with an event (``PendingCheck``); the consumer examines it when it receives the batch and, when it is set, runs
+the device part again with waiting checks to raise the ``RowError`` host placement raises. A batch with such a
+value is never handed out.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,6 +125,25 @@ class Inputs:
         return Chunk(n, fixed, lists)
 
 
+@dataclass(frozen=True)
+class PendingCheck:
+    """The non-finite checks of one batch transformed on the device, examined by the consumer when it receives the
+    batch: ``flag`` (host bool [1], pinned on CUDA) is set once the copy ``done`` (None: already done) has
+    completed if a check found a present NaN or ±inf; ``recheck`` then raises the ``RowError`` naming it."""
+
+    flag: torch.Tensor
+    done: torch.cuda.Event | None
+    recheck: Callable[[], None]
+
+    def raise_if_set(self) -> None:
+        """Wait for the batch's checks (not for the rest of the device's work) and raise the error they found."""
+        if self.done is not None:
+            self.done.synchronize()
+        if bool(self.flag[0]):
+            self.recheck()
+            raise RuntimeError("the device flagged a NaN or infinite value that the checks, run again, did not find")
+
+
 class DeviceStage:
     """Runs the device part of ``pipeline`` on one slot's inputs and writes the loader's batch fields."""
 
@@ -131,19 +159,45 @@ class DeviceStage:
         return tuple(self.layout.batch_fields())
 
     def run(
-        self, inputs: dict[str, torch.Tensor], out: dict[str, torch.Tensor], lists: dict[str, Column], origin: np.ndarray
-    ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        self, inputs: dict[str, torch.Tensor], out: dict[str, torch.Tensor], lists: dict[str, Column], origin: np.ndarray | torch.Tensor
+    ) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], PendingCheck]:
         """Transform one batch: ``inputs`` (device tensors of the slot), ``lists`` (numpy, copied here). Fills
-        ``out`` and returns the list columns as (ids, offsets) on the device. A value the device part finds
-        invalid raises ``RowError`` naming its source row."""
+        ``out`` and returns the list columns as (ids, offsets) on the device, and the batch's non-finite checks,
+        which ran on the device without the host waiting for them (``PendingCheck``). Any other value the device
+        part finds invalid raises ``RowError`` naming its source row at once."""
+        batch = self.batch(inputs, lists)
+        device = inputs["in_label"].device
         try:
-            result = self.pipeline.transform(self.batch(inputs, lists), part="device", xp=self.xp).batch
+            with self.xp.deferred_nonfinite(device) as deferred:
+                result = self.pipeline.transform(batch, part="device", xp=self.xp).batch
+        except RowError as e:
+            self.check(batch, origin)  # a non-finite value the deferred checks passed over comes first
+            raise self._located(e, origin) from None
+        written = self.write(result, out)
+        recheck = functools.partial(self.recheck, inputs, lists, origin)  # the slot's inputs: kept until it is released
+        if device.type != "cuda":
+            return written, PendingCheck(deferred.flag, None, recheck)
+        flag = torch.empty(1, dtype=torch.bool, pin_memory=True)
+        flag.copy_(deferred.flag, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record(torch.cuda.current_stream(device))
+        return written, PendingCheck(flag, done, recheck)
+
+    def recheck(self, inputs: dict[str, torch.Tensor], lists: dict[str, Column], origin: np.ndarray | torch.Tensor) -> None:
+        """``check`` on a slot's inputs, once its transform is done (the consumer holds the slot)."""
+        self.check(self.batch(inputs, lists), origin)
+
+    def check(self, batch: Batch, origin: np.ndarray | torch.Tensor) -> None:
+        """Run the device part on ``batch`` with every check waiting for its result: raise ``RowError`` naming the
+        source row of the first invalid value, in the order of the ops (the error host placement raises)."""
+        try:
+            self.pipeline.transform(batch, part="device", xp=self.xp)
         except RowError as e:
             raise self._located(e, origin) from None
-        return self.write(result, out)
 
     def batch(self, inputs: dict[str, torch.Tensor], lists: dict[str, Column]) -> Batch:
-        """The slot's inputs as a batch of torch columns (lists copied to the inputs' device)."""
+        """The slot's inputs as a batch of torch columns (lists copied to the inputs' device through pinned memory,
+        without waiting for the copy)."""
         device = inputs["in_label"].device
         # one transpose per field, so that each column is contiguous for the ops
         fields = ("in_numbers", "in_numbers_valid", "in_keys", "in_keys_valid")
@@ -154,7 +208,7 @@ class DeviceStage:
         for j, c in enumerate(self.inputs.keys):
             columns[c] = Column(keys[j], keys_valid[j])
         for c, col in lists.items():
-            columns[c] = self.xp.column_to(col, device)
+            columns[c] = self.xp.column_to(col, device, staged=True)
         return Batch(columns, inputs["in_label"].shape[0], "<device batch>")
 
     def write(self, result: Batch, out: dict[str, torch.Tensor]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -168,7 +222,7 @@ class DeviceStage:
             out["sparse"].copy_(torch.stack([result[c].array.to(self.layout.sparse_dtype) for c in self.layout.sparse], dim=1))
         return {c: (result[c].array.to(self.layout.sparse_dtype), result[c].list_offsets) for c in self.layout.lists}
 
-    def _located(self, e: RowError, origin: np.ndarray) -> RowError:
+    def _located(self, e: RowError, origin: np.ndarray | torch.Tensor) -> RowError:
         """``e`` (row = position in the batch) re-addressed to the file row the value came from."""
         o = int(origin[e.row])
         g = self.groups[o >> ROW_BITS]

@@ -5,7 +5,8 @@ One reader per kind of source (``reader_for`` picks it):
 - ``ProcessedReader``: the output of ``etl preprocess``, already transformed: read as is;
 - ``HostReader``: raw shards, transformed on the host by the whole pipeline;
 - ``DeviceInputReader``: raw shards whose transform finishes on the device (``transform_on="device"``): the host
-  part of the pipeline, laid out as the inputs of ``etl.loader.device_stage``.
+  part of the pipeline, laid out as the inputs of ``etl.loader.device_stage``;
+- ``etl.loader.device_columns.DeviceColumnReader``: the same, read and run on the device (``reader="cudf"``).
 
 Each reader adds its read and transform seconds to the loader's stats. ``guarded`` wraps a read function so that
 an unexpected failure reaches the training process as ``LoaderError`` naming the file, row group and rows.
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
+import torch
 
 from etl.batch import Batch
 from etl.errors import EtlError, LoaderError
@@ -29,6 +31,7 @@ from etl.io.fs import Location, Url, fingerprint
 from etl.io.parquet import batch_from_arrow, read_rows
 from etl.io.processed import ManifestEntry, ProcessedOutput, fetch_part, verify_part
 from etl.loader.chunk import Chunk, Layout
+from etl.loader.device_columns import DeviceColumnReader, ReadColumns
 from etl.loader.device_stage import DeviceStage
 from etl.loader.order import Piece, RowGroup
 from etl.loader.stats import LoaderStats
@@ -150,11 +153,15 @@ def _raw_batch(table: pa.Table, pipeline: Pipeline, piece: Piece) -> Batch:
 
 
 def reader_for(pipeline: Pipeline, layout: Layout, *, processed: ProcessedOutput | None, stage: DeviceStage | None,
-               groups: list[RowGroup], stats: LoaderStats) -> PieceReader:  # fmt: skip
+               groups: list[RowGroup], stats: LoaderStats, device: torch.device | None = None,
+               read_columns: ReadColumns | None = None) -> Callable[[Piece], Chunk]:  # fmt: skip
     """The reader of a source: ``processed`` (``etl preprocess`` output), else raw shards, transformed on the
-    host, or, given a device ``stage``, up to the stage's inputs."""
+    host, or, given a device ``stage``, up to the stage's inputs: on the host, or, given ``read_columns``, read
+    into ``device`` memory by it (``etl.loader.device_columns``)."""
     if processed is not None:
         return ProcessedReader(layout, stats, processed)
+    if stage is not None and read_columns is not None and device is not None:
+        return DeviceColumnReader(pipeline, stage, groups, stats, device, read_columns)
     if stage is not None:
         return DeviceInputReader(pipeline, stage, groups, stats)
     return HostReader(pipeline, layout, stats)

@@ -10,7 +10,8 @@ Slots are allocated once and reused batch after batch.
 
 A ring may also hold ``outputs``: device tensors per slot that no copy fills, written by a function ``ship`` runs
 on the side stream right after the copy (the device part of a pipeline, see ``etl.loader.device_stage``); the event the
-consumer waits for is recorded after it.
+consumer waits for is recorded after it. Inputs already on the device are written by that function itself
+(``ship(copy=False)``), with no copy.
 """
 
 from __future__ import annotations
@@ -79,10 +80,12 @@ class Ring:
         for name, view in self.write(slot, n).items():
             np.copyto(view, arrays[name])
 
-    def ship(self, slot: int, n: int, then: Callable[[dict[str, torch.Tensor], dict[str, torch.Tensor]], Any] | None = None) -> Any:
+    def ship(self, slot: int, n: int, then: Callable[[dict[str, torch.Tensor], dict[str, torch.Tensor]], Any] | None = None,
+             *, copy: bool = True) -> Any:  # fmt: skip
         """Start the host→device copy of the slot's first ``n`` rows (CUDA only), then run ``then(inputs,
         outputs)`` on the same stream with the slot's device inputs and output tensors (first ``n`` rows), if
-        given; returns what ``then`` returns."""
+        given; returns what ``then`` returns. ``copy=False``: no copy, ``then`` fills the device inputs itself
+        (from data already on the device)."""
         inputs = {k: v[:n] for k, v in self.dev[slot].items()}
         outputs = {k: v[:n] for k, v in self.out[slot].items()}
         if not self.cuda:
@@ -93,7 +96,7 @@ class Ring:
         with torch.cuda.stream(stream):
             if released is not None:
                 stream.wait_event(released)
-            for name, h in self.host[slot].items():
+            for name, h in self.host[slot].items() if copy else ():
                 self.dev[slot][name][:n].copy_(h[:n], non_blocking=True)
             result = then(inputs, outputs) if then is not None else None
             event = torch.cuda.Event()

@@ -7,6 +7,7 @@ checks a GPU machine. The one function that is not bit-identical is ``log1p`` (s
 from __future__ import annotations
 
 import random
+import threading
 import warnings
 
 import numpy as np
@@ -244,16 +245,56 @@ def test_hot_path_does_not_synchronise(dev):
         lambda: table.lookup(keys, valid, 2, 3, 0, np.int32),
         lambda: tb.take(keys, idx),
         lambda: tb.decode_int(keys),
+        lambda: tb.first_nonfinite([(x, valid), (x[:10], None)]),  # deferred below
+        lambda: tb.first_nonfinite([(x, valid), (tb.log1p(x), None)]),  # aligned: stacked
+        lambda: tb.as_float32(x),
+        lambda: tb.column_to(Column(rng.integers(0, 9, 100), None, np.arange(0, 101, 5)), dev, staged=True),
     ]
     for f in calls:
         f()  # first calls make constants resident
     torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        for f in calls:
-            f()
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
+    with tb.deferred_nonfinite(torch.device(dev)) as deferred:
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for f in calls:
+                f()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    assert bool(deferred.flag[0]) == bool((~torch.isfinite(tb.log1p(x))).any())
+
+
+def test_deferred_nonfinite_flags_instead_of_returning(dev):
+    x = T(np.array([1.0, np.nan, 3.0]), dev)
+    ok = T(np.array([1.0, 2.0, 3.0]), dev)
+    hidden = T(np.array([True, False, True]), dev)
+    assert tb.first_nonfinite([(ok, None), (x, None)])[0] == 1
+    with tb.deferred_nonfinite(torch.device(dev)) as quiet:
+        assert tb.first_nonfinite([(ok, None), (x, hidden)]) is None  # the NaN is under a missing entry
+    assert quiet.flag.device == torch.device(dev) and not bool(quiet.flag[0])
+    with tb.deferred_nonfinite(torch.device(dev)) as found:
+        assert tb.first_nonfinite([(ok, None)]) is None and not bool(found.flag[0])
+        assert tb.first_nonfinite([(ok, None), (x, None)]) is None
+        assert tb.first_nonfinite([(ok, None)]) is None  # a later clean check keeps the flag
+        assert tb.first_nonfinite([(x[:2], None), (ok, None)]) is None  # unaligned columns
+    assert bool(found.flag[0])
+    assert tb.first_nonfinite([(ok, None), (x, None)])[0] == 1  # outside the block: checks synchronise again
+
+
+def test_deferred_nonfinite_is_per_thread(dev):
+    x = T(np.array([np.inf]), dev)
+    seen = []
+    with tb.deferred_nonfinite(torch.device(dev)):
+        thread = threading.Thread(target=lambda: seen.append(tb.first_nonfinite([(x, None)])))
+        thread.start()
+        thread.join()
+    assert seen[0] is not None and seen[0][0] == 0
+
+
+def test_column_to_staged_equals_column_to(dev):
+    col = Column(np.array([3, 1, 2], np.uint64), np.array([True, False, True]), np.array([0, 1, 3], np.int64))
+    plain, staged = tb.column_to(col, dev), tb.column_to(col, dev, staged=True)
+    for a, b in zip((plain.values, plain.valid, plain.offsets), (staged.values, staged.valid, staged.offsets)):
+        assert a.device == b.device and a.dtype == b.dtype and torch.equal(a, b)
 
 
 # ---------------------------------------------------------------- decode

@@ -40,3 +40,10 @@ def test_a_training_step_lowers_the_loss_on_its_batch() -> None:
     before.backward()
     opt.step()
     assert loss_fn(model(dense, ids), label) < before
+
+
+def test_table_rows_move_with_the_model_and_stay_out_of_its_state() -> None:
+    """A buffer: ``model.to(device)`` moves it once (no host→device copy per forward pass); not saved in checkpoints."""
+    model = DLRM(2, [5, 7], 3)
+    assert any(b is model.table_rows for b in model.buffers())
+    assert "table_rows" not in model.state_dict() and model.table_rows.tolist() == [5, 7]

@@ -46,6 +46,7 @@ from etl.io.arrivals import Arrivals
 from etl.io.fs import Location
 from etl.loader.assembler import Assembler, Item, PassSettings, _pieces_from
 from etl.loader.chunk import Chunk
+from etl.loader.device_stage import PendingCheck
 from etl.loader.epoch import _assemble, _shutdown, _Slots
 from etl.loader.order import Piece, rank_pieces, row_groups
 from etl.loader.ring import Ring
@@ -99,7 +100,7 @@ class FollowSettings:
 _At = tuple[int, str | None, int]
 
 #: A batch as a following pass queues it: the assembler's item and the position after it.
-FollowItem = tuple[int, int, dict, FollowPosition]
+FollowItem = tuple[int, int, dict, PendingCheck | None, FollowPosition]
 
 
 class FollowAssembler(Assembler):
@@ -253,10 +254,10 @@ class FollowPass:
         if isinstance(item, BaseException):
             self.close()
             raise item
-        slot, n, lists, position = item
+        slot, n, lists, check, position = item
         self._slots.held = slot
         self.cursor.position = position
-        return slot, n, lists
+        return slot, n, lists, check
 
     def release(self) -> None:
         self._slots.release_held()

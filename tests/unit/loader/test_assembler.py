@@ -31,7 +31,7 @@ def assemble(s: PassSettings, inline: bool = False) -> tuple[list[np.ndarray], L
         assert asm.run(ready)
     batches = []
     while not ready.empty():
-        slot, n, lists = ready.get_nowait()
+        slot, n, lists, _ = ready.get_nowait()
         t = ring.view(slot, n)
         rows = t["sparse"][:, 0].numpy().copy()
         assert np.array_equal(t["label"].numpy(), rows.astype(np.float32))

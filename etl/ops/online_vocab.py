@@ -31,8 +31,10 @@ The state (``export``/``restore``) is four arrays sorted by key (``key`` uint64,
 ``id`` int64: -1 for a candidate, else the id relative to the first vocabulary id) plus the rows clock; restoring
 it gives a vocabulary that behaves exactly as the one exported (the heaps and hash layout are rebuilt; no choice
 depends on them). The per-row loop is a numba kernel: a hash table (linear probing, backward-shift deletion) and
-three binary min-heaps (admitted keys by eviction order, candidates by (count, last), free ids), so a row costs
-O(log C).
+three binary min-heaps (admitted keys by eviction order, candidates by (count, last), free ids). A sighting only
+bumps the key's count and ``last`` (O(1)); the heaps hold the priorities their entries had when placed, and an
+entry found stale on top is placed again before the top is used (priorities only grow, so the top is then the
+true minimum): admissions, evictions and candidate drops cost O(log C) amortised.
 """
 
 from __future__ import annotations
@@ -119,6 +121,8 @@ class OnlineVocab:
         self._key = np.zeros(e, np.uint64)
         self._count = np.zeros(e, np.int64)
         self._last = np.zeros(e, np.int64)
+        self._hc = np.zeros(e, np.int64)  # count and last as the entry's heap last ordered it (see _fresh_top)
+        self._hl = np.zeros(e, np.int64)
         self._id = np.full(e, -1, np.int64)
         self._pos = np.zeros(e, np.int64)  # position of an entry in its heap
         self._free_entries = np.arange(e - 1, -1, -1, dtype=np.int64)  # a stack: entry 0 on top
@@ -139,7 +143,7 @@ class OnlineVocab:
         out = np.empty(n, np.int64)
         events = np.empty((4, n), np.int64)
         counts = np.zeros(2, np.int64)
-        _update(keys, valid, out, events, counts, self._key, self._count, self._last, self._id, self._pos,
+        _update(keys, valid, out, events, counts, self._key, self._count, self._last, self._hc, self._hl, self._id, self._pos,
                 self._free_entries, self._admitted, self._cands, self._free_ids, self._slots, self._meta,
                 self.admit_after, self.evict == "lfu", self.ttl_rows, self.first_id, self.oov_buckets,
                 np.uint64(seed_word(self.seed)))  # fmt: skip
@@ -162,7 +166,7 @@ class OnlineVocab:
         """Take a state ``export`` gave (``InvalidState`` when it cannot be one of this vocabulary's)."""
         keys, counts, last, ids, rows = _checked(state, self.capacity, self.candidates)
         self._reset()
-        _load(keys, counts, last, ids, self._key, self._count, self._last, self._id, self._pos, self._free_entries,
+        _load(keys, counts, last, ids, self._key, self._count, self._last, self._hc, self._hl, self._id, self._pos, self._free_entries,
               self._admitted, self._cands, self._free_ids, self._slots, self._meta, self.evict == "lfu")  # fmt: skip
         self._meta[_CLOCK] = rows
 
@@ -222,6 +226,20 @@ def _less(a, b, count, last, by_count):
     if by_count and count[a] != count[b]:
         return count[a] < count[b]
     return last[a] < last[b]
+
+
+@_jit
+def _fresh_top(heap, n, pos, count, last, hc, hl, by_count):
+    """Bring the heap's top up to date: while the top entry's (count, last) grew since it was placed, place it
+    again. Priorities only grow, so a heap ordered by the stored ones (``hc``, ``hl``) has the true minimum on top
+    once the top's stored priority is its current one."""
+    while True:
+        e = heap[0]
+        if hc[e] == count[e] and hl[e] == last[e]:
+            return e
+        hc[e] = count[e]
+        hl[e] = last[e]
+        _sift_down(heap, n, 0, pos, hc, hl, by_count)
 
 
 @_jit
@@ -333,8 +351,8 @@ def _delete(slots, keys, s):
 
 
 @_jit
-def _update(keys, valid, out, events, counts, key, count, last, ids, pos, free_entries, admitted, cands, free_ids,
-            slots, meta, admit_after, lfu, ttl_rows, first_id, oov_n, seed_word):  # fmt: skip
+def _update(keys, valid, out, events, counts, key, count, last, hc, hl, ids, pos, free_entries, admitted, cands,
+            free_ids, slots, meta, admit_after, lfu, ttl_rows, first_id, oov_n, seed_word):  # fmt: skip
     n_adm = 0
     n_ev = 0
     for r in range(len(keys)):
@@ -350,14 +368,12 @@ def _update(keys, valid, out, events, counts, key, count, last, ids, pos, free_e
             count[e] += 1
             last[e] = t
             if ids[e] >= 0:
-                _sift_down(admitted, meta[_N_ADMITTED], pos[e], pos, count, last, lfu)
                 out[r] = first_id + ids[e]
                 continue
-            _sift_down(cands, meta[_N_CANDIDATES], pos[e], pos, count, last, True)
         else:
             if meta[_N_CANDIDATES] == len(cands):  # drop the lowest (count, last) candidate
-                d = cands[0]
-                meta[_N_CANDIDATES] = _heap_remove(cands, meta[_N_CANDIDATES], 0, pos, count, last, True)
+                d = _fresh_top(cands, meta[_N_CANDIDATES], pos, count, last, hc, hl, True)
+                meta[_N_CANDIDATES] = _heap_remove(cands, meta[_N_CANDIDATES], 0, pos, hc, hl, True)
                 _delete(slots, key, _find(slots, key, key[d]))
                 free_entries[meta[_N_FREE_ENTRIES]] = d
                 meta[_N_FREE_ENTRIES] += 1
@@ -365,28 +381,28 @@ def _update(keys, valid, out, events, counts, key, count, last, ids, pos, free_e
             meta[_N_FREE_ENTRIES] -= 1
             e = free_entries[meta[_N_FREE_ENTRIES]]
             key[e] = k
-            count[e] = 1
-            last[e] = t
+            count[e] = hc[e] = 1
+            last[e] = hl[e] = t
             ids[e] = -1
             slots[s] = e
             nc = meta[_N_CANDIDATES]
             cands[nc] = e
             pos[e] = nc
             meta[_N_CANDIDATES] = nc + 1
-            _sift_up(cands, nc, pos, count, last, True)
+            _sift_up(cands, nc, pos, hc, hl, True)
         new_id = -1
         if count[e] >= admit_after:
             if meta[_N_FREE_IDS] > 0:
                 new_id = _pop_id(free_ids, meta[_N_FREE_IDS])
                 meta[_N_FREE_IDS] -= 1
             else:
-                v = admitted[0]
+                v = _fresh_top(admitted, meta[_N_ADMITTED], pos, count, last, hc, hl, lfu)
                 if (count[e] > count[v]) if lfu else (t - last[v] >= ttl_rows):
                     new_id = ids[v]
                     events[2, n_ev] = first_id + new_id
                     events[3, n_ev] = np.int64(key[v])
                     n_ev += 1
-                    meta[_N_ADMITTED] = _heap_remove(admitted, meta[_N_ADMITTED], 0, pos, count, last, lfu)
+                    meta[_N_ADMITTED] = _heap_remove(admitted, meta[_N_ADMITTED], 0, pos, hc, hl, lfu)
                     _delete(slots, key, _find(slots, key, key[v]))
                     ids[v] = -1
                     free_entries[meta[_N_FREE_ENTRIES]] = v
@@ -394,13 +410,15 @@ def _update(keys, valid, out, events, counts, key, count, last, ids, pos, free_e
         if new_id < 0:
             out[r] = RESERVED + _reduce(_fmix64(k ^ seed_word), oov_n)
             continue
-        meta[_N_CANDIDATES] = _heap_remove(cands, meta[_N_CANDIDATES], pos[e], pos, count, last, True)
+        meta[_N_CANDIDATES] = _heap_remove(cands, meta[_N_CANDIDATES], pos[e], pos, hc, hl, True)
         ids[e] = new_id
+        hc[e] = count[e]
+        hl[e] = last[e]
         na = meta[_N_ADMITTED]
         admitted[na] = e
         pos[e] = na
         meta[_N_ADMITTED] = na + 1
-        _sift_up(admitted, na, pos, count, last, lfu)
+        _sift_up(admitted, na, pos, hc, hl, lfu)
         events[0, n_adm] = first_id + new_id
         events[1, n_adm] = np.int64(k)
         n_adm += 1
@@ -410,14 +428,14 @@ def _update(keys, valid, out, events, counts, key, count, last, ids, pos, free_e
 
 
 @_jit
-def _load(keys, counts, lasts, idv, key, count, last, ids, pos, free_entries, admitted, cands, free_ids, slots, meta, lfu):
+def _load(keys, counts, lasts, idv, key, count, last, hc, hl, ids, pos, free_entries, admitted, cands, free_ids, slots, meta, lfu):
     taken = np.zeros(len(free_ids), np.bool_)
     for i in range(len(keys)):
         meta[_N_FREE_ENTRIES] -= 1
         e = free_entries[meta[_N_FREE_ENTRIES]]
         key[e] = keys[i]
-        count[e] = counts[i]
-        last[e] = lasts[i]
+        count[e] = hc[e] = counts[i]
+        last[e] = hl[e] = lasts[i]
         ids[e] = idv[i]
         slots[_find(slots, key, keys[i])] = e
         if idv[i] >= 0:
@@ -426,13 +444,13 @@ def _load(keys, counts, lasts, idv, key, count, last, ids, pos, free_entries, ad
             admitted[na] = e
             pos[e] = na
             meta[_N_ADMITTED] = na + 1
-            _sift_up(admitted, na, pos, count, last, lfu)
+            _sift_up(admitted, na, pos, hc, hl, lfu)
         else:
             nc = meta[_N_CANDIDATES]
             cands[nc] = e
             pos[e] = nc
             meta[_N_CANDIDATES] = nc + 1
-            _sift_up(cands, nc, pos, count, last, True)
+            _sift_up(cands, nc, pos, hc, hl, True)
     nf = 0
     for i in range(len(free_ids)):  # ascending: a valid heap
         if not taken[i]:

@@ -30,7 +30,8 @@ class Layout:
     lists: list[str]
     sparse_dtype: torch.dtype
     #: sparse columns whose ids the loader's online vocabularies give (``etl.loader.online``): the transform
-    #: leaves them as keys, which chunks carry in ``online_keys`` / ``online_valid``
+    #: leaves them as keys, which chunks carry in the fixed fields ``online_keys:<column>`` (uint64) and
+    #: ``online_valid:<column>`` (bool)
     online: tuple[str, ...] = ()
 
     @classmethod
@@ -111,8 +112,8 @@ class Chunk:
     def from_batch(cls, batch: Batch, layout: Layout) -> Chunk:
         """A transformed batch (numpy columns, ``Pipeline.transform``'s output) → a chunk, without going through
         Arrow: the same values as ``from_table(pipeline.to_arrow(batch))`` (missing dense values become NaN). The
-        layout's ``online`` columns hold keys: they go to ``online_keys`` [n, K] uint64 and ``online_valid`` [n, K]
-        bool, their ``sparse`` entries are left for the online vocabularies to fill."""
+        layout's ``online`` columns hold keys: each goes to ``online_keys:<column>`` [n] uint64 and
+        ``online_valid:<column>`` [n] bool, their ``sparse`` entries are left for the online vocabularies to fill."""
         n = batch.num_rows
 
         def stack(names: list[str], dtype: np.dtype) -> np.ndarray:
@@ -132,10 +133,10 @@ class Chunk:
             "sparse": stack(layout.sparse, layout.sparse_numpy),
         }
         lists = {c: Column(batch[c].array.astype(layout.sparse_numpy), None, batch[c].list_offsets.astype(np.int64)) for c in layout.lists}
-        if layout.online:
-            fixed["online_keys"] = np.stack([batch[c].array.view(np.uint64) for c in layout.online], axis=1)
-            valid = [batch[c].valid for c in layout.online]
-            fixed["online_valid"] = np.stack([np.ones(n, np.bool_) if v is None else v for v in valid], axis=1)
+        for c in layout.online:
+            col = batch[c]
+            fixed[f"online_keys:{c}"] = col.array.view(np.uint64)
+            fixed[f"online_valid:{c}"] = np.ones(n, np.bool_) if col.valid is None else col.valid
         return cls(n, fixed, lists)
 
     def slice(self, a: int, b: int) -> Chunk:

@@ -1,8 +1,8 @@
 """Online vocabularies in the loader: where the ids of ``Categorify`` with ``online: true`` are given, and how their
 state follows the loader's position.
 
-Where: the worker threads pass such columns through as keys (``Chunk.fixed["online_keys"]`` [n, K] uint64 and
-``"online_valid"`` [n, K] bool, see ``etl.loader.chunk``); the assembler thread, which sees the pass's rows in one
+Where: the worker threads pass such columns through as keys (``Chunk.fixed["online_keys:<column>"]`` uint64 and
+``"online_valid:<column>"`` bool, see ``etl.loader.chunk``); the assembler thread, which sees the pass's rows in one
 fixed order (the rank's row order, before any shuffling) whatever the number of workers, runs every row through
 the vocabularies (``etl.ops.online_vocab``) as it puts them into shuffle buffers, and writes their ids into the
 rows' ``sparse`` field. The ids are therefore a function of the row sequence alone: the same for any
@@ -37,7 +37,7 @@ from etl.io.fs import Location
 from etl.loader.chunk import Chunk, ChunkRun
 from etl.ops import Categorify
 from etl.ops.base import InvalidState
-from etl.ops.online_vocab import VocabEvents
+from etl.ops.online_vocab import VocabEvents, canonical_state
 from etl.pipeline import Pipeline, artifacts
 
 #: The state of every online column: ``OnlineVocab.export`` by column name.
@@ -78,7 +78,7 @@ class OnlineVocabularies:
         return OnlinePass(self, key[0], skip)
 
     def snapshot(self, key: Key) -> None:
-        state = self._export()
+        state = {c: v.export(canonical=False) for c, v in self.vocabs.items()}
         with self._lock:
             self._snapshots[key] = state
 
@@ -108,6 +108,7 @@ class OnlineVocabularies:
     def to_dict(state: State) -> dict[str, Any]:
         """A state as plain values: per column ``rows`` (int) and ``key``, ``count``, ``last``, ``id`` as the bytes of
         little-endian arrays (uint64, int64, int64, int64), sorted by key (``etl.ops.online_vocab``)."""
+        state = {c: canonical_state(s) for c, s in state.items()}
         return {c: {"rows": int(s["rows"]), **{k: np.asarray(s[k], np.dtype(t).newbyteorder("<")).tobytes() for k, t in _ARRAYS.items()}}
                 for c, s in state.items()}  # fmt: skip
 
@@ -136,6 +137,7 @@ class OnlineVocabularies:
 
     def save(self, state: State, directory: str | Location) -> None:
         """Write ``state`` as artifacts (``etl.pipeline.artifacts.save_online``): JSON + one Parquet table per column."""
+        state = {c: canonical_state(s) for c, s in state.items()}
         doc = {c: {"rows": int(s["rows"])} for c, s in state.items()}
         tables = {c: pa.Table.from_arrays([from_numpy(np.asarray(s[k], t)) for k, t in _ARRAYS.items()], schema=TABLE_SCHEMA)
                   for c, s in state.items()}  # fmt: skip
@@ -172,11 +174,10 @@ class OnlinePass:
     def apply(self, chunk: Chunk) -> None:
         """Give ids to the rows of ``chunk`` (in order), in its ``sparse`` field."""
         v = self.vocabs
-        keys, valid, sparse = chunk.fixed["online_keys"], chunk.fixed["online_valid"], chunk.fixed["sparse"]
+        fixed = chunk.fixed
         events = {}
-        for i, (c, j) in enumerate(zip(v.columns, v.sparse_index)):
-            ids, events[c] = v.vocabs[c].update(keys[:, i], valid[:, i])
-            sparse[:, j] = ids
+        for c, j in zip(v.columns, v.sparse_index):
+            events[c] = v.vocabs[c].update(fixed[f"online_keys:{c}"], fixed[f"online_valid:{c}"], out=fixed["sparse"][:, j])
         self.filling.append(events)
 
     def close_buffer(self, buf: ChunkRun, next_buffer: int) -> None:

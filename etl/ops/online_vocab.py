@@ -27,7 +27,7 @@ they happened (an eviction comes right before the admission that reuses its id).
 the first ``C`` keys of a fitted Categorify vocabulary with their fitted ids and counts; entry ``i`` of ``n``
 counts as last seen at row ``i - n`` (before the stream, in vocabulary order).
 
-The state (``export``/``restore``) is four arrays sorted by key (``key`` uint64, ``count`` int64, ``last`` int64,
+The state (``export``/``restore``) is four arrays (sorted by key when canonical) (``key`` uint64, ``count`` int64, ``last`` int64,
 ``id`` int64: -1 for a candidate, else the id relative to the first vocabulary id) plus the rows clock; restoring
 it gives a vocabulary that behaves exactly as the one exported (the heaps and hash layout are rebuilt; no choice
 depends on them). The per-row loop is a numba kernel: a hash table (linear probing, backward-shift deletion) and
@@ -40,6 +40,7 @@ true minimum): admissions, evictions and candidate drops cost O(log C) amortised
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import overload
 
 import numba as nb
 import numpy as np
@@ -55,7 +56,7 @@ EVICT = ("lfu", "ttl")
 _jit = nb.njit(nogil=True, cache=True)
 
 # meta slots
-_CLOCK, _N_ADMITTED, _N_CANDIDATES, _N_FREE_IDS, _N_FREE_ENTRIES = range(5)
+_CLOCK, _N_ADMITTED, _N_CANDIDATES, _N_FREE_IDS, _N_FREE_ENTRIES, _N_HEAP, _QUEUE_HEAD, _QUEUE_SIZE = range(8)
 
 
 @dataclass(frozen=True)
@@ -127,47 +128,60 @@ class OnlineVocab:
         self._pos = np.zeros(e, np.int64)  # position of an entry in its heap
         self._free_entries = np.arange(e - 1, -1, -1, dtype=np.int64)  # a stack: entry 0 on top
         self._admitted = np.zeros(c, np.int64)  # heap of entries
-        self._cands = np.zeros(k, np.int64)  # heap of entries
+        self._cands = np.zeros(k, np.int64)  # heap of the entries of candidates seen more than once
+        self._queue = np.zeros((2 * k, 2), np.int64)  # ring of (entry, last) of candidates seen once, oldest first
         self._free_ids = np.arange(c, dtype=np.int64)  # heap of ids (sorted: a valid heap)
         size = 1 << max(4, int(2 * e - 1).bit_length())
         self._slots = np.full(size, -1, np.int64)
-        self._meta = np.array([0, 0, 0, c, e], np.int64)
+        self._meta = np.array([0, 0, 0, c, e, 0, 0, 0], np.int64)
 
     # ------------------------------------------------------------------ update
-    def update(self, keys: np.ndarray, valid: np.ndarray | None = None) -> tuple[np.ndarray, VocabEvents]:
-        """The ids (int64) of ``keys`` (uint64; ``valid`` False: missing, id 1), updating the vocabulary row by row,
-        and the events of these rows."""
+    @overload
+    def update(self, keys: np.ndarray, valid: np.ndarray | None = None) -> tuple[np.ndarray, VocabEvents]: ...
+
+    @overload
+    def update(self, keys: np.ndarray, valid: np.ndarray | None, out: np.ndarray) -> VocabEvents: ...
+
+    def update(self, keys: np.ndarray, valid: np.ndarray | None = None,
+               out: np.ndarray | None = None) -> tuple[np.ndarray, VocabEvents] | VocabEvents:  # fmt: skip
+        """The ids of ``keys`` (uint64; ``valid`` False: missing, id 1), updating the vocabulary row by row, and the
+        events of these rows: (ids as int64, events), or, given ``out`` (an integer array of ``len(keys)``, which
+        may be strided), the events, the ids written into ``out``."""
         n = len(keys)
         keys = np.ascontiguousarray(keys).view(np.uint64)
         valid = np.ones(n, np.bool_) if valid is None else np.ascontiguousarray(valid, np.bool_)
-        out = np.empty(n, np.int64)
+        given = out is not None
+        if out is None:
+            out = np.empty(n, np.int64)
         events = np.empty((4, n), np.int64)
         counts = np.zeros(2, np.int64)
         _update(keys, valid, out, events, counts, self._key, self._count, self._last, self._hc, self._hl, self._id, self._pos,
-                self._free_entries, self._admitted, self._cands, self._free_ids, self._slots, self._meta,
+                self._free_entries, self._admitted, self._cands, self._queue, self._free_ids, self._slots, self._meta,
                 self.admit_after, self.evict == "lfu", self.ttl_rows, self.first_id, self.oov_buckets,
                 np.uint64(seed_word(self.seed)))  # fmt: skip
         a, v = int(counts[0]), int(counts[1])
         ev = VocabEvents(events[0, :a].copy(), events[1, :a].copy().view(np.uint64), events[2, :v].copy(), events[3, :v].copy().view(np.uint64))
-        return out, ev
+        return ev if given else (out, ev)
 
     # ------------------------------------------------------------------ state
-    def export(self) -> dict[str, np.ndarray | int]:
+    def export(self, canonical: bool = True) -> dict[str, np.ndarray | int]:
         """The state: ``rows`` (the clock) and the arrays ``key``, ``count``, ``last``, ``id`` of every key in the
-        table, sorted by key (see the module docstring)."""
+        table, sorted by key (see the module docstring); ``canonical=False``: in no particular order (a quicker copy
+        that ``restore`` takes as well)."""
         n_free = int(self._meta[_N_FREE_ENTRIES])
         used = np.ones(len(self._key), np.bool_)
         used[self._free_entries[:n_free]] = False
         entries = np.flatnonzero(used)
-        entries = entries[np.argsort(self._key[entries], kind="stable")]
-        return {"rows": self.rows, "key": self._key[entries], "count": self._count[entries], "last": self._last[entries], "id": self._id[entries]}
+        state: dict[str, np.ndarray | int] = {"rows": self.rows}
+        state |= {"key": self._key[entries], "count": self._count[entries], "last": self._last[entries], "id": self._id[entries]}
+        return canonical_state(state) if canonical else state
 
     def restore(self, state: dict[str, np.ndarray | int]) -> None:
         """Take a state ``export`` gave (``InvalidState`` when it cannot be one of this vocabulary's)."""
         keys, counts, last, ids, rows = _checked(state, self.capacity, self.candidates)
         self._reset()
         _load(keys, counts, last, ids, self._key, self._count, self._last, self._hc, self._hl, self._id, self._pos, self._free_entries,
-              self._admitted, self._cands, self._free_ids, self._slots, self._meta, self.evict == "lfu")  # fmt: skip
+              self._admitted, self._cands, self._queue, self._free_ids, self._slots, self._meta, self.evict == "lfu")  # fmt: skip
         self._meta[_CLOCK] = rows
 
     def seed_from(self, keys: np.ndarray, counts: np.ndarray) -> None:
@@ -178,6 +192,12 @@ class OnlineVocab:
         order = np.argsort(k, kind="stable")
         ranks = np.arange(n, dtype=np.int64)[order]
         self.restore({"rows": 0, "key": k[order], "count": np.asarray(counts[:n], np.int64)[order], "last": ranks - n, "id": ranks})
+
+
+def canonical_state(state: dict[str, np.ndarray | int]) -> dict[str, np.ndarray | int]:
+    """A state with its entries sorted by key (``export``'s order)."""
+    order = np.argsort(np.asarray(state["key"]), kind="stable")
+    return {k: v[order] if isinstance(v, np.ndarray) else v for k, v in state.items()}
 
 
 def check_online_params(capacity: object, admit_after: object, evict: object, ttl_rows: object) -> None:
@@ -205,8 +225,9 @@ def _checked(state: dict[str, np.ndarray | int], capacity: int, candidates: int)
         raise InvalidState("online vocabulary: key, count, last and id differ in length")
     keys, counts, last, ids = keys.astype(np.uint64), counts.astype(np.int64), last.astype(np.int64), ids.astype(np.int64)
     admitted = ids >= 0
-    if len(keys) and (keys[1:] <= keys[:-1]).any():
-        raise InvalidState("online vocabulary: keys not strictly ascending")
+    ordered = np.sort(keys)
+    if len(keys) and (ordered[1:] == ordered[:-1]).any():
+        raise InvalidState("online vocabulary: a key appears more than once")
     if len(keys) and (counts.min() < 1 or ids.min() < -1 or ids.max() >= capacity):
         raise InvalidState(f"online vocabulary: a count below 1 or an id outside -1 .. {capacity - 1}")
     if admitted.sum() > capacity or (~admitted).sum() > candidates:
@@ -351,7 +372,53 @@ def _delete(slots, keys, s):
 
 
 @_jit
-def _update(keys, valid, out, events, counts, key, count, last, hc, hl, ids, pos, free_entries, admitted, cands,
+def _free_entry(e, key, count, slots, free_entries, meta):
+    """Take entry ``e``'s key out of the hash table and give the entry back (count 0: no queue record is valid)."""
+    _delete(slots, key, _find(slots, key, key[e]))
+    count[e] = 0
+    free_entries[meta[_N_FREE_ENTRIES]] = e
+    meta[_N_FREE_ENTRIES] += 1
+
+
+@_jit
+def _queue_push(queue, meta, e, t, count, last, ids):
+    """Append (entry, last) to the queue of count-1 candidates (a ring of twice the candidates: full, it is first
+    compacted to its valid records, at most half of it)."""
+    size = len(queue)
+    if meta[_QUEUE_SIZE] == size:
+        kept = 0
+        for i in range(size):
+            j = (meta[_QUEUE_HEAD] + i) % size
+            f = queue[j, 0]
+            if count[f] == 1 and ids[f] < 0 and last[f] == queue[j, 1]:
+                queue[kept, 0] = f
+                queue[kept, 1] = queue[j, 1]
+                kept += 1
+        meta[_QUEUE_HEAD] = 0
+        meta[_QUEUE_SIZE] = kept
+    j = (meta[_QUEUE_HEAD] + meta[_QUEUE_SIZE]) % size
+    queue[j, 0] = e
+    queue[j, 1] = t
+    meta[_QUEUE_SIZE] += 1
+
+
+@_jit
+def _queue_pop(queue, meta, count, last, ids):
+    """The oldest count-1 candidate, taken off the queue (records of entries seen again, admitted or gone are
+    skipped); -1 when there is none."""
+    size = len(queue)
+    while meta[_QUEUE_SIZE] > 0:
+        j = meta[_QUEUE_HEAD]
+        meta[_QUEUE_HEAD] = (j + 1) % size
+        meta[_QUEUE_SIZE] -= 1
+        f = queue[j, 0]
+        if count[f] == 1 and ids[f] < 0 and last[f] == queue[j, 1]:
+            return f
+    return -1
+
+
+@_jit
+def _update(keys, valid, out, events, counts, key, count, last, hc, hl, ids, pos, free_entries, admitted, cands, queue,
             free_ids, slots, meta, admit_after, lfu, ttl_rows, first_id, oov_n, seed_word):  # fmt: skip
     n_adm = 0
     n_ev = 0
@@ -370,26 +437,26 @@ def _update(keys, valid, out, events, counts, key, count, last, hc, hl, ids, pos
             if ids[e] >= 0:
                 out[r] = first_id + ids[e]
                 continue
+            in_heap = count[e] > 2  # candidates seen once wait in the queue, the others in the heap
         else:
             if meta[_N_CANDIDATES] == len(cands):  # drop the lowest (count, last) candidate
-                d = _fresh_top(cands, meta[_N_CANDIDATES], pos, count, last, hc, hl, True)
-                meta[_N_CANDIDATES] = _heap_remove(cands, meta[_N_CANDIDATES], 0, pos, hc, hl, True)
-                _delete(slots, key, _find(slots, key, key[d]))
-                free_entries[meta[_N_FREE_ENTRIES]] = d
-                meta[_N_FREE_ENTRIES] += 1
+                d = _queue_pop(queue, meta, count, last, ids)
+                if d < 0:
+                    d = _fresh_top(cands, meta[_N_HEAP], pos, count, last, hc, hl, True)
+                    meta[_N_HEAP] = _heap_remove(cands, meta[_N_HEAP], 0, pos, hc, hl, True)
+                meta[_N_CANDIDATES] -= 1
+                _free_entry(d, key, count, slots, free_entries, meta)
                 s = _find(slots, key, k)
             meta[_N_FREE_ENTRIES] -= 1
             e = free_entries[meta[_N_FREE_ENTRIES]]
             key[e] = k
-            count[e] = hc[e] = 1
-            last[e] = hl[e] = t
+            count[e] = 1
+            last[e] = t
             ids[e] = -1
             slots[s] = e
-            nc = meta[_N_CANDIDATES]
-            cands[nc] = e
-            pos[e] = nc
-            meta[_N_CANDIDATES] = nc + 1
-            _sift_up(cands, nc, pos, hc, hl, True)
+            meta[_N_CANDIDATES] += 1
+            _queue_push(queue, meta, e, t, count, last, ids)
+            in_heap = False
         new_id = -1
         if count[e] >= admit_after:
             if meta[_N_FREE_IDS] > 0:
@@ -403,14 +470,22 @@ def _update(keys, valid, out, events, counts, key, count, last, hc, hl, ids, pos
                     events[3, n_ev] = np.int64(key[v])
                     n_ev += 1
                     meta[_N_ADMITTED] = _heap_remove(admitted, meta[_N_ADMITTED], 0, pos, hc, hl, lfu)
-                    _delete(slots, key, _find(slots, key, key[v]))
                     ids[v] = -1
-                    free_entries[meta[_N_FREE_ENTRIES]] = v
-                    meta[_N_FREE_ENTRIES] += 1
+                    _free_entry(v, key, count, slots, free_entries, meta)
         if new_id < 0:
+            if not in_heap and count[e] == 2:  # seen again: from the queue to the heap
+                hc[e] = count[e]
+                hl[e] = last[e]
+                nh = meta[_N_HEAP]
+                cands[nh] = e
+                pos[e] = nh
+                meta[_N_HEAP] = nh + 1
+                _sift_up(cands, nh, pos, hc, hl, True)
             out[r] = RESERVED + _reduce(_fmix64(k ^ seed_word), oov_n)
             continue
-        meta[_N_CANDIDATES] = _heap_remove(cands, meta[_N_CANDIDATES], pos[e], pos, hc, hl, True)
+        if in_heap:
+            meta[_N_HEAP] = _heap_remove(cands, meta[_N_HEAP], pos[e], pos, hc, hl, True)
+        meta[_N_CANDIDATES] -= 1
         ids[e] = new_id
         hc[e] = count[e]
         hl[e] = last[e]
@@ -428,8 +503,12 @@ def _update(keys, valid, out, events, counts, key, count, last, hc, hl, ids, pos
 
 
 @_jit
-def _load(keys, counts, lasts, idv, key, count, last, hc, hl, ids, pos, free_entries, admitted, cands, free_ids, slots, meta, lfu):
+def _load(keys, counts, lasts, idv, key, count, last, hc, hl, ids, pos, free_entries, admitted, cands, queue, free_ids,
+          slots, meta, lfu):  # fmt: skip
+    """Fill empty tables with entries sorted by key (count-1 candidates queued in ``last`` order)."""
     taken = np.zeros(len(free_ids), np.bool_)
+    once = np.empty(len(keys), np.int64)
+    n_once = 0
     for i in range(len(keys)):
         meta[_N_FREE_ENTRIES] -= 1
         e = free_entries[meta[_N_FREE_ENTRIES]]
@@ -445,12 +524,20 @@ def _load(keys, counts, lasts, idv, key, count, last, hc, hl, ids, pos, free_ent
             pos[e] = na
             meta[_N_ADMITTED] = na + 1
             _sift_up(admitted, na, pos, hc, hl, lfu)
+            continue
+        meta[_N_CANDIDATES] += 1
+        if counts[i] == 1:
+            once[n_once] = e
+            n_once += 1
         else:
-            nc = meta[_N_CANDIDATES]
-            cands[nc] = e
-            pos[e] = nc
-            meta[_N_CANDIDATES] = nc + 1
-            _sift_up(cands, nc, pos, hc, hl, True)
+            nh = meta[_N_HEAP]
+            cands[nh] = e
+            pos[e] = nh
+            meta[_N_HEAP] = nh + 1
+            _sift_up(cands, nh, pos, hc, hl, True)
+    once = once[:n_once]
+    for e in once[np.argsort(last[once])]:
+        _queue_push(queue, meta, e, last[e], count, last, ids)
     nf = 0
     for i in range(len(free_ids)):  # ascending: a valid heap
         if not taken[i]:

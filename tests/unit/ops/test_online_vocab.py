@@ -17,6 +17,7 @@ from etl.ops.counts import KeyCounts
 from etl.ops.online_vocab import OnlineVocab
 from etl.schema import ColumnSpec
 
+
 def feed(v: OnlineVocab, keys: list) -> list[int]:
     """The ids of ``keys`` (None: missing), one update."""
     ids, _ = v.update(np.array([0 if k is None else k for k in keys], np.uint64), np.array([k is not None for k in keys]))
@@ -116,7 +117,7 @@ def test_export_and_restore_continue_exactly() -> None:
 @pytest.mark.parametrize(
     "change, problem",
     [
-        ({"key": np.array([2, 1], np.uint64)}, "ascending"),
+        ({"key": np.array([2, 2], np.uint64)}, "more than once"),
         ({"id": np.array([0, 0])}, "two keys"),
         ({"id": np.array([0, 9])}, "outside"),
         ({"count": np.array([0, 1])}, "count below 1"),

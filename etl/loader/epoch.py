@@ -33,7 +33,9 @@ class EpochPass:
 
     ``io_bound``: the pieces come from object storage, where a read mostly waits on requests: the pool then has one
     thread per piece in flight (``num_workers + prefetch``) instead of ``num_workers``, so the requests of every
-    piece read ahead overlap (how many pieces are in flight, hence the memory they hold, does not change)."""
+    piece read ahead overlap (how many pieces are in flight, hence the memory they hold, does not change).
+    ``online``: the pass's use of the loader's online vocabularies, applied by the assembler thread
+    (``etl.loader.online``)."""
 
     def __init__(self, settings: PassSettings, groups: list[RowGroup], read: Callable[[Piece], Chunk], ring: Ring,
                  stats: LoaderStats, *, num_workers: int, prefetch: int, stage: DeviceStage | None = None, empty: Chunk,

@@ -19,13 +19,16 @@ buffer (and at the end of the epoch) until the consumer is past it. The loader's
 ``save_vocabulary``) is the snapshot at the start of the buffer holding the next batch's first row: the state a
 resumed pass starts from. A pass closed early leaves the vocabularies at that same state (rows read ahead but
 never delivered do not count), so the vocabulary is a function of the batches delivered. A snapshot copies the
-tables (O(2 * capacity) entries per column, once per shuffle buffer).
+tables: up to 2 * capacity entries of 32 bytes per column, once per shuffle buffer; the snapshots of the buffers
+between the consumer and the assembler are held (a few: the ring and the read-ahead bound them).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -167,17 +170,22 @@ class OnlinePass:
 
     def __init__(self, vocabs: OnlineVocabularies, epoch: int, skip: bool):
         self.vocabs, self.epoch = vocabs, epoch
+        self.threads = max(1, min(len(vocabs.columns), os.cpu_count() or 1))
         self.drop_first = skip
         self.filling: list[dict[str, VocabEvents]] = []  # events of the buffer being filled
         self.pending: dict[ChunkRun, dict[str, VocabEvents]] = {}  # events of buffers none of whose rows left yet
 
     def apply(self, chunk: Chunk) -> None:
-        """Give ids to the rows of ``chunk`` (in order), in its ``sparse`` field."""
-        v = self.vocabs
-        fixed = chunk.fixed
+        """Give ids to the rows of ``chunk`` (in order), in its ``sparse`` field. The columns are independent: each
+        is updated on a thread of a pool that lives for this call (the kernels release the GIL); each column's
+        rows still go through its vocabulary in order."""
+        v, fixed = self.vocabs, chunk.fixed
+        with ThreadPoolExecutor(self.threads, thread_name_prefix="etl-online-vocab") as pool:
+            done = {c: pool.submit(v.vocabs[c].update, fixed[f"online_keys:{c}"], fixed[f"online_valid:{c}"]) for c in v.columns}
         events = {}
-        for c, j in zip(v.columns, v.sparse_index):
-            events[c] = v.vocabs[c].update(fixed[f"online_keys:{c}"], fixed[f"online_valid:{c}"], out=fixed["sparse"][:, j])
+        for (c, future), j in zip(done.items(), v.sparse_index):
+            ids, events[c] = future.result()
+            fixed["sparse"][:, j] = ids  # here, not in the threads: they would share the rows' cache lines
         self.filling.append(events)
 
     def close_buffer(self, buf: ChunkRun, next_buffer: int) -> None:

@@ -27,20 +27,22 @@ they happened (an eviction comes right before the admission that reuses its id).
 the first ``C`` keys of a fitted Categorify vocabulary with their fitted ids and counts; entry ``i`` of ``n``
 counts as last seen at row ``i - n`` (before the stream, in vocabulary order).
 
-The state (``export``/``restore``) is four arrays (sorted by key when canonical) (``key`` uint64, ``count`` int64, ``last`` int64,
-``id`` int64: -1 for a candidate, else the id relative to the first vocabulary id) plus the rows clock; restoring
-it gives a vocabulary that behaves exactly as the one exported (the heaps and hash layout are rebuilt; no choice
-depends on them). The per-row loop is a numba kernel: a hash table (linear probing, backward-shift deletion) and
-three binary min-heaps (admitted keys by eviction order, candidates by (count, last), free ids). A sighting only
-bumps the key's count and ``last`` (O(1)); the heaps hold the priorities their entries had when placed, and an
-entry found stale on top is placed again before the top is used (priorities only grow, so the top is then the
-true minimum): admissions, evictions and candidate drops cost O(log C) amortised.
+The state (``export``/``restore``) is four arrays, sorted by key (``key`` uint64, ``count`` int64, ``last`` int64,
+``id`` int64: -1 for a candidate, else the id relative to the first vocabulary id), plus the rows clock; restoring
+it gives a vocabulary that behaves exactly as the one exported (the queue, heaps and hash layout are rebuilt; no
+choice depends on them).
+
+The per-row loop is a numba kernel over a hash table (linear probing, backward-shift deletion), a queue of the
+candidates seen once (oldest first: they are the lowest (count, last) candidates, so dropping one is O(1)) and
+three binary min-heaps (admitted keys by eviction order, candidates seen more than once by (count, last), free
+ids). A sighting of a key in the table only bumps its count and ``last``; the heaps hold the priorities their
+entries had when placed, and an entry found stale on top is placed again before the top is used (priorities only
+grow, so the top is then the true minimum): admissions, evictions and drops cost O(log C) amortised.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import overload
 
 import numba as nb
 import numpy as np
@@ -136,23 +138,13 @@ class OnlineVocab:
         self._meta = np.array([0, 0, 0, c, e, 0, 0, 0], np.int64)
 
     # ------------------------------------------------------------------ update
-    @overload
-    def update(self, keys: np.ndarray, valid: np.ndarray | None = None) -> tuple[np.ndarray, VocabEvents]: ...
-
-    @overload
-    def update(self, keys: np.ndarray, valid: np.ndarray | None, out: np.ndarray) -> VocabEvents: ...
-
-    def update(self, keys: np.ndarray, valid: np.ndarray | None = None,
-               out: np.ndarray | None = None) -> tuple[np.ndarray, VocabEvents] | VocabEvents:  # fmt: skip
-        """The ids of ``keys`` (uint64; ``valid`` False: missing, id 1), updating the vocabulary row by row, and the
-        events of these rows: (ids as int64, events), or, given ``out`` (an integer array of ``len(keys)``, which
-        may be strided), the events, the ids written into ``out``."""
+    def update(self, keys: np.ndarray, valid: np.ndarray | None = None) -> tuple[np.ndarray, VocabEvents]:
+        """The ids (int64) of ``keys`` (uint64; ``valid`` False: missing, id 1), updating the vocabulary row by row,
+        and the events of these rows."""
         n = len(keys)
         keys = np.ascontiguousarray(keys).view(np.uint64)
         valid = np.ones(n, np.bool_) if valid is None else np.ascontiguousarray(valid, np.bool_)
-        given = out is not None
-        if out is None:
-            out = np.empty(n, np.int64)
+        out = np.empty(n, np.int64)
         events = np.empty((4, n), np.int64)
         counts = np.zeros(2, np.int64)
         _update(keys, valid, out, events, counts, self._key, self._count, self._last, self._hc, self._hl, self._id, self._pos,
@@ -161,7 +153,7 @@ class OnlineVocab:
                 np.uint64(seed_word(self.seed)))  # fmt: skip
         a, v = int(counts[0]), int(counts[1])
         ev = VocabEvents(events[0, :a].copy(), events[1, :a].copy().view(np.uint64), events[2, :v].copy(), events[3, :v].copy().view(np.uint64))
-        return ev if given else (out, ev)
+        return out, ev
 
     # ------------------------------------------------------------------ state
     def export(self, canonical: bool = True) -> dict[str, np.ndarray | int]:

@@ -10,6 +10,7 @@ Modules, from the training loop inwards (``api``'s docstring tells how they work
 - ``chunk``: the column layout of rows between the pipeline and the ring;
 - ``ring``: pinned slots and the host→device copy;
 - ``device_stage``: the pipeline's device part, after the copy (``transform_on="device"``);
+- ``online``: online vocabularies (Categorify ``online: true``), applied by the assembler, and their state;
 - ``stats``: ``LoaderStats``, where the time goes.
 
 Names are imported on first use, so that ``etl.loader.order`` and friends do not import torch.

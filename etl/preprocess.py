@@ -49,7 +49,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from etl.cluster_tasks import Stop, run_tasks
-from etl.errors import InputError, OutputError
+from etl.errors import ConfigError, InputError, OutputError
 from etl.io.files import ExclusiveParquetWriter, HashingFile, is_shard_name, remove_temporaries, sha256_file, temporary_path
 from etl.io.fs import Location, Url, fingerprint, is_within
 from etl.io.fs import replace as replace_file
@@ -66,6 +66,7 @@ from etl.io.processed import (
     read_manifest,
     write_manifest,
 )
+from etl.ops.categorical import online_columns
 from etl.pipeline import ON_ERROR, OnError, Pipeline, Transformed, check_match
 from etl.pipeline.single_pass import Plan, fit_stashing, transform_stashed
 from etl.pipeline.stash import Stash, default_budget, parse_budget
@@ -345,12 +346,17 @@ def preprocess(
 
     ``out_dir`` must lie apart from the inputs (OutputError otherwise, see ``check_apart``). The run holds
     ``out_dir``'s lock (``etl.io.lock``) throughout: a second run into the same directory raises
-    OutputError at once (object storage has no such lock: one run at a time is up to the user there)."""
+    OutputError at once (object storage has no such lock: one run at a time is up to the user there). A pipeline
+    with an online vocabulary (Categorify ``online: true``) is refused (``ConfigError``) before anything is written."""
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
     if compression not in COMPRESSIONS:
         raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
     budget = default_budget() if memory_budget is None else parse_budget(memory_budget)
+    online = online_columns(pipeline.ops)
+    if online:
+        raise ConfigError(f"columns {online} have an online vocabulary (Categorify online: true): their ids are given by etl.Loader "
+                          "as it streams rows, not by etl preprocess")  # fmt: skip
     check_apart(out_dir, shards)
     out_dir.mkdir(parents=True, exist_ok=True)
     with locked(out_dir):

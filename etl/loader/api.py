@@ -57,10 +57,12 @@ from etl.loader.chunk import Chunk, Layout
 from etl.loader.device_stage import DeviceStage
 from etl.loader.epoch import EpochPass, InlinePass
 from etl.loader.follow import FollowCursor, FollowPass, FollowPosition, FollowSettings
+from etl.loader.online import END, Key, OnlineVocabularies
 from etl.loader.order import Piece, batches_per_rank, row_groups
 from etl.loader.pieces import guarded, reader_for
 from etl.loader.ring import Ring
 from etl.loader.stats import LoaderStats
+from etl.ops.online_vocab import VocabEvents
 from etl.pipeline import Pipeline, check_match
 
 __all__ = ["Loader", "LoaderBatch", "LoaderStats"]
@@ -77,13 +79,20 @@ class LoaderBatch:
 
     ``label``, ``dense`` and ``sparse`` are views of a ring slot that the loader reuses: the next batch (the next
     ``next()`` on the loader's iterator) overwrites them. Keep a batch by cloning its tensors, or build the loader
-    with ``copy=True``, whose batches own their tensors. The ``lists`` tensors are made for each batch."""
+    with ``copy=True``, whose batches own their tensors. The ``lists`` tensors are made for each batch.
+
+    ``vocab_events``: with online vocabularies (Categorify ``online: true``), one ``VocabEvents`` per online column
+    (numpy arrays, in the order it happened: ``admitted_ids`` with ``admitted_keys``, ``evicted_ids`` with
+    ``evicted_keys``; ids as ``sparse`` holds them): the ids given and taken back by the rows of the shuffle
+    buffers this batch is the first to hold rows of (``etl.loader.online``), so before any batch using them.
+    Reset the embedding rows of ``admitted_ids`` before training on the batch. Empty without online columns."""
 
     label: torch.Tensor
     dense: torch.Tensor
     sparse: torch.Tensor
     lists: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     sparse_names: list[str] = field(default_factory=list)
+    vocab_events: dict[str, VocabEvents] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return self.label.shape[0]
@@ -178,6 +187,12 @@ class Loader:
         if transform_on == "device" and self.processed:
             raise ConfigError("transform_on='device' transforms raw shards; this source is already transformed")
         self.layout = Layout.of(self.pipeline)
+        self.vocabularies = OnlineVocabularies(self.pipeline, list(self.layout.online), self.layout.sparse) if self.layout.online else None
+        if self.vocabularies is not None and transform_on == "device":
+            raise ConfigError("online vocabularies (Categorify online: true) give ids on the host: use transform_on='host'")
+        if self.vocabularies is not None and self._follow is not None:
+            raise ConfigError("online vocabularies (Categorify online: true) are applied to a fixed set of shards: a following loader "
+                              "(follow=True) does not apply them")  # fmt: skip
         self.groups = row_groups(shards)
         self.remote = any(isinstance(path, Url) for path in shards)  # reads wait on requests: see EpochPass io_bound
         self.stage = DeviceStage(self.pipeline, self.layout, self.groups) if transform_on == "device" else None
@@ -187,6 +202,8 @@ class Loader:
             rank, world_size = (torch.distributed.get_rank(), torch.distributed.get_world_size()) if dist else (0, 1)
         if rank is None or world_size is None or world_size < 1 or not 0 <= rank < world_size:
             raise ConfigError(f"rank and world_size must be given together with 0 <= rank < world_size, got {rank}, {world_size}")
+        if self.vocabularies is not None and world_size > 1:
+            raise ConfigError(f"online vocabularies (Categorify online: true) follow one row stream: world_size must be 1, got {world_size}")
         self.rank, self.world_size = rank, world_size
         rows = self.total_rows // world_size  # the smallest slice of a rank (batches_per_rank)
         if drop_last and batch_size > rows and self._follow is None:
@@ -222,22 +239,28 @@ class Loader:
         that resumed with ``load_state_dict`` may call it as usual. No effect on a following loader."""
         if epoch != self.epoch and self._follow is None:
             self._close_active()
+            self._commit_vocabularies()
             if self._ahead is not None and self._ahead.epoch != epoch:
                 self._close_ahead()
             self.epoch, self.position, self._finished = epoch, 0, False
 
     def state_dict(self) -> dict[str, Any]:
-        """The loader's position and the settings it depends on. In follow mode, ``follow`` (the position in the
-        stream after the last batch handed out, see ``etl.loader.follow.FollowPosition``) replaces epoch, position
-        and total_rows: save it together with what the training did with that batch (a model checkpoint), never
-        ahead of it, so that a restart neither loses nor repeats a row."""
+        """The loader's position and the settings it depends on; with online vocabularies, their state at this
+        position under ``online_vocab`` (``OnlineVocabularies.to_dict``: ints and bytes, no pickled objects). In follow
+        mode, ``follow`` (the position in the stream after the last batch handed out, see
+        ``etl.loader.follow.FollowPosition``) replaces epoch, position and total_rows: save it together with what the
+        training did with that batch (a model checkpoint), never ahead of it, so that a restart neither loses nor
+        repeats a row."""
         if self._follow is not None:
             return {"follow": self._cursor.position.to_dict(), "seed": self.seed, "rank": self.rank, "world_size": self.world_size,
                     "batch_size": self.batch_size, "shuffle": self.shuffle, "shuffle_buffer": self.shuffle_buffer,
                     "drop_last": self.drop_last}  # fmt: skip
-        return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "rank": self.rank,
-                "world_size": self.world_size, "batch_size": self.batch_size, "shuffle": self.shuffle,
-                "shuffle_buffer": self.shuffle_buffer, "drop_last": self.drop_last, "total_rows": self.total_rows}  # fmt: skip
+        state: dict[str, Any] = {"epoch": self.epoch, "position": self.position, "seed": self.seed, "rank": self.rank,
+                 "world_size": self.world_size, "batch_size": self.batch_size, "shuffle": self.shuffle,
+                 "shuffle_buffer": self.shuffle_buffer, "drop_last": self.drop_last, "total_rows": self.total_rows}  # fmt: skip
+        if self.vocabularies is not None:
+            state["online_vocab"] = self.vocabularies.to_dict(self.vocabularies.at(self._vocab_key(self.epoch, self.position)))
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue exactly where the loader that produced ``state`` stopped (same data and settings)."""
@@ -252,7 +275,25 @@ class Loader:
         if "follow" in state:
             self._cursor.position = FollowPosition.from_dict(state["follow"])
             return
+        if self.vocabularies is not None:
+            if "online_vocab" not in state:
+                raise ConfigError("state_dict has no online_vocab: it was saved by a loader without online vocabularies")
+            self.vocabularies.load_dict(state["online_vocab"])
         self.epoch, self.position, self._finished = int(state["epoch"]), int(state["position"]), False
+
+    def save_vocabulary(self, directory: str | Location) -> None:
+        """Write the online vocabularies' state at this position (the one ``state_dict`` holds) as artifacts: JSON +
+        one Parquet table per column (``etl.pipeline.artifacts.save_online``)."""
+        if self.vocabularies is None:
+            raise ConfigError("this loader's pipeline has no online vocabulary (Categorify online: true)")
+        self.vocabularies.save(self.vocabularies.at(self._vocab_key(self.epoch, self.position)), directory)
+
+    def load_vocabulary(self, directory: str | Location) -> None:
+        """Continue from the online vocabularies saved by ``save_vocabulary`` (the next pass starts from them)."""
+        if self.vocabularies is None:
+            raise ConfigError("this loader's pipeline has no online vocabulary (Categorify online: true)")
+        self.close()
+        self.vocabularies.load(directory)
 
     def __iter__(self) -> _Iteration:
         """Yield the rest of the current epoch (all of it when the previous pass ran to its end).
@@ -266,6 +307,7 @@ class Loader:
             it = _Iteration(self, self._follow_pass())
             self._active = weakref.ref(it)
             return it
+        self._commit_vocabularies()
         if self._finished:
             self.position, self._finished = 0, False
         ahead, self._ahead = self._ahead, None
@@ -319,10 +361,26 @@ class Loader:
                                 shuffle_buffer=self.shuffle_buffer, shuffle=self.shuffle, seed=self.seed, rank=self.rank,
                                 world_size=self.world_size)  # fmt: skip
         empty = self.stage.inputs.empty() if self.stage is not None else self.layout.empty()
+        online = None
+        if self.vocabularies is not None:
+            online = self.vocabularies.start_pass(self._vocab_key(epoch, start), skip=start * self.batch_size % self.shuffle_buffer != 0)
         if self.num_workers == 0:
-            return InlinePass(settings, self.groups, guarded(_read_weakly(self)), self._slots(), self.stats, stage=self.stage, empty=empty)
+            return InlinePass(settings, self.groups, guarded(_read_weakly(self)), self._slots(), self.stats, stage=self.stage, empty=empty,
+                              online=online)  # fmt: skip
         return EpochPass(settings, self.groups, guarded(_read_weakly(self)), self._slots(), self.stats, num_workers=self.num_workers,
-                         prefetch=self.prefetch, stage=self.stage, empty=empty, after=after, io_bound=self.remote)  # fmt: skip
+                         prefetch=self.prefetch, stage=self.stage, empty=empty, after=after, io_bound=self.remote, online=online)  # fmt: skip
+
+    def _vocab_key(self, epoch: int, position: int) -> Key:
+        """Where the online vocabularies' state at batch ``position`` of ``epoch`` is kept: the start of the shuffle
+        buffer holding that batch's first row, or the end of the epoch (``etl.loader.online``)."""
+        if position >= len(self):
+            return epoch, END
+        return epoch, position * self.batch_size // self.shuffle_buffer
+
+    def _commit_vocabularies(self) -> None:
+        """The next pass starts the online vocabularies from their state at this position."""
+        if self.vocabularies is not None:
+            self.vocabularies.commit(self._vocab_key(self.epoch, self.position))
 
     def _follow_pass(self) -> FollowPass:
         """A following pass from the position after the last batch handed out."""
@@ -347,8 +405,9 @@ class Loader:
 
     def _start_ahead(self, epoch: int, after: threading.Event) -> None:
         """Start epoch ``epoch`` from its beginning; its batches take ring slots once ``after`` is set (the
-        current pass queued its last batch or was closed). Nothing runs in the background without worker threads."""
-        if self._ahead is None and self.num_workers > 0:
+        current pass queued its last batch or was closed). Nothing runs in the background without worker threads,
+        nor with online vocabularies (a pass must start from the state the one before it ends with)."""
+        if self._ahead is None and self.num_workers > 0 and self.vocabularies is None:
             self._ahead = self._new_pass(epoch, 0, after)
 
     def _read_piece(self, piece: Piece) -> Chunk:
@@ -455,9 +514,9 @@ class _Iteration:
         t0 = time.perf_counter()
         self.last = self.last or t0
         try:
-            slot, n, lists, check = epoch_pass.take()
-            if check is not None:  # device placement: a NaN or ±inf found on the device is raised here
-                check.raise_if_set()
+            item = epoch_pass.take()
+            if item.check is not None:  # device placement: a NaN or ±inf found on the device is raised here
+                item.check.raise_if_set()
         except Exception:
             epoch_pass.close()
             if self._is_active():
@@ -466,19 +525,22 @@ class _Iteration:
         t1 = time.perf_counter()
         if epoch_pass.all_submitted.is_set() and self._is_active():
             loader._start_ahead(epoch_pass.epoch + 1, epoch_pass.assembled)
-        tensors = epoch_pass.ring.view(slot, n)
+        n = item.rows
+        tensors = epoch_pass.ring.view(item.slot, n)
         loader.position += 1
+        if loader.vocabularies is not None:
+            loader.vocabularies.prune(loader._vocab_key(epoch_pass.epoch, loader.position))
         now = time.perf_counter()
         loader.stats.add_batch(n, t1 - t0, now - self.last)
         self.last = now
-        lists = {k: (v.to(loader.device, non_blocking=True), o.to(loader.device, non_blocking=True)) for k, (v, o) in lists.items()}
+        lists = {k: (v.to(loader.device, non_blocking=True), o.to(loader.device, non_blocking=True)) for k, (v, o) in item.lists.items()}
         if loader.stage is not None and loader.device.type == "cuda":
             for t in (t for pair in lists.values() for t in pair):  # made on the copy stream, used on the consumer's
                 t.record_stream(torch.cuda.current_stream(loader.device))
         if loader.copy:  # owned tensors: the slot may take the next batch at once
             tensors = {k: tensors[k].clone() for k in ("label", "dense", "sparse")}
             epoch_pass.release()
-        return LoaderBatch(tensors["label"], tensors["dense"], tensors["sparse"], lists, loader.layout.sparse)
+        return LoaderBatch(tensors["label"], tensors["dense"], tensors["sparse"], lists, loader.layout.sparse, item.events)
 
     def _is_active(self) -> bool:
         """Whether this is the loader's current iteration (not superseded by a later ``iter``)."""

@@ -24,16 +24,18 @@ from collections import deque
 from collections.abc import Callable, Generator
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from etl.loader.chunk import Chunk, ChunkRun
 from etl.loader.device_stage import DeviceStage, PendingCheck
+from etl.loader.online import OnlinePass
 from etl.loader.order import Piece, RowGroup, epoch_rng, rank_pieces
 from etl.loader.ring import Ring
 from etl.loader.stats import LoaderStats
+from etl.ops.online_vocab import VocabEvents
 
 
 @dataclass(frozen=True)
@@ -53,9 +55,14 @@ class PassSettings:
     world_size: int
 
 
-#: One batch as the assembler hands it over: (ring slot, rows, list columns as (values, offsets), the non-finite
-#: checks the consumer examines before using it (device placement) or None).
-Item = tuple[int, int, dict[str, tuple[torch.Tensor, torch.Tensor]], PendingCheck | None]
+class Item(NamedTuple):
+    """One batch as the assembler hands it over."""
+
+    slot: int  #: the ring slot holding its fixed-width columns
+    rows: int
+    lists: dict[str, tuple[torch.Tensor, torch.Tensor]]  #: list columns as (values, offsets)
+    check: PendingCheck | None  #: the non-finite checks the consumer examines before using it (device placement)
+    events: dict[str, VocabEvents]  #: online vocabulary events by column (``etl.loader.online``); empty without
 
 
 class Assembler:
@@ -66,16 +73,17 @@ class Assembler:
     that asks for the batches). ``all_submitted`` is set once every piece went to the pool; ring slots are taken
     only once ``after`` (if given) is set; ``stop`` ends the pass early. With a device ``stage`` the chunks hold
     the stage's inputs and each slot is transformed on the device after its copy. ``empty``: a chunk of no rows
-    of the chunks' kind (the batch a shorter rank may owe)."""
+    of the chunks' kind (the batch a shorter rank may owe). ``online``: the pass's use of the loader's online
+    vocabularies, which give ids to the rows as they enter the shuffle buffers (``etl.loader.online``)."""
 
     def __init__(self, settings: PassSettings, groups: list[RowGroup], read: Callable[[Piece], Chunk], pool: Executor,
                  ring: Ring, stats: LoaderStats, *, read_ahead: int, stop: threading.Event,
                  all_submitted: threading.Event, after: threading.Event | None = None, stage: DeviceStage | None = None,
-                 empty: Chunk) -> None:  # fmt: skip
+                 empty: Chunk, online: OnlinePass | None = None) -> None:  # fmt: skip
         self.settings, self.groups, self.read, self.pool = settings, groups, read, pool
         self.ring, self.stats, self.read_ahead = ring, stats, read_ahead
         self.stop, self.all_submitted, self.after = stop, all_submitted, after
-        self.stage, self.empty = stage, empty
+        self.stage, self.empty, self.online = stage, empty, online
         first_row = settings.start * settings.batch_size  # rank-local row where the first batch starts
         self.buffer_no = first_row // settings.shuffle_buffer
         self.skip = first_row - self.buffer_no * settings.shuffle_buffer  # rows of the first buffer to drop
@@ -131,7 +139,10 @@ class Assembler:
         size = self.settings.shuffle_buffer
         while chunk.n:
             take = min(chunk.n, size - self.filled)
-            self.filling.append(chunk.slice(0, take))
+            piece = chunk.slice(0, take)
+            if self.online is not None:
+                self.online.apply(piece)
+            self.filling.append(piece)
             self.filled += take
             chunk = chunk.slice(take, chunk.n)
             if self.filled == size:
@@ -146,6 +157,8 @@ class Assembler:
         if s.shuffle:
             order = epoch_rng(s.seed, s.epoch, s.rank, self.buffer_no).permutation(buf.n)
         self.stream.append((buf, order[self.skip :]))
+        if self.online is not None:
+            self.online.close_buffer(buf, self.buffer_no + 1)
         self.skip = 0
         self.buffer_no += 1
         self.filling, self.filled = [], 0
@@ -171,6 +184,11 @@ class Assembler:
         """Gather the next ``n`` rows into a ring slot and start its copy; None if stopped first."""
         t0 = time.perf_counter()
         parts = self._take(n)
+        events: dict[str, VocabEvents] = {}
+        if self.online is not None:
+            events = self.online.events_of([buf for buf, _ in parts])
+            if self.emitted + 1 == self.settings.total:  # every row this pass applies is applied
+                self.online.end()
         while self.after is not None and not self.after.wait(0.05):
             if self.stop.is_set():
                 return None
@@ -197,7 +215,7 @@ class Assembler:
                 lists = {k: (torch.from_numpy(c.values), torch.from_numpy(c.offsets)) for k, c in columns.items()}
         self.stats.add_assemble(t1 - t0, time.perf_counter() - t1)
         self.emitted += 1
-        return slot, n, lists, check
+        return Item(slot, n, lists, check, events)
 
 
 def _gather_tensors(parts: list[tuple[ChunkRun, np.ndarray]], inputs: dict[str, torch.Tensor]) -> torch.Tensor:

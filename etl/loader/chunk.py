@@ -18,6 +18,7 @@ import torch
 from etl.backends.rows import scatter_rows, split_rows
 from etl.batch import Array, Batch, Column, list_elements
 from etl.loader.ring import Field
+from etl.ops.categorical import online_columns
 from etl.pipeline import Pipeline
 
 
@@ -28,6 +29,10 @@ class Layout:
     sparse: list[str]
     lists: list[str]
     sparse_dtype: torch.dtype
+    #: sparse columns whose ids the loader's online vocabularies give (``etl.loader.online``): the transform
+    #: leaves them as keys, which chunks carry in the fixed fields ``online_keys:<column>`` (uint64) and
+    #: ``online_valid:<column>`` (bool)
+    online: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, pipeline: Pipeline) -> Layout:
@@ -40,7 +45,8 @@ class Layout:
         sparse = [f.name for f in fields if pa.types.is_integer(f.type)]
         dense = [f.name for f in fields if pa.types.is_floating(f.type) and f.name != labels[0]]
         wide = any(schema.field(c).type == pa.int64() for c in sparse)
-        return cls(labels[0], dense, sparse, lists, torch.int64 if wide else torch.int32)
+        online = set(online_columns(pipeline.ops))
+        return cls(labels[0], dense, sparse, lists, torch.int64 if wide else torch.int32, tuple(c for c in sparse if c in online))
 
     @property
     def columns(self) -> list[str]:
@@ -107,12 +113,16 @@ class Chunk:
     @classmethod
     def from_batch(cls, batch: Batch, layout: Layout) -> Chunk:
         """A transformed batch (numpy columns, ``Pipeline.transform``'s output) → a chunk, without going through
-        Arrow: the same values as ``from_table(pipeline.to_arrow(batch))`` (missing dense values become NaN)."""
+        Arrow: the same values as ``from_table(pipeline.to_arrow(batch))`` (missing dense values become NaN). The
+        layout's ``online`` columns hold keys: each goes to ``online_keys:<column>`` [n] uint64 and
+        ``online_valid:<column>`` [n] bool, their ``sparse`` entries are left for the online vocabularies to fill."""
         n = batch.num_rows
 
         def stack(names: list[str], dtype: np.dtype) -> np.ndarray:
             out = np.empty((n, len(names)), dtype)
             for j, c in enumerate(names):
+                if c in layout.online:
+                    continue
                 col = batch[c]
                 out[:, j] = col.array
                 if col.valid is not None:
@@ -125,6 +135,10 @@ class Chunk:
             "sparse": stack(layout.sparse, layout.sparse_numpy),
         }
         lists = {c: Column(batch[c].array.astype(layout.sparse_numpy), None, batch[c].list_offsets.astype(np.int64)) for c in layout.lists}
+        for c in layout.online:
+            col = batch[c]
+            fixed[f"online_keys:{c}"] = col.array.view(np.uint64)
+            fixed[f"online_valid:{c}"] = np.ones(n, np.bool_) if col.valid is None else col.valid
         return cls(n, fixed, lists)
 
     def slice(self, a: int, b: int) -> Chunk:

@@ -46,7 +46,6 @@ from etl.io.arrivals import Arrivals
 from etl.io.fs import Location
 from etl.loader.assembler import Assembler, Item, PassSettings, _pieces_from
 from etl.loader.chunk import Chunk
-from etl.loader.device_stage import PendingCheck
 from etl.loader.epoch import _assemble, _shutdown, _Slots
 from etl.loader.order import Piece, rank_pieces, row_groups
 from etl.loader.ring import Ring
@@ -100,7 +99,7 @@ class FollowSettings:
 _At = tuple[int, str | None, int]
 
 #: A batch as a following pass queues it: the assembler's item and the position after it.
-FollowItem = tuple[int, int, dict, PendingCheck | None, FollowPosition]
+FollowItem = tuple[Item, FollowPosition]
 
 
 class FollowAssembler(Assembler):
@@ -214,9 +213,9 @@ class FollowAssembler(Assembler):
         if self.stream:
             (before, shard, row), number, rows = self.closed[0]
             delivered = rows - len(self.stream[0][1])
-            return (*item, FollowPosition(shard, before, row, number, rows, delivered))
+            return item, FollowPosition(shard, before, row, number, rows, delivered)
         before, shard, row = self.filling_at if self.filled else self.next_at
-        return (*item, FollowPosition(shard, before, row, self.buffer_no))
+        return item, FollowPosition(shard, before, row, self.buffer_no)
 
 
 class FollowPass:
@@ -254,10 +253,10 @@ class FollowPass:
         if isinstance(item, BaseException):
             self.close()
             raise item
-        slot, n, lists, check, position = item
-        self._slots.held = slot
+        batch, position = item
+        self._slots.held = batch.slot
         self.cursor.position = position
-        return slot, n, lists, check
+        return batch
 
     def release(self) -> None:
         self._slots.release_held()

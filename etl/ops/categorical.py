@@ -12,6 +12,7 @@ The hash, range reduction and string keys are defined in ``etl.backends.hashing`
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,10 +21,12 @@ import pyarrow as pa
 from etl.backends import Array, Backend, LookupTablesProtocol
 from etl.backends.hashing import check_buckets, check_seed
 from etl.batch import Batch, Column, Strings
+from etl.errors import ConfigError
 from etl.ids import RESERVED, id_dtype
 from etl.io.arrow import from_numpy, strings, to_numpy
 from etl.ops.base import InvalidRows, InvalidState, Op, Stats, rows_with_bad_elements
 from etl.ops.counts import KeyCounts, merge_counts
+from etl.ops.online_vocab import OnlineVocab, check_online_params
 from etl.schema import ColumnSpec
 
 
@@ -171,14 +174,25 @@ class Categorify(Op):
     Cardinality: ``2 + B + len(vocabulary)``.
 
     Fitted state per column: a Parquet table (key uint64, raw string, count int64, id int64) in id order;
-    ``raw`` is the value's text (the canonical rendering for hex/int keys, the original text for strings)."""
+    ``raw`` is the value's text (the canonical rendering for hex/int keys, the original text for strings).
+
+    ``online: true`` (with ``capacity`` C, ``admit_after`` T = 1, ``evict`` = ``lfu`` or ``ttl`` with ``ttl_rows``):
+    the vocabulary grows while the ``Loader`` streams rows (``etl.ops.online_vocab``): ids ``2 + B .. 2 + B + C -
+    1``, cardinality ``2 + B + C`` whatever the keys. The fit (``max_size`` defaults to C) seeds it: the fitted keys
+    keep their ids. Such an op gives ids only through the Loader, in row order: ``transform`` raises
+    ``ConfigError``."""
 
     name = "Categorify"
     reads, writes = "keys", "ids"
     fittable = True
 
-    def __init__(self, columns: list[str], freq_threshold: int = 1, max_size: int | None = None, oov_buckets: int = 1, seed: int = 0):
+    def __init__(self, columns: list[str], freq_threshold: int = 1, max_size: int | None = None, oov_buckets: int = 1, seed: int = 0,
+                 online: bool = False, admit_after: int | None = None, capacity: int | None = None, evict: str | None = None,
+                 ttl_rows: int | None = None):  # fmt: skip
         super().__init__(columns)
+        self.online = _online_settings(online, admit_after, capacity, evict, ttl_rows, max_size)
+        if self.online is not None and max_size is None:
+            max_size = self.online.capacity
         if not isinstance(freq_threshold, int) or freq_threshold < 1:
             raise ValueError(f"Categorify.freq_threshold must be an integer >= 1, got {freq_threshold!r}")
         if max_size is not None and (not isinstance(max_size, int) or max_size < 0):
@@ -195,8 +209,27 @@ class Categorify(Op):
     def is_fitted(self) -> bool:
         return bool(self.vocab)
 
+    def bind(self, specs: dict[str, ColumnSpec]) -> None:
+        super().bind(specs)
+        lists = [c for c in self.columns if c in self.specs and self.specs[c].is_list]
+        if self.online is not None and lists:
+            raise ValueError(f"Categorify.online: column '{lists[0]}' is a list column; online vocabularies are for single-valued columns")
+
     def cardinalities(self) -> dict[str, int]:
+        if self.online is not None:
+            return {c: RESERVED + self.oov_buckets + self.online.capacity for c in self.columns}
         return {c: RESERVED + self.oov_buckets + self.vocab[c].num_rows for c in self.columns}
+
+    def online_vocab(self, column: str) -> OnlineVocab:
+        """A new online vocabulary of ``column`` (``online: true`` only), seeded with the fitted vocabulary (its
+        first ``capacity`` entries, with their ids)."""
+        if self.online is None:
+            raise ValueError("Categorify: this op has no online vocabulary (online: false)")
+        o = self.online
+        vocab = OnlineVocab(o.capacity, o.admit_after, o.evict, o.ttl_rows, self.oov_buckets, self.seed)
+        table = self.vocab[column]
+        vocab.seed_from(to_numpy(table.column("key")), to_numpy(table.column("count")))
+        return vocab
 
     # ---- fit
     def new_stats(self, xp: Backend) -> Stats:
@@ -263,6 +296,9 @@ class Categorify(Op):
         return t
 
     def transform(self, batch: Batch, xp: Backend) -> dict[str, Column]:
+        if self.online is not None:
+            raise ConfigError(f"Categorify with online: true (columns {self.columns}) gives ids in row order as the Loader streams "
+                             "rows (etl.Loader); it cannot transform a batch on its own (etl preprocess, transform_table)")  # fmt: skip
         cols = [batch[c] for c in self.columns]
         for c, col in zip(self.columns, cols):
             _require_keys(self.name, c, col, xp)
@@ -313,6 +349,40 @@ class Categorify(Op):
         first = RESERVED + self.oov_buckets
         if not np.array_equal(ids, np.arange(first, first + len(keys), dtype=np.int64)):
             raise bad(f"ids are not {first} .. {first} + {len(keys) - 1} in row order")
+
+
+def online_columns(ops: list[Op]) -> list[str]:
+    """The columns whose ids an online vocabulary gives (Categorify ops with ``online: true``), in op order."""
+    return [c for op in ops if isinstance(op, Categorify) and op.online is not None for c in op.columns]
+
+
+@dataclass(frozen=True)
+class OnlineSettings:
+    """The parameters of an online Categorify (see ``etl.ops.online_vocab``)."""
+
+    capacity: int
+    admit_after: int
+    evict: str
+    ttl_rows: int | None
+
+
+def _online_settings(online: object, admit_after: int | None, capacity: int | None, evict: str | None,
+                     ttl_rows: int | None, max_size: int | None) -> OnlineSettings | None:  # fmt: skip
+    """The online settings (None when ``online`` is false), checked: ``ValueError`` naming the parameter."""
+    if not isinstance(online, bool):
+        raise ValueError(f"Categorify.online must be true or false, got {online!r}")
+    if not online:
+        given = [k for k, v in (("admit_after", admit_after), ("capacity", capacity), ("evict", evict), ("ttl_rows", ttl_rows)) if v is not None]
+        if given:
+            raise ValueError(f"Categorify.{given[0]} is a setting of the online vocabulary: it needs online: true")
+        return None
+    if capacity is None:
+        raise ValueError("Categorify.capacity is required with online: true (the ids of the online vocabulary)")
+    settings = OnlineSettings(capacity, 1 if admit_after is None else admit_after, evict or "lfu", ttl_rows)
+    check_online_params(settings.capacity, settings.admit_after, settings.evict, settings.ttl_rows)
+    if max_size is not None and max_size > capacity:
+        raise ValueError(f"Categorify.max_size {max_size} is above capacity {capacity} (the fit seeds the online vocabulary)")
+    return settings
 
 
 def _remember_raw(raw: dict[int, str], col: Column, xp: Backend) -> None:

@@ -3,6 +3,10 @@
 An artifacts directory holds ``pipeline.json`` — format name and version, the pipeline and schema documents, each
 op's fitted JSON state, the output columns and their cardinalities — plus ``<op index>-<op>/<table>.parquet``
 for fitted tables (vocabularies). Loading never unpickles anything.
+
+The state of a loader's online vocabularies (``etl.loader.online``) is saved apart, in a directory of its own:
+``online_vocabulary.json`` (format name and version; per column its JSON fields and the path of its table) plus one
+Parquet table per column (``save_online``, ``load_online``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ if TYPE_CHECKING:
 
 ARTIFACT_FORMAT = "etl-artifacts"
 ARTIFACT_VERSION = 1
+ONLINE_FORMAT = "etl-online-vocabulary"
+ONLINE_VERSION = 1
+ONLINE_FILE = "online_vocabulary.json"
 
 
 def save(pipeline: Pipeline, directory: str | Location) -> None:
@@ -96,6 +103,45 @@ def load(directory: str | Location, xp: Backend, build: type[Pipeline]) -> Pipel
             at_fault = d / rels[e.table] if isinstance(e, InvalidState) and e.table in rels else path
             raise ArtifactError(f"{at_fault}: state of {where} ({op.name}): {e}") from None
     return pipe
+
+
+def save_online(directory: str | Location, columns: dict[str, dict[str, Any]], tables: dict[str, pa.Table]) -> None:
+    """Write the state of online vocabularies: per column its JSON fields (``columns``) and its table (atomic per
+    file; ``online_vocabulary.json`` last)."""
+    d = location(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    entries = {}
+    for i, (c, table) in enumerate(tables.items()):
+        rel = f"online-{i:02d}.parquet"
+        atomic_write_parquet(table, d / rel, use_dictionary=False)
+        entries[c] = {**columns[c], "table": rel}
+    doc = {"format": ONLINE_FORMAT, "version": ONLINE_VERSION, "columns": entries}
+    atomic_write_bytes(d / ONLINE_FILE, json.dumps(doc, indent=1, sort_keys=True).encode())
+
+
+def load_online(directory: str | Location) -> tuple[Location, dict[str, dict[str, Any]], dict[str, tuple[Location, pa.Table]]]:
+    """Read what ``save_online`` wrote: (path of ``online_vocabulary.json``, per column its JSON fields, per column
+    the path and contents of its table). ``ArtifactError`` naming the file and field when the JSON is not of this
+    format and version, or a table path is not a relative path inside the directory; the caller checks the
+    contents."""
+    d = location(directory)
+    path = d / ONLINE_FILE
+    try:
+        doc = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise ArtifactError(f"{d}: no {ONLINE_FILE} (not a saved online vocabulary)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ArtifactError(f"{path}: cannot read: {e}") from None
+    if not isinstance(doc, dict) or doc.get("format") != ONLINE_FORMAT or doc.get("version") != ONLINE_VERSION:
+        raise ArtifactError(f"{path}: not format {ONLINE_FORMAT!r} version {ONLINE_VERSION}")
+    entries = _field(doc, "columns", dict, path)
+    tables = {}
+    for c, entry in entries.items():
+        if not isinstance(entry, dict):
+            raise ArtifactError(f"{path}: field 'columns.{c}': expected a JSON object")
+        rel = entry.get("table")
+        tables[c] = (d / rel if isinstance(rel, str) else path, _read_table(d, rel, f"columns.{c}.table"))
+    return path, entries, tables
 
 
 def _read_manifest(d: Location) -> dict[str, Any]:

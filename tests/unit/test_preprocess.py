@@ -16,7 +16,7 @@ import yaml
 
 from etl import preprocess as preprocess_module
 from etl.cluster import connect
-from etl.errors import InputError, RowError
+from etl.errors import ConfigError, InputError, RowError
 from etl.io import parquet
 from etl.io.files import is_temporary, sha256_file, temporary_path
 from etl.io.processed import MANIFEST, read_manifest
@@ -428,3 +428,12 @@ def test_ctrl_c_during_the_transform_stops_the_threads_and_removes_the_stash(sha
     assert len(sent[0]) == 1  # the stash was there
     assert threading.active_count() == before
     assert [p.name for p in out.iterdir() if is_temporary(p.name)] == []
+
+
+def test_a_pipeline_with_an_online_vocabulary_is_refused_before_anything_is_written(shards: list[Path], tmp_path: Path) -> None:
+    doc = yaml.safe_load(CRITEO.read_text())
+    doc["ops"][-1] |= {"online": True, "capacity": 100}
+    pipeline = Pipeline(doc, Pipeline.from_file(CRITEO).schema)
+    with pytest.raises(ConfigError, match="online vocabulary"):
+        preprocess(pipeline, shards, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -31,8 +31,8 @@ def assemble(s: PassSettings, inline: bool = False) -> tuple[list[np.ndarray], L
         assert asm.run(ready)
     batches = []
     while not ready.empty():
-        slot, n, lists, check = ready.get_nowait()
-        assert check is None  # host placement: nothing is checked on the device
+        slot, n, lists, check, events = ready.get_nowait()
+        assert check is None and events == {}  # host placement: nothing is checked on the device
         t = ring.view(slot, n)
         rows = t["sparse"][:, 0].numpy().copy()
         assert np.array_equal(t["label"].numpy(), rows.astype(np.float32))

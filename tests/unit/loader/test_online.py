@@ -1,0 +1,187 @@
+"""The Loader with online vocabularies (etl.loader.online): ids given in row order whatever the worker count, events
+with the batches, state in state_dict and as artifacts, exact resume."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from etl.errors import ArtifactError, ConfigError
+from etl.io.fs import locations
+from etl.io.parquet import list_shards
+from etl.loader import Loader
+from etl.pipeline import Pipeline
+from etl.schema import load_schema
+from etl.synth import generate
+
+REPO = Path(__file__).resolve().parents[3]
+ONLINE = ["C1", "C2", "C3"]
+
+
+def pipeline_yaml(evict: str) -> str:
+    extra = "evict: ttl, ttl_rows: 100" if evict == "ttl" else "evict: lfu"
+    return f"""name: criteo_online
+schema: {REPO / "schemas/criteo.yaml"}
+ops:
+  - {{op: FillMissing, columns: "@dense", value: 0}}
+  - {{op: Decode, columns: "@categorical"}}
+  - {{op: Categorify, columns: {{role: categorical, exclude: {ONLINE}}}, freq_threshold: 3}}
+  - {{op: Categorify, columns: {ONLINE}, online: true, capacity: 8, admit_after: 2, max_size: 5, {extra}}}
+"""
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("online")
+    generate(load_schema(REPO / "schemas/criteo.yaml"), 3000, 2, d / "raw", seed=1, cardinalities={"C1": 400, "C2": 100, "C3": 30})
+    for evict in ("lfu", "ttl"):
+        (d / f"{evict}.yaml").write_text(pipeline_yaml(evict))
+        p = Pipeline.from_file(d / f"{evict}.yaml")
+        p.fit(list_shards(locations([d / "raw"])))
+        p.save(d / f"art-{evict}")
+    return d
+
+
+def loader(data: Path, evict: str = "lfu", **kw) -> Loader:
+    settings = {"batch_size": 256, "shuffle": True, "shuffle_buffer": 700, "num_workers": 2, "copy": True} | kw
+    return Loader(data / "raw", pipeline=data / f"{evict}.yaml", artifacts=data / f"art-{evict}", **settings)
+
+
+def batches(ld: Loader, epochs: range) -> Iterator[tuple[torch.Tensor, dict]]:
+    """(sparse, events as lists) of every batch of ``epochs`` (the first from the loader's position)."""
+    for e in epochs:
+        ld.set_epoch(e)
+        for b in ld:
+            events = {c: (ev.admitted_ids.tolist(), ev.admitted_keys.tolist(), ev.evicted_ids.tolist(), ev.evicted_keys.tolist())
+                      for c, ev in b.vocab_events.items()}  # fmt: skip
+            yield b.sparse.clone(), events
+
+
+def same(a: list, b: list) -> bool:
+    return len(a) == len(b) and all(torch.equal(x[0], y[0]) and x[1] == y[1] for x, y in zip(a, b))
+
+
+@pytest.mark.parametrize("evict", ["lfu", "ttl"])
+def test_ids_and_events_are_the_same_for_any_worker_count(data: Path, evict: str) -> None:
+    runs = [list(batches(loader(data, evict, num_workers=w), range(2))) for w in (0, 1, 2)]
+    assert same(runs[0], runs[1]) and same(runs[0], runs[2])
+    events = [e for _, ev in runs[0] for e in ev.values()]
+    assert sum(len(e[0]) for e in events) > 3 and sum(len(e[2]) for e in events) > 0  # ids given and taken back
+
+
+def test_online_columns_hold_ids_in_range_and_the_others_are_untouched(data: Path) -> None:
+    ld = loader(data)
+    first = 2 + 1  # one OOV bucket
+    cols = [ld.layout.sparse.index(c) for c in ONLINE]
+    assert ld.layout.online == tuple(ONLINE) and ld.pipeline.cardinalities()["C1"] == first + 8
+    got = list(batches(ld, range(1)))
+    sparse = torch.cat([s for s, _ in got])
+    assert sparse[:, cols].min() >= 1 and sparse[:, cols].max() < first + 8
+    # every id a batch uses was admitted by then (seeded ids: 3 .. 7); an evicted id is not used until admitted again
+    live = {c: set(range(first, first + 5)) for c in ONLINE}
+    for s, events in got:
+        for c, (admitted, _, evicted, _) in events.items():
+            live[c] = (live[c] - set(evicted)) | set(admitted)
+        for c, j in zip(ONLINE, cols):
+            used = {int(i) for i in s[:, j] if i >= first}
+            assert used <= live[c] | set(events[c][2]), c  # (rows from before an eviction in this batch)
+    art = _offline_artifacts(data)
+    offline = Loader(data / "raw", pipeline=data / "offline.yaml", artifacts=art, batch_size=256, shuffle=True, shuffle_buffer=700)
+    rest = [j for j in range(26) if j not in cols]
+    for (s, _), b in zip(got, offline):
+        assert torch.equal(s[:, rest].long(), b.sparse[:, rest].long())
+
+
+def _offline_artifacts(data: Path) -> Path:
+    """Artifacts of the pipeline without online columns (the same fit of the other columns)."""
+    out = data / "art-offline"
+    if not out.exists():
+        text = pipeline_yaml("lfu").replace(f"{{role: categorical, exclude: {ONLINE}}}", '"@categorical"').splitlines()
+        (data / "offline.yaml").write_text("\n".join(text[:-1]) + "\n")
+        p = Pipeline.from_file(data / "offline.yaml")
+        p.fit(list_shards(locations([data / "raw"])))
+        p.save(out)
+    return out
+
+
+@pytest.mark.parametrize("evict", ["lfu", "ttl"])
+@pytest.mark.parametrize("stop", [1, 2, 5, 11, 12, 13, 17])
+def test_resume_gives_the_same_batches_and_events_as_an_uninterrupted_run(data: Path, stop: int, evict: str) -> None:
+    whole = list(batches(loader(data, evict), range(2)))
+    first = loader(data, evict)
+    it = batches(first, range(2))
+    got = [next(it) for _ in range(stop)]
+    state = first.state_dict()
+    assert isinstance(state["online_vocab"]["C1"]["key"], bytes)
+    first.close()
+    resumed = loader(data, evict, num_workers=1)
+    resumed.load_state_dict(state)
+    got += list(batches(resumed, range(state["epoch"], 2)))
+    assert same(got, whole)
+
+
+def test_a_pass_closed_early_leaves_the_vocabulary_at_the_position(data: Path) -> None:
+    """Rows read ahead but never delivered do not count: breaking off and iterating again is a resume."""
+    whole = list(batches(loader(data, "ttl"), range(1)))
+    ld = loader(data, "ttl")
+    it = iter(ld)
+    got = []
+    for _ in range(4):
+        b = next(it)
+        got.append((b.sparse.clone(), {c: (e.admitted_ids.tolist(), e.admitted_keys.tolist(), e.evicted_ids.tolist(), e.evicted_keys.tolist())
+                                       for c, e in b.vocab_events.items()}))  # fmt: skip
+    ld.close()
+    got += list(batches(ld, range(1)))
+    assert same(got, whole)
+
+
+def test_save_and_load_vocabulary_round_trip_as_json_and_parquet(data: Path, tmp_path: Path) -> None:
+    ld = loader(data)
+    it = iter(ld)
+    for _ in range(5):
+        next(it)
+    ld.save_vocabulary(tmp_path / "vocab")
+    doc = json.loads((tmp_path / "vocab/online_vocabulary.json").read_text())
+    assert sorted(doc["columns"]) == ONLINE
+    other = loader(data)
+    other.load_vocabulary(tmp_path / "vocab")
+    assert other.state_dict()["online_vocab"] == ld.state_dict()["online_vocab"]
+
+
+def test_load_vocabulary_refuses_a_broken_table_naming_the_file(data: Path, tmp_path: Path) -> None:
+    ld = loader(data)
+    ld.save_vocabulary(tmp_path / "vocab")
+    path = tmp_path / "vocab" / json.loads((tmp_path / "vocab/online_vocabulary.json").read_text())["columns"]["C2"]["table"]
+    t = pq.read_table(path)
+    ids = t.column("id").to_numpy().copy()
+    ids[:2] = 0  # one id, two keys
+    pq.write_table(t.set_column(3, "id", pa.array(ids)), path)
+    with pytest.raises(ArtifactError, match=str(path)):
+        loader(data).load_vocabulary(tmp_path / "vocab")
+    with pytest.raises(ArtifactError, match="online_vocabulary.json"):
+        loader(data).load_vocabulary(tmp_path)
+
+
+def test_load_state_dict_checks_the_online_state(data: Path) -> None:
+    state = loader(data).state_dict()
+    bad = state | {"online_vocab": {c: v | {"id": np.zeros(len(v["id"]) // 8, "<i8").tobytes()} for c, v in state["online_vocab"].items()}}
+    with pytest.raises(ConfigError, match="online vocabulary of 'C1'"):
+        loader(data).load_state_dict(bad)
+    with pytest.raises(ConfigError, match="no online_vocab"):
+        loader(data).load_state_dict({k: v for k, v in state.items() if k != "online_vocab"})
+
+
+def test_settings_an_online_vocabulary_cannot_follow_are_refused(data: Path) -> None:
+    with pytest.raises(ConfigError, match="world_size"):
+        loader(data, rank=0, world_size=2)
+    with pytest.raises(ConfigError, match="transform_on"):
+        loader(data, transform_on="device")
+    with pytest.raises(ConfigError, match="following loader"):
+        loader(data, follow=True)

@@ -1,0 +1,234 @@
+"""The online vocabulary state machine (etl.ops.online_vocab) and Categorify's online settings."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from etl.backends import cpu
+from etl.backends.hashing import hash64, reduce
+from etl.batch import Batch, Column
+from etl.errors import ConfigError
+from etl.ops import Categorify
+from etl.ops.base import InvalidState
+from etl.ops.counts import KeyCounts
+from etl.ops.online_vocab import OnlineVocab
+from etl.schema import ColumnSpec
+
+
+def feed(v: OnlineVocab, keys: list) -> list[int]:
+    """The ids of ``keys`` (None: missing), one update."""
+    ids, _ = v.update(np.array([0 if k is None else k for k in keys], np.uint64), np.array([k is not None for k in keys]))
+    return ids.tolist()
+
+
+def oov(key: int, buckets: int = 1, seed: int = 0) -> int:
+    return 2 + reduce(hash64(key, seed), buckets)
+
+
+def test_a_key_gets_an_id_at_its_t_th_sighting_and_keeps_it() -> None:
+    v = OnlineVocab(capacity=4, admit_after=3, oov_buckets=5, seed=7)
+    first = 2 + 5
+    assert feed(v, [10, 10, None]) == [oov(10, 5, 7), oov(10, 5, 7), 1]
+    assert feed(v, [10]) == [first]  # the admitting row already gets the id
+    assert feed(v, [20, 20, 20, 10, 30, 10]) == [oov(20, 5, 7), oov(20, 5, 7), first + 1, first, oov(30, 5, 7), first]
+    assert len(v) == 2 and v.rows == 10 and v.cardinality == first + 4
+
+
+def test_update_reports_admissions_and_evictions_in_order() -> None:
+    v = OnlineVocab(capacity=2, admit_after=1)
+    ids, ev = v.update(np.array([5, 6, 6, 7, 7, 7], np.uint64))
+    assert ids.tolist() == [3, 4, 4, oov(7), 3, 3]  # 7 needs a count above 5's (1) to push it out
+    assert ev.admitted_ids.tolist() == [3, 4, 3] and ev.admitted_keys.tolist() == [5, 6, 7]
+    assert ev.evicted_ids.tolist() == [3] and ev.evicted_keys.tolist() == [5]
+    assert ev.admitted_keys.dtype == np.uint64 and len(ev) == 4
+
+
+def test_lfu_evicts_the_least_frequent_then_least_recent_key_only_for_a_more_frequent_candidate() -> None:
+    v = OnlineVocab(capacity=3, admit_after=2)
+    # a (count 3), b (2), c (2, seen after b): full
+    feed(v, [1, 1, 2, 2, 3, 3, 1])
+    ids = {k: i for k, i in zip([1, 2, 3], feed(v, [1, 2, 3]))}  # counts now 4, 3, 3
+    assert feed(v, [9, 9]) == [oov(9), oov(9)]  # count 2 < 3: no eviction, 9 stays a candidate
+    out, ev = v.update(np.array([9, 8], np.uint64))  # 9 reaches 3: not above 3 either
+    assert out.tolist() == [oov(9), oov(8)] and len(ev) == 0
+    out, ev = v.update(np.array([9], np.uint64))  # 4 > 3: evicts 2 (count 3, seen before 3)
+    assert out.tolist() == [ids[2]] and ev.evicted_keys.tolist() == [2] and ev.admitted_keys.tolist() == [9]
+    assert feed(v, [1, 3]) == [ids[1], ids[3]]  # the others keep their ids
+
+
+def test_ttl_evicts_the_least_recent_key_once_unseen_for_ttl_rows() -> None:
+    v = OnlineVocab(capacity=2, admit_after=1, evict="ttl", ttl_rows=3)
+    assert feed(v, [1, 2]) == [3, 4]  # rows 0, 1
+    assert feed(v, [5]) == [oov(5)]  # row 2: key 1 unseen for 2 rows
+    assert feed(v, [2]) == [4]  # row 3
+    out, ev = v.update(np.array([5], np.uint64))  # row 4: key 1 unseen for 4 rows >= 3
+    assert out.tolist() == [3] and ev.evicted_keys.tolist() == [1] and ev.admitted_keys.tolist() == [5]
+
+
+def test_freed_ids_are_taken_lowest_first() -> None:
+    v = OnlineVocab(capacity=4)
+    v.restore({"rows": 5, "key": np.array([10, 11], np.uint64), "count": np.array([1, 1]), "last": np.array([0, 1]), "id": np.array([0, 2])})
+    assert feed(v, [10, 12, 13, 11]) == [3, 4, 6, 5]
+
+
+def test_the_table_stays_bounded_and_ids_stay_in_range() -> None:
+    v = OnlineVocab(capacity=16, admit_after=2, oov_buckets=3)
+    rng = np.random.default_rng(0)
+    keys = rng.zipf(1.3, 20_000).astype(np.uint64)
+    ids, ev = v.update(keys)
+    state = v.export()
+    assert len(v) == 16 and len(state["key"]) <= 32 and (state["id"] >= 0).sum() == 16
+    assert ids.min() >= 2 and ids.max() < v.cardinality
+    assert len(np.unique(state["id"][state["id"] >= 0])) == 16
+
+
+def test_seeding_from_the_fit_keeps_categorify_s_ids() -> None:
+    op = Categorify(["c"], online=True, capacity=3, oov_buckets=2)
+    counts = KeyCounts.of(np.array([4, 5, 6, 7], np.uint64), np.array([9, 1, 5, 5]))
+    op.vocab["c"] = _vocab_table(op, counts)
+    v = op.online_vocab("c")
+    assert op.cardinalities() == {"c": 2 + 2 + 3}
+    assert feed(v, [4, 6, 7, 5]) == [4, 5, 6, oov(5, 2)]  # by count desc, key asc: 4, 6, 7 (5 left out by capacity)
+
+
+def _vocab_table(op: Categorify, counts: KeyCounts):
+    op.bind({"c": ColumnSpec(name="c", role="categorical", dtype="int64", encoding="int")})
+    op.finalize_ranked("c", op.rank(counts), cpu)
+    return op.vocab["c"]
+
+
+def test_export_and_restore_continue_exactly() -> None:
+    rng = np.random.default_rng(1)
+    keys = rng.integers(0, 40, 3000).astype(np.uint64)
+    a = OnlineVocab(capacity=8, admit_after=2, evict="ttl", ttl_rows=50)
+    whole, _ = a.update(keys)
+    b = OnlineVocab(capacity=8, admit_after=2, evict="ttl", ttl_rows=50)
+    first, _ = b.update(keys[:1234])
+    c = OnlineVocab(capacity=8, admit_after=2, evict="ttl", ttl_rows=50)
+    c.restore(b.export())
+    rest, _ = c.update(keys[1234:])
+    assert np.array_equal(whole, np.concatenate([first, rest]))
+    assert all(np.array_equal(x, y) for x, y in zip(a.export().values(), c.export().values()))
+
+
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        ({"key": np.array([2, 2], np.uint64)}, "more than once"),
+        ({"id": np.array([0, 0])}, "two keys"),
+        ({"id": np.array([0, 9])}, "outside"),
+        ({"count": np.array([0, 1])}, "count below 1"),
+        ({"last": np.array([3, 3])}, "distinct"),
+        ({"rows": 2}, "before the clock"),
+        ({"id": np.array([0])}, "length"),
+    ],
+)
+def test_restore_refuses_a_state_it_could_not_have_exported(change: dict, problem: str) -> None:
+    state = {"rows": 5, "key": np.array([1, 2], np.uint64), "count": np.array([1, 1]), "last": np.array([0, 3]), "id": np.array([0, 1])}
+    with pytest.raises(InvalidState, match=problem):
+        OnlineVocab(capacity=2).restore(state | change)
+
+
+def _reference(keys: list, capacity: int, t_admit: int, evict: str, ttl: int | None, buckets: int) -> tuple[list, list]:
+    """The module docstring's semantics, spelled out with dicts and min()."""
+    table: dict[int, list[int]] = {}  # key -> [count, last, id]
+    free, out, events = list(range(capacity)), [], []
+    for t, k in enumerate(keys):
+        if k is None:
+            out.append(1)
+            continue
+        if k in table:
+            table[k][0] += 1
+            table[k][1] = t
+            if table[k][2] >= 0:
+                out.append(2 + buckets + table[k][2])
+                continue
+        else:
+            cands = [x for x in table if table[x][2] < 0]
+            if len(cands) == capacity:
+                del table[min(cands, key=lambda x: (table[x][0], table[x][1]))]
+            table[k] = [1, t, -1]
+        e, new = table[k], -1
+        if e[0] >= t_admit:
+            if free:
+                new = free.pop(free.index(min(free)))
+            else:
+                adm = [x for x in table if table[x][2] >= 0]
+                v = min(adm, key=(lambda x: (table[x][0], table[x][1])) if evict == "lfu" else (lambda x: table[x][1]))
+                if (e[0] > table[v][0]) if evict == "lfu" else (t - table[v][1] >= ttl):
+                    new = table[v][2]
+                    events.append(("evicted", 2 + buckets + new, v))
+                    del table[v]
+        if new < 0:
+            out.append(oov(k, buckets))
+            continue
+        e[2] = new
+        events.append(("admitted", 2 + buckets + new, k))
+        out.append(2 + buckets + new)
+    return out, events
+
+
+def test_matches_a_plain_python_model_across_updates_and_restores() -> None:
+    for trial in range(120):
+        rng = random.Random(trial)
+        capacity, t_admit, buckets = rng.randint(1, 6), rng.randint(1, 3), rng.randint(1, 3)
+        evict = rng.choice(["lfu", "ttl"])
+        ttl = rng.randint(1, 10) if evict == "ttl" else None
+        keys = [None if rng.random() < 0.1 else rng.randint(0, 15) << (60 if rng.random() < 0.2 else 0) for _ in range(rng.randint(0, 200))]
+        want_ids, want_events = _reference(keys, capacity, t_admit, evict, ttl, buckets)
+        v = OnlineVocab(capacity, t_admit, evict, ttl, buckets)
+        ids, admitted, evicted, i = [], [], [], 0
+        while i < len(keys):
+            j = min(len(keys), i + rng.randint(1, 30))
+            part = keys[i:j]
+            got, ev = v.update(np.array([k or 0 for k in part], np.uint64), np.array([k is not None for k in part]))
+            ids += got.tolist()
+            admitted += list(zip(ev.admitted_ids.tolist(), ev.admitted_keys.tolist()))
+            evicted += list(zip(ev.evicted_ids.tolist(), ev.evicted_keys.tolist()))
+            if rng.random() < 0.3:
+                w = OnlineVocab(capacity, t_admit, evict, ttl, buckets)
+                w.restore(v.export())
+                v = w
+            i = j
+        assert ids == want_ids, trial
+        assert admitted == [(i, k) for what, i, k in want_events if what == "admitted"], trial
+        assert evicted == [(i, k) for what, i, k in want_events if what == "evicted"], trial
+
+
+# ---------------------------------------------------------------- Categorify's settings
+
+
+@pytest.mark.parametrize(
+    "params, key",
+    [
+        ({"online": "yes", "capacity": 5}, "Categorify.online"),
+        ({"online": True}, "Categorify.capacity"),
+        ({"online": True, "capacity": 0}, "Categorify.capacity"),
+        ({"online": True, "capacity": 5, "admit_after": 0}, "Categorify.admit_after"),
+        ({"online": True, "capacity": 5, "evict": "lru"}, "Categorify.evict"),
+        ({"online": True, "capacity": 5, "evict": "ttl"}, "Categorify.ttl_rows"),
+        ({"online": True, "capacity": 5, "ttl_rows": 9}, "Categorify.ttl_rows"),
+        ({"online": True, "capacity": 5, "max_size": 6}, "Categorify.max_size"),
+        ({"capacity": 5}, "Categorify.capacity"),
+        ({"evict": "lfu"}, "Categorify.evict"),
+    ],
+)
+def test_categorify_checks_online_settings_naming_the_key(params: dict, key: str) -> None:
+    with pytest.raises(ValueError, match=key):
+        Categorify(["c"], **params)
+
+
+def test_online_categorify_gives_ids_only_through_the_loader() -> None:
+    op = Categorify(["c"], online=True, capacity=5)
+    assert op.max_size == 5
+    batch = Batch({"c": Column(np.array([1, 2], np.uint64))}, 2)
+    with pytest.raises(ConfigError, match="Loader"):
+        op.transform(batch, cpu)
+
+
+def test_online_categorify_refuses_list_columns() -> None:
+    with pytest.raises(ValueError, match="list column"):
+        Categorify(["g"], online=True, capacity=5).bind({"g": ColumnSpec(name="g", role="list", dtype="string", encoding="string")})

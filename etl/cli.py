@@ -316,6 +316,9 @@ def preprocess(
     workers: int = typer.Option(2, min=1, help="Worker threads (without --cluster)."),
     on_error: str = typer.Option("raise", help="raise: stop at the first invalid value; quarantine: set invalid rows aside."),
     compression: str = typer.Option("none", help="Output Parquet compression: none | snappy | lz4 | zstd."),
+    format: str = typer.Option("parquet", "--format", help="Output formats: parquet | npy | parquet,npy (npy: fixed-width .npy chunks "
+                               "that DALI's numpy reader takes; no list columns)."),  # fmt: skip
+    npy_chunk_rows: int = typer.Option(65536, min=1, help="Rows per .npy chunk (--format npy)."),
     cluster: str | None = typer.Option(None, help=CLUSTER),
     partitions: int | None = typer.Option(None, min=1, max=2**31, help=PARTITIONS),
     memory_budget: str | None = typer.Option(
@@ -334,11 +337,15 @@ def preprocess(
     with user_errors(), connecting(cluster) as client:
         from etl.io.parquet import list_shards
         from etl.pipeline import Pipeline, check_match
-        from etl.preprocess import COMPRESSIONS, check_apart
+        from etl.preprocess import COMPRESSIONS, check_apart, parse_formats
         from etl.preprocess import preprocess as run
 
         _check_choice("--on-error", on_error, ("raise", "quarantine"))
         _check_choice("--compression", compression, COMPRESSIONS)
+        try:
+            formats = parse_formats(format)
+        except ValueError as e:
+            raise EtlError(f"--format: {e}") from None
         p = Pipeline.from_file(pipeline)
         inputs, out_dir = expand_globs(input), location(out)
         check_apart(out_dir, inputs)
@@ -350,7 +357,7 @@ def preprocess(
         with progress_bars(_total_rows(shards)) as report:
             mode = cast("OnError", on_error)
             summary = run(p, shards, out_dir, workers=workers, on_error=mode, compression=compression, progress=report, client=client(),
-                          partitions=partitions, memory_budget=memory_budget)  # fmt: skip
+                          partitions=partitions, memory_budget=memory_budget, formats=formats, npy_chunk_rows=npy_chunk_rows)  # fmt: skip
     c = console
     c.print(f"files: {summary.files}" + (f" ({summary.files_skipped} already complete, skipped)" if summary.files_skipped else ""))
     c.print(f"rows: {summary.rows_in:,} in = {summary.rows_out:,} out + {summary.rows_quarantined:,} quarantined")

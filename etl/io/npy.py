@@ -9,9 +9,10 @@ consecutive rows (the shard's last chunk may be shorter), each chunk one .npy fi
     npy/part-00000/sparse-00000.npy   [rows, S] int32/int64  single-valued id columns in the loader's order
 
 The values are those of the loader's batches (``etl.loader.chunk``, which takes its field order from
-``FixedColumns``): a missing dense value is NaN, ids are int64 when one id column is 64-bit (an unsigned one is
-reinterpreted, bit for bit, as int64) and int32 otherwise. Passthrough columns are not loader fields and are not
-written; a pipeline with list (multi-hot) columns is refused (``ListColumnsError``): a list has no fixed width.
+``FixedColumns``): a missing dense value is NaN, ids are int64 when one id column is int64 and int32 otherwise
+(the pipeline's ids are signed: ``etl.ids.id_dtype``, so DALI, which hands out no uint64, reads them as they are).
+Passthrough columns are not loader fields and are not written; a pipeline with list (multi-hot) columns is refused
+(``ListColumnsError``): a list has no fixed width.
 
 These are the files DALI's numpy reader takes (``etl.loader.dali``); the default loader engine reads them too.
 The manifest (``etl.io.processed``) records the ``NpySpec`` once and one ``NpyChunk`` (rows, checksums) per chunk.
@@ -63,7 +64,7 @@ class FixedColumns:
             dense=[f.name for f in fields if pa.types.is_floating(f.type) and f.name != label],
             sparse=sparse,
             lists=[f.name for f in fields if pa.types.is_list(f.type)],
-            wide=any(schema.field(c).type.bit_width == 64 for c in sparse),
+            wide=any(schema.field(c).type == pa.int64() for c in sparse),
         )
 
     @property
@@ -130,9 +131,14 @@ def chunk_dir(output: str) -> str:
     return f"{NPY_DIR}/{output.removesuffix('.parquet')}"
 
 
+def field_file(field: str, index: int) -> str:
+    """The name of the file of ``field`` of chunk ``index``, in its shard's chunk directory."""
+    return f"{field}-{index:05d}.npy"
+
+
 def chunk_file(output: str, field: str, index: int) -> str:
     """The file of ``field`` of chunk ``index`` of shard ``output``, relative to the output directory."""
-    return f"{chunk_dir(output)}/{field}-{index:05d}.npy"
+    return f"{chunk_dir(output)}/{field_file(field, index)}"
 
 
 def chunk_files(output: str, chunks: int) -> Iterator[str]:

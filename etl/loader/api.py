@@ -54,7 +54,7 @@ from etl.loader.assembler import PassSettings
 from etl.loader.chunk import Chunk, Layout
 from etl.loader.device_stage import DeviceStage
 from etl.loader.epoch import EpochPass, InlinePass
-from etl.loader.order import Piece, batches_per_rank, row_groups
+from etl.loader.order import Piece, batches_per_rank, chunk_groups, row_groups
 from etl.loader.pieces import guarded, reader_for
 from etl.loader.ring import Ring
 from etl.loader.stats import LoaderStats
@@ -118,7 +118,18 @@ class Loader:
     URLs (``s3://bucket/raw``, ``gs://...``, see ``etl.io.fs``), with ``storage_options`` for their filesystem
     (credentials and endpoints otherwise come from the environment, e.g. ``AWS_ENDPOINT_URL``); from object storage,
     ``num_workers + prefetch`` pieces are read at once, so that their requests overlap (with ``num_workers=0`` each
-    request's latency is the training loop's)."""
+    request's latency is the training loop's). ``engine="dali"`` reads the npy chunks of a processed output
+    with NVIDIA DALI instead (``etl.loader.dali.DaliLoader``, the same ``LoaderBatch`` fields)."""
+
+    def __new__(cls, *args: Any, engine: str = "default", **kwargs: Any) -> Loader:
+        """A ``Loader``, or with ``engine="dali"`` the ``DaliLoader`` subclass (imported, with DALI, only then)."""
+        if engine == "dali" and cls is Loader:
+            from etl.loader.dali import DaliLoader
+
+            return super().__new__(DaliLoader)
+        if engine not in ("default", "dali"):
+            raise ConfigError(f"engine must be 'default' or 'dali', got {engine!r}")
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -140,6 +151,7 @@ class Loader:
         allow_partial: bool = False,
         copy: bool = False,
         storage_options: dict[str, Any] | None = None,
+        engine: str = "default",
     ):
         tune_allocator()
         if batch_size < 1 or prefetch < 1:
@@ -153,7 +165,7 @@ class Loader:
         if transform_on == "device" and self.processed:
             raise ConfigError("transform_on='device' transforms raw shards; this source is already transformed")
         self.layout = Layout.of(self.pipeline)
-        self.groups = row_groups(shards)
+        self.groups = chunk_groups(output) if output is not None and not output.parts else row_groups(shards)
         self.remote = any(isinstance(path, Url) for path in shards)  # reads wait on requests: see EpochPass io_bound
         self.stage = DeviceStage(self.pipeline, self.layout, self.groups) if transform_on == "device" else None
         self.total_rows = sum(g.num_rows for g in self.groups)

@@ -16,9 +16,9 @@ SCHEMA = pa.schema([("label", pa.float32()), ("d", pa.float32()), ("c", pa.int32
 
 
 def table(n: int, start: int = 0) -> pa.Table:
-    return pa.table({"label": pa.array(np.ones(n, np.float32)), "d": pa.array([None if i % 3 == 0 else float(i) for i in range(start, start + n)], pa.float32()),
-                     "c": pa.array(np.arange(start, start + n, dtype=np.int32)), "row": pa.array(np.arange(n, dtype=np.int64))},
-                    schema=SCHEMA)  # fmt: skip
+    dense = pa.array([None if i % 3 == 0 else float(i) for i in range(start, start + n)], pa.float32())  # every third null
+    ids = pa.array(np.arange(start, start + n, dtype=np.int32))
+    return pa.table({"label": pa.array(np.ones(n, np.float32)), "d": dense, "c": ids, "row": pa.array(np.arange(n, dtype=np.int64))}, schema=SCHEMA)
 
 
 def test_fixed_columns_leave_out_passthrough_and_turn_nulls_into_nan() -> None:

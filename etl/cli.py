@@ -428,6 +428,8 @@ def bench(
     cluster: str | None = typer.Option(
         None, help="Also preprocess on Dask, beside the threaded figures: local:N or a scheduler address (default: $DASK_SCHEDULER_ADDRESS)."
     ),
+    engine: list[str] = typer.Option([], help="Also measure the loader on a preprocessed output with this engine beside the default "
+                                     "one: dali (needs pip install 'etl[dali]')."),  # fmt: skip
 ) -> None:
     """Measure read floor, every stage, fit, preprocess (also as a whole process), the loader, data wait and baselines
     in one run."""
@@ -448,12 +450,14 @@ def bench(
             raise EtlError(f"--device {device!r}: not a device (cpu, cuda, cuda:N or auto)") from None
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise EtlError(f"--device {device}: torch {torch.__version__} sees no CUDA device")
+        for e in engine:
+            _check_choice("--engine", e, ("dali",))
         input_dir = None if input is None else location(input)
         with connect(cluster) as client:
             report = run_bench(pipelines, input_dir=input_dir, rows=rows, files=files, workers=workers, batch_size=batch_size,
                                device=device, step_factor=step_factor, model=model, run_baselines=baselines,
                                device_placement=device_placement, progress=lambda msg: status.update(msg),
-                               client=client)  # fmt: skip
+                               client=client, engines=tuple(engine))  # fmt: skip
     _print_report(report)
     if json_out:
         json_out.write_text(report.to_json())

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +124,7 @@ class ProcessedOutput:
     artifacts: Location
     parts: list[Location]
     manifest: Manifest
-    npy_parts: list[Location]
+    npy_parts: list[Location] = field(default_factory=list)
 
 
 def part_path(directory: Location, index: int) -> Location:

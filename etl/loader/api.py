@@ -165,7 +165,8 @@ class Loader:
         if transform_on == "device" and self.processed:
             raise ConfigError("transform_on='device' transforms raw shards; this source is already transformed")
         self.layout = Layout.of(self.pipeline)
-        self.groups = chunk_groups(output) if output is not None and not output.parts else row_groups(shards)
+        npy_only = output is not None and "parquet" not in output.manifest.formats  # read from its npy chunks
+        self.groups = chunk_groups(output) if output is not None and npy_only else row_groups(shards)
         self.remote = any(isinstance(path, Url) for path in shards)  # reads wait on requests: see EpochPass io_bound
         self.stage = DeviceStage(self.pipeline, self.layout, self.groups) if transform_on == "device" else None
         self.total_rows = sum(g.num_rows for g in self.groups)

@@ -188,7 +188,7 @@ def reader_for(pipeline: Pipeline, layout: Layout, *, processed: ProcessedOutput
     """The reader of a source: ``processed`` (``etl preprocess`` output), else raw shards, transformed on the
     host, or, given a device ``stage``, up to the stage's inputs."""
     if processed is not None:
-        return ProcessedReader(layout, stats, processed) if processed.parts else NpyReader(layout, stats, processed)
+        return ProcessedReader(layout, stats, processed) if "parquet" in processed.manifest.formats else NpyReader(layout, stats, processed)
     if stage is not None:
         return DeviceInputReader(pipeline, stage, groups, stats)
     return HostReader(pipeline, layout, stats)

@@ -240,7 +240,7 @@ class _DaliPass:
         fields = {}
         for name, tl in zip(FIELDS, outputs):
             whole = self._samples(tl, len(pieces), at)
-            fields[name] = whole if len(rows) == at and not loader.shuffle else whole[rows.to(whole.device)]
+            fields[name] = whole if len(rows) == at and not loader.shuffle else whole.index_select(0, rows.to(whole.device))
         self.pending.append(fields)
         self.pending_rows += len(rows)
         self.next_window += 1

@@ -228,14 +228,14 @@ def verify_chunk(output: ProcessedOutput, entry: ManifestEntry, index: int) -> N
     """Check that the files of npy chunk ``index`` of ``entry`` hold the bytes the manifest records: raises
     ``InputError`` naming manifest.json and the file when a sha256 differs or a file cannot be read."""
     chunk = _chunks(entry)[index]
-    for field in FIELDS:
-        name = chunk_file(entry.output, field, index)
+    for kind in FIELDS:
+        name = chunk_file(entry.output, kind, index)
         try:
             digest = sha256_file(output.directory / name)
         except OSError as e:
             raise InputError(str(output.directory / MANIFEST), f"file {name}: cannot read: {e.strerror or e}") from None
-        if digest != chunk.sha256[field]:
-            raise InputError(str(output.directory / MANIFEST), f"file {name}: sha256 {digest} differs from the manifest's {chunk.sha256[field]}")
+        if digest != chunk.sha256[kind]:
+            raise InputError(str(output.directory / MANIFEST), f"file {name}: sha256 {digest} differs from the manifest's {chunk.sha256[kind]}")
 
 
 def _chunks(entry: ManifestEntry) -> tuple[NpyChunk, ...]:
@@ -329,11 +329,11 @@ def _check_chunks(directory: Location, spec: NpySpec, e: ManifestEntry, where: s
         raise InputError(str(path), f"{where}: npy chunks of {sizes} rows are not {expected}")
     root = directory.resolve()
     for i, chunk in enumerate(e.npy_chunks):
-        for field in FIELDS:
-            file = directory / chunk_file(e.output, field, i)
+        for kind in FIELDS:
+            file = directory / chunk_file(e.output, kind, i)
             if not is_within(file.resolve(), root):
-                raise InputError(str(path), f"{where}: the file {chunk_file(e.output, field, i)} resolves outside {root}")
-            check_header(file, spec, field, chunk.rows)
+                raise InputError(str(path), f"{where}: the file {chunk_file(e.output, kind, i)} resolves outside {root}")
+            check_header(file, spec, kind, chunk.rows)
 
 
 def _footer_rows(part: Location, path: Location, where: str) -> int:

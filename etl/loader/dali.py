@@ -38,8 +38,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
+from etl.allocator import tune_allocator
+from etl.backends.rows import scatter_rows
 from etl.errors import ConfigError
 from etl.io.fs import Url, locations
 from etl.io.npy import FIELDS, field_file
@@ -91,6 +94,7 @@ class DaliLoader(Loader):
         engine: str = "dali",
     ):
         self._dali = import_dali()
+        tune_allocator()
         if batch_size < 1 or prefetch < 1:
             raise ConfigError(f"batch_size and prefetch must be >= 1, got batch_size={batch_size}, prefetch={prefetch}")
         if transform_on != "host":
@@ -174,7 +178,7 @@ class _DaliPass:
             self.next_window += 1
         self.skip = skip
         self.pipe = self._build(pieces[self.next_window * k :]) if self.next_window < len(self.windows) else None
-        self.pending: list[dict[str, torch.Tensor]] = []  # rows read but not yet handed out, per field
+        self.pending: list[_Window] = []  # windows read whose rows are not all handed out
         self.pending_rows = 0
         self.last: float | None = None  # when the previous batch was returned (or the first next() began)
 
@@ -220,28 +224,24 @@ class _DaliPass:
         return LoaderBatch(taken["label"], taken["dense"], taken["sparse"], {}, loader.layout.sparse)
 
     def _read_window(self) -> None:
-        """Read the next window from DALI: its pieces' rows, permuted when shuffling, minus the rows skipped."""
+        """Read the next window from DALI: its chunks in one tensor per field, and the order its rows are handed out
+        in (its pieces' rows, permuted when shuffling, less the rows a resume skips)."""
         loader, j = self.loader, self.next_window
         pieces = self.windows[j]
         if self.pipe is None:
             raise RuntimeError("the pass's DALI pipeline is closed")
         outputs = self.pipe.run()
-        keep = []
-        at = 0
-        for p in pieces:
-            keep.append(torch.arange(at + p.start, at + p.start + p.length))
-            at += p.group.num_rows
-        rows = torch.cat(keep)
+        starts = np.cumsum([0] + [p.group.num_rows for p in pieces])
+        rows = np.concatenate([np.arange(a + p.start, a + p.start + p.length) for a, p in zip(starts, pieces)])
         if loader.shuffle:
-            gen = torch.Generator().manual_seed(int(epoch_rng(loader.seed, self.epoch, loader.rank, j).integers(2**63)))
-            rows = rows[torch.randperm(len(rows), generator=gen)]
+            rows = rows[epoch_rng(loader.seed, self.epoch, loader.rank, j).permutation(len(rows))]
         rows = rows[self.skip :]
         self.skip = 0
-        fields = {}
-        for name, tl in zip(FIELDS, outputs):
-            whole = self._samples(tl, len(pieces), at)
-            fields[name] = whole if len(rows) == at and not loader.shuffle else whole.index_select(0, rows.to(whole.device))
-        self.pending.append(fields)
+        whole = {name: self._samples(tl, len(pieces), int(starts[-1])) for name, tl in zip(FIELDS, outputs)}
+        contiguous = len(rows) == 0 or (rows[-1] - rows[0] == len(rows) - 1 and not loader.shuffle)  # a run of rows in order
+        order = None if contiguous else rows
+        first = int(rows[0]) if len(rows) else 0
+        self.pending.append(_Window(whole, order, first, len(rows)))
         self.pending_rows += len(rows)
         self.next_window += 1
         if self.next_window >= len(self.windows):
@@ -264,16 +264,25 @@ class _DaliPass:
         return out
 
     def _take(self, n: int) -> dict[str, torch.Tensor]:
-        """The first ``n`` pending rows of each field (an empty batch when none is left)."""
+        """The next ``n`` pending rows of each field (an empty batch when none is left): gathered from the window(s)
+        that hold them, a view when they are one run of one window's rows."""
         if not self.pending:
             return {k: torch.from_numpy(v).to(self.loader.device) for k, v in self.loader.layout.empty().fixed.items()}
-        if len(self.pending) > 1:
-            self.pending = [{f: torch.cat([p[f] for p in self.pending]) for f in FIELDS}]
-        head = self.pending[0]
-        out = {f: head[f][:n] for f in FIELDS}
-        rest = {f: head[f][n:] for f in FIELDS}
         self.pending_rows -= n
-        self.pending = [rest] if self.pending_rows else []
+        head = self.pending[0]
+        if head.left >= n:
+            out = head.take(n)
+        else:  # the rows of several windows, gathered into one batch
+            out = {f: torch.empty((n, *t.shape[1:]), dtype=t.dtype, device=t.device) for f, t in head.fields.items()}
+            at = 0
+            while at < n:
+                m = min(n - at, self.pending[0].left)
+                self.pending[0].take_into(m, out, at)
+                at += m
+                if at < n:
+                    self.pending.pop(0)
+        if self.pending[0].left == 0:
+            self.pending.pop(0)
         return out
 
     def close(self) -> None:
@@ -281,3 +290,40 @@ class _DaliPass:
         pipe, self.pipe = self.pipe, None
         if pipe is not None:
             del pipe
+
+
+class _Window:
+    """A window read from DALI: ``fields`` hold its chunks' rows; its rows are handed out in the ``order`` of their
+    numbers (None: the ``rows`` rows from ``first`` on, in order), ``n`` at a time by ``take``: gathered with the
+    numba row kernel on the CPU (``etl.backends.rows``, an order of magnitude faster there than torch's
+    ``index_select``), with ``index_select`` on a device."""
+
+    def __init__(self, fields: dict[str, torch.Tensor], order: np.ndarray | None, first: int, rows: int):
+        self.fields, self.order, self.first, self.rows = fields, order, first, rows
+        self.device_order = None if order is None or fields["label"].device.type == "cpu" else torch.from_numpy(order).to(fields["label"].device)
+        self.at = 0  # rows handed out
+
+    @property
+    def left(self) -> int:
+        return self.rows - self.at
+
+    def take(self, n: int) -> dict[str, torch.Tensor]:
+        """The next ``n`` rows of each field: views when they are in order, else gathered into new tensors."""
+        if self.order is None:
+            a, self.at = self.at, self.at + n
+            return {f: t[self.first + a : self.first + a + n] for f, t in self.fields.items()}
+        out = {f: torch.empty((n, *t.shape[1:]), dtype=t.dtype, device=t.device) for f, t in self.fields.items()}
+        self.take_into(n, out, 0)
+        return out
+
+    def take_into(self, n: int, out: dict[str, torch.Tensor], at: int) -> None:
+        """Copy the next ``n`` rows of each field into rows ``at`` to ``at + n`` of ``out``."""
+        a, self.at = self.at, self.at + n
+        for f, t in self.fields.items():
+            dest = out[f][at : at + n]
+            if self.order is None:
+                dest.copy_(t[self.first + a : self.first + a + n])
+            elif self.device_order is not None:
+                torch.index_select(t, 0, self.device_order[a : a + n], out=dest)
+            else:
+                scatter_rows(t.numpy(), self.order[a : a + n], out[f].numpy(), np.arange(at, at + n))

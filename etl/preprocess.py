@@ -419,7 +419,8 @@ def preprocess(
     OutputError at once (object storage has no such lock: one run at a time is up to the user there).
 
     ``formats``: some of ``etl.io.processed.FORMATS``: ``"parquet"`` (the default), ``"npy"`` (chunks of
-    ``npy_chunk_rows`` rows, see ``etl.io.npy``; a pipeline with list columns raises ``ListColumnsError``), or both.
+    ``npy_chunk_rows`` rows, see ``etl.io.npy``; a pipeline with list columns raises ``ListColumnsError`` once it is
+    fitted, before any shard is written), or both.
     A rerun with other formats (or chunk rows) than the earlier run's redoes every shard."""
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")

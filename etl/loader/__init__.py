@@ -10,7 +10,8 @@ Modules, from the training loop inwards (``api``'s docstring tells how they work
 - ``chunk``: the column layout of rows between the pipeline and the ring;
 - ``ring``: pinned slots and the host→device copy;
 - ``device_stage``: the pipeline's device part, after the copy (``transform_on="device"``);
-- ``stats``: ``LoaderStats``, where the time goes.
+- ``stats``: ``LoaderStats``, where the time goes;
+- ``dali``: ``DaliLoader``, what ``Loader(processed_dir, engine="dali")`` makes: npy chunks read by NVIDIA DALI.
 
 Names are imported on first use, so that ``etl.loader.order`` and friends do not import torch.
 """

@@ -428,3 +428,29 @@ def test_ctrl_c_during_the_transform_stops_the_threads_and_removes_the_stash(sha
     assert len(sent[0]) == 1  # the stash was there
     assert threading.active_count() == before
     assert [p.name for p in out.iterdir() if is_temporary(p.name)] == []
+
+
+def test_npy_chunks_beside_the_same_parquet_bytes_with_quarantined_rows(tmp_path: Path, client) -> None:
+    raw = [write(with_bad_c3(criteo_table(n, seed=i), [3, 7]) if n else criteo_table(n, seed=i), tmp_path / "raw" / f"{i}.parquet")
+           for i, n in enumerate(SIZES)]  # fmt: skip
+    run(raw, tmp_path / "pq", on_error="quarantine")
+    both = run(raw, tmp_path / "both", on_error="quarantine", formats=("parquet", "npy"), npy_chunk_rows=64)
+    dask = run(raw, tmp_path / "dask", on_error="quarantine", formats=("parquet", "npy"), npy_chunk_rows=64, client=client)
+    assert both.rows_quarantined == 4 and dask.rows_quarantined == 4
+    manifest = read_manifest(tmp_path / "both")
+    assert manifest.formats == ("parquet", "npy") and manifest.npy is not None and manifest.npy.chunk_rows == 64
+    for e in manifest.files:
+        assert (tmp_path / "both" / e.output).read_bytes() == (tmp_path / "pq" / e.output).read_bytes()
+        assert sum(c.rows for c in e.npy_chunks or ()) == e.rows_out
+    assert tree_bytes(tmp_path / "both" / "npy") == tree_bytes(tmp_path / "dask" / "npy")
+
+
+def test_npy_refuses_a_pipeline_with_list_columns(tmp_path: Path) -> None:
+    from etl.io.npy import ListColumnsError
+    from etl.schema import load_schema
+    from etl.synth import generate
+
+    raw = generate(load_schema(REPO / "schemas/movielens.yaml"), 300, 1, tmp_path / "raw", seed=0)
+    with pytest.raises(ListColumnsError, match="genres"):
+        preprocess(Pipeline.from_file(REPO / "pipelines/movielens.yaml"), raw, tmp_path / "out", formats=("npy",))
+    assert not (tmp_path / "out" / "npy").exists()

@@ -27,7 +27,9 @@ window's permutation and carried rows would still have to be recomputed, so it i
 
 Each chunk's files are checked against the manifest's sha256s when the loader is made (a full read of the output,
 in threads) and their headers (dtype, shape, size) when the output is opened, so a corrupted or truncated chunk is
-an ``InputError`` naming its file before DALI reads it. Batches own their tensors (``copy`` changes nothing).
+an ``InputError`` naming its file before DALI reads it. A batch's tensors stay valid after the next batch (no
+buffer is reused, so ``copy`` changes nothing); a pass's DALI pipeline, and its threads, go when the pass ends, is
+replaced (``iter``, ``set_epoch``, ``load_state_dict``) or the loader is closed or dropped.
 """
 
 from __future__ import annotations
@@ -189,8 +191,7 @@ class _DaliPass:
         device_id = (loader.device.index if loader.device.index is not None else torch.cuda.current_device()) if gpu else None
         root = str(Path(str(loader.output.directory)).resolve())
         names = [str(Path(str(p.group.path)).resolve().relative_to(root)) for p in pieces]
-        pipe = dali.Pipeline(batch_size=loader.window, num_threads=loader.num_workers, device_id=device_id, prefetch_queue_depth=loader.prefetch,
-                             seed=int(epoch_rng(loader.seed, self.epoch, loader.rank).integers(2**31)))  # fmt: skip
+        pipe = dali.Pipeline(batch_size=loader.window, num_threads=loader.num_workers, device_id=device_id, prefetch_queue_depth=loader.prefetch)
         with pipe:
             outputs = [
                 dali.fn.readers.numpy(file_root=root, files=[f"{n}/{field_file(f, p.group.index)}" for n, p in zip(names, pieces)],

@@ -127,3 +127,16 @@ def test_an_output_without_npy_chunks_is_refused(processed: Path, tmp_path: Path
     preprocess(Pipeline.from_file(REPO / "pipelines/criteo_hash.yaml"), [location(str(s)) for s in shards], out)
     with pytest.raises(ConfigError, match="--format npy"):
         Loader(out, engine="dali")
+
+
+@needs_dali
+def test_a_broken_off_pass_leaves_the_loader_usable(processed: Path) -> None:
+    loader = Loader(processed, batch_size=1000, engine="dali")
+    first = next(iter(loader)).sparse.clone()
+    loader.set_epoch(0)  # the same epoch: keeps the position
+    assert loader.position == 1
+    rest = list(loader)
+    assert len(rest) == len(loader) - 1
+    loader.close()
+    again = next(iter(loader))  # the epoch ran to its end: a new iteration starts it over
+    assert torch.equal(again.sparse, first)

@@ -392,13 +392,36 @@ def _formats(doc: dict[str, Any], path: Location) -> tuple[str, ...]:
 
 
 def _npy_spec(doc: dict[str, Any], path: Location) -> NpySpec:
+    """The manifest's ``npy``: float32 label and dense, int32 or int64 ids, a label without width, widths >= 0."""
     dtypes = _field(doc, "dtypes", dict, path, "npy")
     widths = _field(doc, "widths", dict, path, "npy")
-    return NpySpec(
+    spec = NpySpec(
         chunk_rows=_field(doc, "chunk_rows", int, path, "npy"),
         dtypes={f: _field(dtypes, f, str, path, "npy.dtypes") for f in FIELDS},
         widths={f: _field(widths, f, (int, type(None)), path, "npy.widths") for f in FIELDS},
     )
+    allowed = {"label": ("<f4",), "dense": ("<f4",), "sparse": ("<i4", "<i8")}
+    for f in FIELDS:
+        if spec.dtypes[f] not in allowed[f]:
+            raise InputError(str(path), f"manifest field 'npy.dtypes.{f}' is {json.dumps(spec.dtypes[f])}, expected one of {list(allowed[f])}")
+        width = spec.widths[f]
+        if (width is None) != (f == "label") or (width is not None and width < 0):
+            expected = "null" if f == "label" else "an integer >= 0"
+            raise InputError(str(path), f"manifest field 'npy.widths.{f}' is {json.dumps(width)}, expected {expected}")
+    if spec.chunk_rows < 1:
+        raise InputError(str(path), f"manifest field 'npy.chunk_rows' is {spec.chunk_rows}, expected an integer >= 1")
+    return spec
+
+
+def check_npy_layout(output: ProcessedOutput, expected: NpySpec) -> None:
+    """Raise ``InputError`` naming manifest.json when the npy chunks of ``output`` are not of the dtypes and widths
+    of ``expected`` (the spec its pipeline gives, ``etl.io.npy.NpySpec.of``; its chunk rows are not compared)."""
+    spec = output.manifest.npy
+    if spec is None:
+        raise InputError(str(output.directory / MANIFEST), "the output has no npy chunks")
+    if (spec.dtypes, spec.widths) != (expected.dtypes, expected.widths):
+        raise InputError(str(output.directory / MANIFEST), f"npy chunks of dtypes {spec.dtypes} and widths {spec.widths}, but its pipeline's "
+                                                            f"batches have dtypes {expected.dtypes} and widths {expected.widths}")  # fmt: skip
 
 
 _JSON_NAMES = {dict: "an object", list: "an array", str: "a string", int: "an integer", bool: "true or false", type(None): "null"}

@@ -47,8 +47,8 @@ from etl.allocator import tune_allocator
 from etl.backends.rows import scatter_rows
 from etl.errors import ConfigError
 from etl.io.fs import Url, locations
-from etl.io.npy import FIELDS, field_file
-from etl.io.processed import ProcessedOutput, verify_chunk
+from etl.io.npy import FIELDS, NpySpec, field_file
+from etl.io.processed import ProcessedOutput, check_npy_layout, verify_chunk
 from etl.loader.api import Loader, LoaderBatch, _open_source
 from etl.loader.chunk import Layout
 from etl.loader.order import Piece, batches_per_rank, chunk_groups, epoch_rng, rank_pieces
@@ -110,6 +110,7 @@ class DaliLoader(Loader):
         self.output, self.spec = output, output.manifest.npy
         self.processed = True
         self.layout = Layout.of(self.pipeline)
+        check_npy_layout(output, NpySpec.of(self.layout.fixed_columns, 1))
         self.groups = chunk_groups(output)
         self.total_rows = sum(g.num_rows for g in self.groups)
         self.stage = None

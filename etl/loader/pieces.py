@@ -27,10 +27,10 @@ import pyarrow as pa
 from etl.batch import Batch
 from etl.errors import EtlError, LoaderError
 from etl.io.fs import Location, Url, fingerprint
-from etl.io.npy import FIELDS, field_file
+from etl.io.npy import FIELDS, NpySpec, field_file
 from etl.io.npy import read_rows as read_npy_rows
 from etl.io.parquet import batch_from_arrow, read_rows
-from etl.io.processed import ManifestEntry, ProcessedOutput, fetch_part, verify_chunk, verify_part
+from etl.io.processed import ManifestEntry, ProcessedOutput, check_npy_layout, fetch_part, verify_chunk, verify_part
 from etl.loader.chunk import Chunk, Layout
 from etl.loader.device_stage import DeviceStage
 from etl.loader.order import Piece, RowGroup
@@ -129,6 +129,7 @@ class NpyReader(PieceReader):
         self.output = output
         if output.manifest.npy is None:
             raise ValueError(f"{output.directory}: the output has no npy chunks")
+        check_npy_layout(output, NpySpec.of(layout.fixed_columns, 1))
         self.spec = output.manifest.npy
         self._entries = dict(zip(output.npy_parts, output.manifest.files))
         self._locks: dict[tuple[Location, int], threading.Lock] = {}

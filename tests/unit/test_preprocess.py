@@ -454,3 +454,15 @@ def test_npy_refuses_a_pipeline_with_list_columns(tmp_path: Path) -> None:
     with pytest.raises(ListColumnsError, match="genres"):
         preprocess(Pipeline.from_file(REPO / "pipelines/movielens.yaml"), raw, tmp_path / "out", formats=("npy",))
     assert not (tmp_path / "out" / "npy").exists()
+
+
+def test_a_rerun_in_other_formats_redoes_every_shard_and_removes_what_it_no_longer_writes(shards: list[Path], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    run(shards, out, formats=("parquet",))
+    parquet = {p.name: p.read_bytes() for p in out.glob("*.parquet")}
+    both = run(shards, out, formats=("parquet", "npy"), npy_chunk_rows=100)
+    assert both.files_skipped == 0 and {p.name: p.read_bytes() for p in out.glob("*.parquet")} == parquet
+    assert run(shards, out, formats=("parquet", "npy"), npy_chunk_rows=100).files_skipped == len(SIZES)
+    npy = run(shards, out, formats=("npy",), npy_chunk_rows=100)
+    assert npy.files_skipped == 0 and list(out.glob("*.parquet")) == []
+    assert sorted(p.name for p in (out / "npy/part-00000").iterdir()) == [f"{f}-{i:05d}.npy" for f in ("dense", "label", "sparse") for i in (0, 1, 2)]

@@ -142,11 +142,12 @@ def _previous(out_dir: Location) -> tuple[dict[str, ManifestEntry], Formats | No
 
 def _complete(e: ManifestEntry, source: Location, out: Location, on_error: OnError, parquet: bool, npy: bool) -> bool:
     """Whether the earlier run's entry ``e`` stands for what this run would write to ``out`` from ``source`` as a
-    Parquet file (``parquet``) and/or npy chunks (``npy``), the earlier run's formats being the same, if the fitted artifacts are the same too
-    (``e.artifacts_sha256``, checked once they are saved): the same source file (path, size, modification time,
-    footer checksum), the output present with its recorded checksums, and a rerun with ``on_error="raise"`` only
-    over a shard that quarantined nothing (otherwise the shard is redone, and its first invalid row raises). In
-    object storage the size and modification time come from the object's metadata (``etl.io.fs.fingerprint``)."""
+    Parquet file (``parquet``) and/or npy chunks (``npy``), the earlier run's formats being the same, if the fitted
+    artifacts are the same too (``e.artifacts_sha256``, checked once they are saved): the same source file (path,
+    size, modification time, footer checksum), the output present with its recorded checksums, and a rerun with
+    ``on_error="raise"`` only over a shard that quarantined nothing (otherwise the shard is redone, and its first
+    invalid row raises). In object storage the size and modification time come from the object's metadata
+    (``etl.io.fs.fingerprint``)."""
     size, mtime_ns = fingerprint(source)
     return (
         e.source == str(source.resolve())
@@ -329,7 +330,7 @@ def _write_shard(
     footer = footer_sha256(source)
     shard = open_shard(source, pipeline.schema)
     schema = pipeline.output_schema()
-    columns = FixedColumns.of(schema, pipeline.schema.by_role("label")[0], pipeline.passthrough) if chunks is not None else None
+    columns = _fixed_columns(pipeline) if chunks is not None else None
     rows_in = rows_out = rows_q = 0
     q_writer: ExclusiveParquetWriter | None = None
     sink = HashingFile(out_tmp) if out_tmp is not None else None
@@ -436,10 +437,14 @@ def preprocess(
                            formats, npy_chunk_rows)  # fmt: skip
 
 
-def npy_columns(pipeline: Pipeline, chunk_rows: int) -> NpySpec:
-    """The npy spec of the output of ``pipeline`` (fitted: its id dtype depends on the fit); ``ListColumnsError``
-    when the output has list columns."""
-    return NpySpec.of(FixedColumns.of(pipeline.output_schema(), pipeline.schema.by_role("label")[0], pipeline.passthrough), chunk_rows)
+def _fixed_columns(pipeline: Pipeline) -> FixedColumns:
+    """The output columns of ``pipeline`` (fitted: its id dtype depends on the fit) behind each batch field."""
+    return FixedColumns.of(pipeline.output_schema(), pipeline.schema.by_role("label")[0], pipeline.passthrough)
+
+
+def _npy_spec(pipeline: Pipeline, chunk_rows: int) -> NpySpec:
+    """The npy spec of the output of the fitted ``pipeline``; ``ListColumnsError`` when it has list columns."""
+    return NpySpec.of(_fixed_columns(pipeline), chunk_rows)
 
 
 def _preprocess(
@@ -477,7 +482,7 @@ def _preprocess(
     with Stash(memory_budget, out_dir if isinstance(out_dir, Path) else Path(tempfile.gettempdir())) as stash, \
             ThreadPoolExecutor(1, thread_name_prefix="etl-save") as saver:  # fmt: skip
         pipeline, plan, fit_seconds = _fitted(pipeline, shards, out_dir, artifacts, workers, on_error, progress, client, partitions, stash, complete)
-        formats = Formats(parquet, npy_columns(pipeline, npy_chunk_rows) if npy else None)
+        formats = Formats(parquet, _npy_spec(pipeline, npy_chunk_rows) if npy else None)
         saved = saver.submit(_save_artifacts, pipeline, out_dir)
         # Threads transform while the artifacts are saved (a shard is committed once they are); a rerun needs
         # their checksum first to know which shards it keeps, and tasks on a cluster load them.

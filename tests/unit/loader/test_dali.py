@@ -140,3 +140,11 @@ def test_a_broken_off_pass_leaves_the_loader_usable(processed: Path) -> None:
     loader.close()
     again = next(iter(loader))  # the epoch ran to its end: a new iteration starts it over
     assert torch.equal(again.sparse, first)
+
+
+@needs_dali
+def test_object_storage_and_device_transforms_are_refused(processed: Path) -> None:
+    with pytest.raises(ConfigError, match="object storage"):
+        Loader("s3://bucket/processed", engine="dali")
+    with pytest.raises(ConfigError, match="transform_on"):
+        Loader(processed, engine="dali", transform_on="device")

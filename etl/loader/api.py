@@ -170,16 +170,7 @@ class Loader:
         self.remote = any(isinstance(path, Url) for path in shards)  # reads wait on requests: see EpochPass io_bound
         self.stage = DeviceStage(self.pipeline, self.layout, self.groups) if transform_on == "device" else None
         self.total_rows = sum(g.num_rows for g in self.groups)
-        if rank is None and world_size is None:
-            dist = torch.distributed.is_available() and torch.distributed.is_initialized()
-            rank, world_size = (torch.distributed.get_rank(), torch.distributed.get_world_size()) if dist else (0, 1)
-        if rank is None or world_size is None or world_size < 1 or not 0 <= rank < world_size:
-            raise ConfigError(f"rank and world_size must be given together with 0 <= rank < world_size, got {rank}, {world_size}")
-        self.rank, self.world_size = rank, world_size
-        rows = self.total_rows // world_size  # the smallest slice of a rank (batches_per_rank)
-        if drop_last and batch_size > rows:
-            raise ConfigError(f"batch_size={batch_size} is larger than the {rows} rows of a rank ({self.total_rows} rows over {world_size} "
-                              "rank(s)): with drop_last=True no batch is left; use a smaller batch_size or drop_last=False")  # fmt: skip
+        self.rank, self.world_size = rank_and_world_size(rank, world_size, self.total_rows, batch_size, drop_last)
         self.batch_size, self.shuffle, self.seed, self.drop_last, self.copy = batch_size, shuffle, seed, drop_last, copy
         self.shuffle_buffer = max(shuffle_buffer or 4 * batch_size, 1)
         self.device = torch.device(device)
@@ -294,6 +285,22 @@ class Loader:
     def _read_piece(self, piece: Piece) -> Chunk:
         """Read and transform one piece: what the workers of every pass call."""
         return self._reader(piece)
+
+
+def rank_and_world_size(rank: int | None, world_size: int | None, total_rows: int, batch_size: int, drop_last: bool) -> tuple[int, int]:
+    """This process's rank and the world size: as given, or both from ``torch.distributed`` when it is initialised
+    (else 0 and 1). ``ConfigError`` for an impossible pair, or when ``drop_last`` leaves a rank of ``total_rows //
+    world_size`` rows (the smallest slice, see ``batches_per_rank``) no batch of ``batch_size`` rows."""
+    if rank is None and world_size is None:
+        dist = torch.distributed.is_available() and torch.distributed.is_initialized()
+        rank, world_size = (torch.distributed.get_rank(), torch.distributed.get_world_size()) if dist else (0, 1)
+    if rank is None or world_size is None or world_size < 1 or not 0 <= rank < world_size:
+        raise ConfigError(f"rank and world_size must be given together with 0 <= rank < world_size, got {rank}, {world_size}")
+    rows = total_rows // world_size
+    if drop_last and batch_size > rows:
+        raise ConfigError(f"batch_size={batch_size} is larger than the {rows} rows of a rank ({total_rows} rows over {world_size} "
+                          "rank(s)): with drop_last=True no batch is left; use a smaller batch_size or drop_last=False")  # fmt: skip
+    return rank, world_size
 
 
 def _read_weakly(loader: Loader) -> Callable[[Piece], Chunk]:

@@ -49,7 +49,7 @@ from etl.errors import ConfigError
 from etl.io.fs import Url, locations
 from etl.io.npy import FIELDS, NpySpec, field_file
 from etl.io.processed import ProcessedOutput, check_npy_layout, verify_chunk
-from etl.loader.api import Loader, LoaderBatch, _open_source
+from etl.loader.api import Loader, LoaderBatch, _open_source, rank_and_world_size
 from etl.loader.chunk import Layout
 from etl.loader.order import Piece, batches_per_rank, chunk_groups, epoch_rng, rank_pieces
 from etl.loader.stats import LoaderStats
@@ -114,15 +114,7 @@ class DaliLoader(Loader):
         self.groups = chunk_groups(output)
         self.total_rows = sum(g.num_rows for g in self.groups)
         self.stage = None
-        if rank is None and world_size is None:
-            dist = torch.distributed.is_available() and torch.distributed.is_initialized()
-            rank, world_size = (torch.distributed.get_rank(), torch.distributed.get_world_size()) if dist else (0, 1)
-        if rank is None or world_size is None or world_size < 1 or not 0 <= rank < world_size:
-            raise ConfigError(f"rank and world_size must be given together with 0 <= rank < world_size, got {rank}, {world_size}")
-        self.rank, self.world_size = rank, world_size
-        if drop_last and batch_size > self.total_rows // world_size:
-            raise ConfigError(f"batch_size={batch_size} is larger than the {self.total_rows // world_size} rows of a rank: "
-                              "with drop_last=True no batch is left")  # fmt: skip
+        self.rank, self.world_size = rank_and_world_size(rank, world_size, self.total_rows, batch_size, drop_last)
         self.batch_size, self.shuffle, self.seed, self.drop_last, self.copy = batch_size, shuffle, seed, drop_last, copy
         self.shuffle_buffer = max(shuffle_buffer or 4 * batch_size, 1)
         self.window = max(1, math.ceil(self.shuffle_buffer / self.spec.chunk_rows))  # chunks per DALI batch

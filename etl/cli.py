@@ -316,6 +316,9 @@ def preprocess(
     workers: int = typer.Option(2, min=1, help="Worker threads (without --cluster)."),
     on_error: str = typer.Option("raise", help="raise: stop at the first invalid value; quarantine: set invalid rows aside."),
     compression: str = typer.Option("none", help="Output Parquet compression: none | snappy | lz4 | zstd."),
+    format: str = typer.Option("parquet", "--format", help="Output formats: parquet | npy | parquet,npy (npy: fixed-width .npy chunks "
+                               "that DALI's numpy reader takes; no list columns)."),  # fmt: skip
+    npy_chunk_rows: int = typer.Option(65536, min=1, help="Rows per .npy chunk (--format npy)."),
     cluster: str | None = typer.Option(None, help=CLUSTER),
     partitions: int | None = typer.Option(None, min=1, max=2**31, help=PARTITIONS),
     memory_budget: str | None = typer.Option(
@@ -339,6 +342,8 @@ def preprocess(
         with user_errors():
             if memory_budget is not None or partitions is not None:
                 raise ConfigError("--follow fits nothing: it takes no --memory-budget nor --partitions")
+            if format != "parquet" or npy_chunk_rows != 65536:
+                raise ConfigError("--follow writes Parquet files: it takes no --format nor --npy-chunk-rows")
         _preprocess_follow(pipeline, input, out, artifacts, workers, on_error, compression, cluster, poll_interval, stop_after_idle)
         return
     if poll_interval != 1.0 or stop_after_idle is not None:
@@ -351,11 +356,15 @@ def preprocess(
     with user_errors(), connecting(cluster) as client:
         from etl.io.parquet import list_shards
         from etl.pipeline import Pipeline, check_match
-        from etl.preprocess import COMPRESSIONS, check_apart
+        from etl.preprocess import COMPRESSIONS, check_apart, parse_formats
         from etl.preprocess import preprocess as run
 
         _check_choice("--on-error", on_error, ("raise", "quarantine"))
         _check_choice("--compression", compression, COMPRESSIONS)
+        try:
+            formats = parse_formats(format)
+        except ValueError as e:
+            raise EtlError(f"--format: {e}") from None
         p = Pipeline.from_file(pipeline)
         inputs, out_dir = expand_globs(input), location(out)
         check_apart(out_dir, inputs)
@@ -367,7 +376,7 @@ def preprocess(
         with progress_bars(_total_rows(shards)) as report:
             mode = cast("OnError", on_error)
             summary = run(p, shards, out_dir, workers=workers, on_error=mode, compression=compression, progress=report, client=client(),
-                          partitions=partitions, memory_budget=memory_budget)  # fmt: skip
+                          partitions=partitions, memory_budget=memory_budget, formats=formats, npy_chunk_rows=npy_chunk_rows)  # fmt: skip
     c = console
     c.print(f"files: {summary.files}" + (f" ({summary.files_skipped} already complete, skipped)" if summary.files_skipped else ""))
     c.print(f"rows: {summary.rows_in:,} in = {summary.rows_out:,} out + {summary.rows_quarantined:,} quarantined")
@@ -479,6 +488,8 @@ def bench(
     cluster: str | None = typer.Option(
         None, help="Also preprocess on Dask, beside the threaded figures: local:N or a scheduler address (default: $DASK_SCHEDULER_ADDRESS)."
     ),
+    engine: list[str] = typer.Option([], help="Also measure the loader on a preprocessed output with this engine beside the default "
+                                     "one: dali (needs pip install 'etl[dali]')."),  # fmt: skip
 ) -> None:
     """Measure read floor, every stage, fit, preprocess (also as a whole process), the loader, data wait and baselines
     in one run."""
@@ -499,6 +510,8 @@ def bench(
             raise EtlError(f"--device {device!r}: not a device (cpu, cuda, cuda:N or auto)") from None
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise EtlError(f"--device {device}: torch {torch.__version__} sees no CUDA device")
+        for e in engine:
+            _check_choice("--engine", e, ("dali",))
         input_dir = None if input is None else location(input)
         if reader not in ("cpu", "cudf"):
             raise EtlError(f"--reader {reader!r}: cpu or cudf")
@@ -513,7 +526,7 @@ def bench(
             report = run_bench(pipelines, input_dir=input_dir, rows=rows, files=files, workers=workers, batch_size=batch_size,
                                device=device, step_factor=step_factor, model=model, run_baselines=baselines,
                                device_placement=device_placement, reader=reader, progress=lambda msg: status.update(msg),
-                               client=client)  # fmt: skip
+                               client=client, engines=tuple(engine))  # fmt: skip
     _print_report(report)
     if json_out:
         json_out.write_text(report.to_json())

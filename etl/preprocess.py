@@ -1,8 +1,9 @@
-"""Offline preprocessing: raw Parquet shards → processed Parquet shards, resumable.
+"""Offline preprocessing: raw Parquet shards → processed Parquet shards and/or npy chunks, resumable.
 
 The output directory is a processed output (layout and manifest: ``etl.io.processed``): one processed file per
-input shard (input order) with one row group per input row group; the quarantine files hold the rejected raw rows
-with _row (row number in the source), _column and _reason.
+input shard (input order) with one row group per input row group, and/or, with the npy format, the same rows as
+fixed-width .npy chunks (``etl.io.npy``); the quarantine files hold the rejected raw rows with _row (row number in
+the source), _column and _reason. The Parquet files are the same bytes whether or not the npy chunks are written.
 
 Every file is written under a unique temporary name; the driver (the process that called ``preprocess``, sole
 owner of the manifest and of the directory's lock) renames it onto its final name and rewrites the manifest
@@ -33,6 +34,7 @@ In object storage (``etl.io.fs``) the "rename" is a copy onto the final key, whe
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import tempfile
 import threading
@@ -54,9 +56,11 @@ from etl.io.files import ExclusiveParquetWriter, HashingFile, is_shard_name, rem
 from etl.io.fs import Location, Url, fingerprint, is_within
 from etl.io.fs import replace as replace_file
 from etl.io.lock import locked
+from etl.io.npy import DEFAULT_CHUNK_ROWS, NPY_DIR, ChunkWriter, FixedColumns, NpySpec, chunk_file, chunk_files
 from etl.io.parquet import Shard, batch_from_arrow, footer_sha256, open_shard
 from etl.io.processed import (
     ARTIFACTS,
+    FORMATS,
     QUARANTINE,
     Manifest,
     ManifestEntry,
@@ -103,22 +107,48 @@ class Summary:
         return self.rows_processed / self.transform_seconds if self.transform_seconds > 0 else 0.0
 
 
-def _previous_entries(out_dir: Location) -> dict[str, ManifestEntry]:
-    """The entries of the manifest an earlier run left in ``out_dir`` by output name; none when there is no
-    usable manifest (missing, unreadable, of another format or version, malformed)."""
+@dataclass(frozen=True)
+class Formats:
+    """What a run writes for each shard: its Parquet file (``parquet``) and/or its npy chunks of ``npy``'s spec
+    (None: none)."""
+
+    parquet: bool = True
+    npy: NpySpec | None = None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The formats as the manifest lists them."""
+        return tuple(f for f in FORMATS if (f == "parquet" and self.parquet) or (f == "npy" and self.npy is not None))
+
+
+def parse_formats(text: str) -> tuple[str, ...]:
+    """``--format``'s value (comma-separated, such as ``parquet,npy``) as formats in ``FORMATS`` order; ValueError
+    for an unknown or missing one."""
+    names = {f.strip() for f in text.split(",") if f.strip()}
+    unknown = sorted(names - set(FORMATS))
+    if unknown or not names:
+        raise ValueError(f"format must be one or more of {', '.join(FORMATS)} separated by commas, got {text!r}")
+    return tuple(f for f in FORMATS if f in names)
+
+
+def _previous(out_dir: Location) -> tuple[dict[str, ManifestEntry], Formats | None]:
+    """The entries of the manifest an earlier run left in ``out_dir`` by output name, and the formats it wrote;
+    none when there is no usable manifest (missing, unreadable, of another format or version, malformed)."""
     try:
-        return {e.output: e for e in read_manifest(out_dir).files}
+        manifest = read_manifest(out_dir)
     except InputError:
-        return {}
+        return {}, None
+    return {e.output: e for e in manifest.files}, Formats("parquet" in manifest.formats, manifest.npy)
 
 
-def _complete(e: ManifestEntry, source: Location, out: Location, on_error: OnError) -> bool:
-    """Whether the earlier run's entry ``e`` stands for what this run would write to ``out`` from ``source``, if
-    the fitted artifacts are the same too (``e.artifacts_sha256``, checked once they are saved): the same source
-    file (path, size, modification time, footer checksum), the output present with its recorded checksum, and a
-    rerun with ``on_error="raise"`` only over a shard that quarantined nothing (otherwise the shard is redone, and
-    its first invalid row raises). In object storage the size and modification time come from the object's
-    metadata (``etl.io.fs.fingerprint``)."""
+def _complete(e: ManifestEntry, source: Location, out: Location, on_error: OnError, parquet: bool, npy: bool) -> bool:
+    """Whether the earlier run's entry ``e`` stands for what this run would write to ``out`` from ``source`` as a
+    Parquet file (``parquet``) and/or npy chunks (``npy``), the earlier run's formats being the same, if the fitted
+    artifacts are the same too (``e.artifacts_sha256``, checked once they are saved): the same source file (path,
+    size, modification time, footer checksum), the output present with its recorded checksums, and a rerun with
+    ``on_error="raise"`` only over a shard that quarantined nothing (otherwise the shard is redone, and its first
+    invalid row raises). In object storage the size and modification time come from the object's metadata
+    (``etl.io.fs.fingerprint``)."""
     size, mtime_ns = fingerprint(source)
     return (
         e.source == str(source.resolve())
@@ -126,9 +156,21 @@ def _complete(e: ManifestEntry, source: Location, out: Location, on_error: OnErr
         and e.source_mtime_ns == mtime_ns
         and e.source_footer_sha256 == footer_sha256(source)
         and (on_error == "quarantine" or e.rows_quarantined == 0)
-        and out.exists()
-        and sha256_file(out) == e.sha256
+        and (not parquet or (out.exists() and sha256_file(out) == e.sha256))
+        and (not npy or _chunks_present(e, out.parent))
     )
+
+
+def _chunks_present(e: ManifestEntry, out_dir: Location) -> bool:
+    """Whether every npy chunk file of ``e`` is in ``out_dir`` with its recorded checksum."""
+    if e.npy_chunks is None:
+        return False
+    for i, chunk in enumerate(e.npy_chunks):
+        for field, digest in chunk.sha256.items():
+            path = out_dir / chunk_file(e.output, field, i)
+            if not path.exists() or sha256_file(path) != digest:
+                return False
+    return True
 
 
 def check_apart(out_dir: Location, inputs: list[Location]) -> None:
@@ -156,6 +198,8 @@ def _remove_stale(out_dir: Location, previous: dict[str, ManifestEntry], keep: s
         (out_dir / e.output).unlink(missing_ok=True)
         if e.quarantine == quarantine_name(e.output):
             (out_dir / e.quarantine).unlink(missing_ok=True)
+        for name in chunk_files(e.output, len(e.npy_chunks or ())):
+            (out_dir / name).unlink(missing_ok=True)
 
 
 def _remove_artifact_temporaries(artifacts: Location) -> None:
@@ -191,11 +235,13 @@ def _quarantine_table(raw: pa.Table, source_schema: pa.Schema, first_row: int, t
 class WrittenShard:
     """The output of one shard, complete under temporary names and not yet committed: ``output`` and
     ``quarantine`` (None when no row was rejected) are the temporary files of ``entry.output`` and
-    ``entry.quarantine``."""
+    ``entry.quarantine`` (``output`` is None when the Parquet file is not written); ``npy`` pairs the temporary
+    file of each npy chunk with its final name (relative to the output directory)."""
 
     entry: ManifestEntry
-    output: Location
+    output: Location | None
     quarantine: Location | None
+    npy: tuple[tuple[Location, str], ...] = ()
 
 
 #: How one row group of an open shard becomes output: its number of rows, the transformed batch, and its rows as read
@@ -224,12 +270,14 @@ def process_shard(
     compression: str = "none",
     progress: Callable[[int], None] | None = None,
     transform: RowGroupTransform | None = None,
+    formats: Formats = Formats(),
 ) -> WrittenShard | None:
     """Transform one shard into a temporary file of ``out`` (and rejected rows into one of its quarantine file);
     returns them with the shard's manifest entry (without ``artifacts_sha256``) for ``commit_shard``, or None when
     ``stop`` was set before the end. The temporary files are removed when it stops or fails. ``progress`` is called
     with the number of rows of each row group transformed. ``transform`` makes each row group's output (default:
-    ``transform_read``; the single pass gives one that takes it from its stash).
+    ``transform_read``; the single pass gives one that takes it from its stash). ``formats``: whether the Parquet
+    file is written, and the npy chunks of which spec (none by default).
 
     Output columns are written with plain encoding (no dictionary: ids and floats decode at memcpy speed in the
     loader), without column statistics (nothing reads them; computing them cost ~5 % of the write), and
@@ -237,15 +285,21 @@ def process_shard(
     the file is written."""
     quarantine = out.parent / quarantine_name(out.name)
     out_tmp, q_tmp = temporary_path(out), temporary_path(quarantine)
+    chunks = None if formats.npy is None else ChunkWriter(out.parent, out.name, formats.npy)
     entry = None
     run = transform or transform_read(pipeline, on_error)
     try:
-        entry = _write_shard(pipeline, source, out, out_tmp, q_tmp, run, stop, compression, progress)
-        return None if entry is None else WrittenShard(entry, out_tmp, q_tmp if entry.quarantine is not None else None)
+        entry = _write_shard(pipeline, source, out, out_tmp if formats.parquet else None, q_tmp, run, stop, compression, progress, chunks)
+        if entry is None:
+            return None
+        return WrittenShard(entry, out_tmp if formats.parquet else None, q_tmp if entry.quarantine is not None else None,
+                            tuple(chunks.written) if chunks is not None else ())  # fmt: skip
     finally:
         if entry is None:  # stopped or failed
             out_tmp.unlink(missing_ok=True)
             q_tmp.unlink(missing_ok=True)
+            if chunks is not None:
+                chunks.discard()
 
 
 def commit_shard(directory: Location, written: WrittenShard) -> ManifestEntry:
@@ -253,7 +307,10 @@ def commit_shard(directory: Location, written: WrittenShard) -> ManifestEntry:
     them there); returns its entry."""
     if written.quarantine is not None and written.entry.quarantine is not None:
         replace_file(written.quarantine, directory / written.entry.quarantine)
-    replace_file(written.output, directory / written.entry.output)
+    for tmp, name in written.npy:
+        replace_file(tmp, directory / name)
+    if written.output is not None:
+        replace_file(written.output, directory / written.entry.output)
     return written.entry
 
 
@@ -261,28 +318,38 @@ def _write_shard(
     pipeline: Pipeline,
     source: Location,
     out: Location,
-    out_tmp: Location,
+    out_tmp: Location | None,
     q_tmp: Location,
     transform: RowGroupTransform,
     stop: Stop,
     compression: str,
     progress: Callable[[int], None] | None,
+    chunks: ChunkWriter | None,
 ) -> ManifestEntry | None:
-    """``process_shard``'s writing, into ``out_tmp`` and ``q_tmp``."""
+    """``process_shard``'s writing, into ``out_tmp`` (None: no Parquet file), ``q_tmp`` and ``chunks``."""
     size, mtime_ns = fingerprint(source)
     footer = footer_sha256(source)
     shard = open_shard(source, pipeline.schema)
     schema = pipeline.output_schema()
+    columns = _fixed_columns(pipeline) if chunks is not None else None
     rows_in = rows_out = rows_q = 0
     q_writer: ExclusiveParquetWriter | None = None
-    sink = HashingFile(out_tmp)
+    sink = HashingFile(out_tmp) if out_tmp is not None else None
     try:
-        with sink, pq.ParquetWriter(sink, schema, use_dictionary=False, compression=compression, write_statistics=False) as writer:
+        with contextlib.ExitStack() as stack:
+            writer = None
+            if sink is not None:
+                stack.enter_context(sink)
+                writer = stack.enter_context(pq.ParquetWriter(sink, schema, use_dictionary=False, compression=compression, write_statistics=False))
             for i in range(shard.num_row_groups):
                 if stop.is_set():
                     return None
                 n, t, raw = transform(shard, i)
-                writer.write_table(pipeline.to_arrow(t.batch))
+                table = pipeline.to_arrow(t.batch)
+                if writer is not None:
+                    writer.write_table(table)
+                if chunks is not None and columns is not None:
+                    chunks.write(columns.arrays(table))
                 rows_in += n
                 rows_out += t.batch.num_rows
                 if t.rejected:
@@ -301,6 +368,8 @@ def _write_shard(
             q_writer.close()
     if rows_in != rows_out + rows_q:
         raise RuntimeError(f"{source}: row accounting broke: {rows_in} in, {rows_out} out, {rows_q} quarantined")
+    if chunks is not None:
+        chunks.close()
     return ManifestEntry(
         output=out.name,
         source=str(source.resolve()),
@@ -311,7 +380,8 @@ def _write_shard(
         rows_out=rows_out,
         rows_quarantined=rows_q,
         quarantine=quarantine_name(out.name) if rows_q else None,
-        sha256=sink.hexdigest(),
+        sha256=sink.hexdigest() if sink is not None else None,
+        npy_chunks=tuple(chunks.chunks) if chunks is not None else None,
     )
 
 
@@ -328,6 +398,8 @@ def preprocess(
     client: Client | None = None,
     partitions: int | None = None,
     memory_budget: int | str | None = None,
+    formats: tuple[str, ...] = ("parquet",),
+    npy_chunk_rows: int = DEFAULT_CHUNK_ROWS,
 ) -> Summary:
     """Fit (unless ``artifacts`` holds a fitted state of this pipeline), then transform every shard: in
     ``workers`` threads, or, given a Dask ``client``, on its cluster (the fit as ``Pipeline.fit`` does it with a
@@ -347,11 +419,18 @@ def preprocess(
     ``out_dir`` must lie apart from the inputs (OutputError otherwise, see ``check_apart``). The run holds
     ``out_dir``'s lock (``etl.io.lock``) throughout: a second run into the same directory raises
     OutputError at once (object storage has no such lock: one run at a time is up to the user there). A pipeline
-    with an online vocabulary (Categorify ``online: true``) is refused (``ConfigError``) before anything is written."""
+    with an online vocabulary (Categorify ``online: true``) is refused (``ConfigError``) before anything is written.
+
+    ``formats``: some of ``etl.io.processed.FORMATS``: ``"parquet"`` (the default), ``"npy"`` (chunks of
+    ``npy_chunk_rows`` rows, see ``etl.io.npy``; a pipeline with list columns raises ``ListColumnsError`` once it is
+    fitted, before any shard is written), or both.
+    A rerun with other formats (or chunk rows) than the earlier run's redoes every shard."""
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
     if compression not in COMPRESSIONS:
         raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
+    if not formats or list(formats) != [f for f in FORMATS if f in formats]:
+        raise ValueError(f"formats must be some of {FORMATS}, in that order, got {formats!r}")
     budget = default_budget() if memory_budget is None else parse_budget(memory_budget)
     online = online_columns(pipeline.ops)
     if online:
@@ -360,7 +439,18 @@ def preprocess(
     check_apart(out_dir, shards)
     out_dir.mkdir(parents=True, exist_ok=True)
     with locked(out_dir):
-        return _preprocess(pipeline, shards, out_dir, artifacts, workers, on_error, compression, progress, client, partitions, budget)
+        return _preprocess(pipeline, shards, out_dir, artifacts, workers, on_error, compression, progress, client, partitions, budget,
+                           formats, npy_chunk_rows)  # fmt: skip
+
+
+def _fixed_columns(pipeline: Pipeline) -> FixedColumns:
+    """The output columns of ``pipeline`` (fitted: its id dtype depends on the fit) behind each batch field."""
+    return FixedColumns.of(pipeline.output_schema(), pipeline.schema.by_role("label")[0], pipeline.passthrough)
+
+
+def _npy_spec(pipeline: Pipeline, chunk_rows: int) -> NpySpec:
+    """The npy spec of the output of the fitted ``pipeline``; ``ListColumnsError`` when it has list columns."""
+    return NpySpec.of(_fixed_columns(pipeline), chunk_rows)
 
 
 def _preprocess(
@@ -375,24 +465,35 @@ def _preprocess(
     client: Client | None,
     partitions: int | None,
     memory_budget: int,
+    format_names: tuple[str, ...],
+    npy_chunk_rows: int,
 ) -> Summary:
     """``preprocess`` once the arguments are checked and ``out_dir`` is locked."""
     remove_temporaries(out_dir)  # left by an interrupted run (a stash's spill directory among them)
     remove_temporaries(out_dir / QUARANTINE)
-    previous = _previous_entries(out_dir)
+    if (out_dir / NPY_DIR).is_dir():
+        for d in (out_dir / NPY_DIR).iterdir():
+            remove_temporaries(d)
+    previous, before = _previous(out_dir)
     outputs = [part_path(out_dir, i) for i in range(len(shards))]
+    # the shards whose earlier output may be kept; whether the npy spec is the earlier run's is known once the fit
+    # has fixed the id dtype (then ``same_formats``)
+    parquet, npy = "parquet" in format_names, "npy" in format_names
     complete = set()
-    for i, (src, out) in enumerate(zip(shards, outputs)):
-        e = previous.get(out.name)
-        if e is not None and _complete(e, src, out, on_error):
-            complete.add(i)
+    if before is not None and before.parquet == parquet and (before.npy is not None) == npy:
+        for i, (src, out) in enumerate(zip(shards, outputs)):
+            e = previous.get(out.name)
+            if e is not None and _complete(e, src, out, on_error, parquet, npy):
+                complete.add(i)
     with Stash(memory_budget, out_dir if isinstance(out_dir, Path) else Path(tempfile.gettempdir())) as stash, \
             ThreadPoolExecutor(1, thread_name_prefix="etl-save") as saver:  # fmt: skip
         pipeline, plan, fit_seconds = _fitted(pipeline, shards, out_dir, artifacts, workers, on_error, progress, client, partitions, stash, complete)
+        formats = Formats(parquet, _npy_spec(pipeline, npy_chunk_rows) if npy else None)
         saved = saver.submit(_save_artifacts, pipeline, out_dir)
         # Threads transform while the artifacts are saved (a shard is committed once they are); a rerun needs
         # their checksum first to know which shards it keeps, and tasks on a cluster load them.
-        reused = [i for i in sorted(complete) if previous[outputs[i].name].artifacts_sha256 == saved.result()]
+        same_formats = formats == before  # the npy spec's id dtype is final now that the pipeline is fitted
+        reused = [i for i in sorted(complete) if same_formats and previous[outputs[i].name].artifacts_sha256 == saved.result()]
         todo = [i for i in range(len(shards)) if i not in reused]
         if client is not None or not todo:
             saved.result()
@@ -404,7 +505,7 @@ def _preprocess(
             return functools.partial(_transform_from_stash, pipeline, plan, stash, i, on_error)
 
         summary = _transform(pipeline, shards, outputs, out_dir, {outputs[i].name: previous[outputs[i].name] for i in reused}, previous,
-                             todo, saved.result, workers, on_error, compression, progress, client, transform)  # fmt: skip
+                             todo, saved.result, workers, on_error, compression, progress, client, transform, formats)  # fmt: skip
         saved.result()  # its error, when no shard was committed to raise it
         stashed = {"stash_peak_bytes": stash.peak_bytes, "stash_spilled_bytes": stash.spilled_bytes, "memory_budget": memory_budget}
         return replace(summary, fit_seconds=fit_seconds, **stashed)
@@ -472,6 +573,7 @@ def _transform(
     progress: Progress | None,
     client: Client | None,
     transform: Callable[[int], RowGroupTransform | None],
+    formats: Formats,
 ) -> Summary:
     """Write the shards ``todo`` (``entries``: those of the others, kept from the earlier run's ``previous``
     ones), with ``transform(i)`` for shard ``i`` in threads, or on the cluster of ``client``. ``artifacts_sha()``
@@ -482,7 +584,7 @@ def _transform(
 
     def save_manifest() -> None:
         files = [entries[k] for k in sorted(entries)]
-        write_manifest(out_dir, Manifest.of(pipeline.name, files, complete=len(files) == len(shards)))
+        write_manifest(out_dir, Manifest.of(pipeline.name, files, complete=len(files) == len(shards), formats=formats.names, npy=formats.npy))
 
     transformed = None if progress is None else functools.partial(progress, "transform")
     if transformed is not None and len(entries):
@@ -497,7 +599,7 @@ def _transform(
         try:
             sha = artifacts_sha()
         except BaseException:  # the save failed: the shard is not committed
-            for tmp in (written.output, written.quarantine):
+            for tmp in (written.output, written.quarantine, *(t for t, _ in written.npy)):
                 if tmp is not None:
                     tmp.unlink(missing_ok=True)
             raise
@@ -507,7 +609,7 @@ def _transform(
             save_manifest()
 
     def work(w: int, i: int, stop: threading.Event) -> None:
-        record(i, process_shard(pipeline, shards[i], outputs[i], on_error, stop, compression, transformed, transform(i)))
+        record(i, process_shard(pipeline, shards[i], outputs[i], on_error, stop, compression, transformed, transform(i), formats))
 
     t1 = time.perf_counter()
     _remove_stale(out_dir, previous, set(entries))
@@ -517,7 +619,7 @@ def _transform(
     else:
         from etl.preprocess_tasks import shard_task  # it imports this module
 
-        task = functools.partial(shard_task, out_dir / ARTIFACTS, artifacts_sha(), uuid.uuid4().hex, on_error, compression)
+        task = functools.partial(shard_task, out_dir / ARTIFACTS, artifacts_sha(), uuid.uuid4().hex, on_error, compression, formats)
         try:
             run_tasks(client, task, [(shards[i], outputs[i]) for i in todo], lambda k, w: record(todo[k], w), transformed,
                       describe=lambda shard: str(shard[0]))  # fmt: skip

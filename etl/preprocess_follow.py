@@ -29,7 +29,7 @@ from etl.io.fs import Location
 from etl.io.lock import locked
 from etl.io.processed import QUARANTINE, Manifest, ManifestEntry, Totals, part_path, write_manifest
 from etl.pipeline import OnError, Pipeline
-from etl.preprocess import _complete, _previous_entries, _remove_stale, _save_artifacts, check_apart, commit_shard, process_shard
+from etl.preprocess import Formats, _complete, _previous, _remove_stale, _save_artifacts, check_apart, commit_shard, process_shard
 from etl.workers import run_workers
 
 
@@ -81,7 +81,8 @@ class _Follower:
         self.lock = threading.Lock()
         remove_temporaries(out_dir)  # left by an interrupted run
         remove_temporaries(out_dir / QUARANTINE)
-        self.previous = _previous_entries(out_dir)
+        self.previous, formats = _previous(out_dir)
+        self.same_formats = formats == Formats()  # Parquet only, as a following run writes; otherwise every shard is redone
         self.artifacts_sha = _save_artifacts(pipeline, out_dir)
 
     def run(self, stop: threading.Event, poll_interval: float, stop_after_idle: float | None, workers: int) -> FollowSummary:
@@ -109,7 +110,9 @@ class _Follower:
         """Whether the earlier run's file for shard ``index`` stands (then it is listed again as it was)."""
         out = part_path(self.out_dir, index)
         e = self.previous.get(out.name)
-        if e is None or e.artifacts_sha256 != self.artifacts_sha or not _complete(e, source, out, self.on_error):
+        if e is None or not self.same_formats or e.artifacts_sha256 != self.artifacts_sha:
+            return False
+        if not _complete(e, source, out, self.on_error, parquet=True, npy=False):
             return False
         self.entries[out.name] = e
         self.kept += 1

@@ -20,7 +20,7 @@ from etl.errors import ConfigError
 from etl.io.files import is_temporary, sha256_file
 from etl.io.fs import Location
 from etl.pipeline import OnError, Pipeline
-from etl.preprocess import WrittenShard, process_shard
+from etl.preprocess import Formats, WrittenShard, process_shard
 
 _lock = threading.Lock()
 _loaded: tuple[str, str, Pipeline] | None = None  # (run, digest of the artifacts, pipeline) of the last load here
@@ -32,6 +32,7 @@ def shard_task(
     run: str,
     on_error: OnError,
     compression: str,
+    formats: Formats,
     shard: tuple[Location, Location],
     stop: Stop,
     progress: Callable[[int], None],
@@ -42,7 +43,7 @@ def shard_task(
     group page-fault its arrays in again)."""
     tune_allocator()
     source, out = shard
-    return process_shard(fitted(artifacts, artifacts_sha, run), source, out, on_error, stop, compression, progress)
+    return process_shard(fitted(artifacts, artifacts_sha, run), source, out, on_error, stop, compression, progress, formats=formats)
 
 
 def fitted(artifacts: Location, artifacts_sha: str, run: str) -> Pipeline:

@@ -54,7 +54,7 @@ from etl.bench.dlrm import DLRM
 from etl.bench.report import PipelineReport, Report, Stage
 from etl.io.fs import Location, fingerprint
 from etl.io.parquet import batch_from_arrow, list_shards, read_rows
-from etl.io.processed import MANIFEST
+from etl.io.processed import MANIFEST, read_manifest
 from etl.loader import Loader
 from etl.loader.chunk import Chunk, Layout
 from etl.loader.order import row_groups
@@ -232,6 +232,26 @@ def measure_loader(loader: Loader, step_factor: float) -> tuple[float, float, fl
     return seconds, first, wait, timeline
 
 
+def measure_processed_loaders(
+    p: Pipeline, shards: list[Location], work: Path, workers: int, batch_size: int, device: str, step_factor: float,
+    progress: Callable[[str], None],
+) -> list[Stage]:  # fmt: skip
+    """The default engine on the Parquet files and the DALI engine on the npy chunks of one ``--format
+    parquet,npy`` output of ``p`` (fitted and saved in ``work``), each a shuffled epoch after a warm-up one."""
+    progress(f"{p.name}: preprocess to parquet,npy")
+    out = work / f"npy-{p.name}"
+    preprocess(p, shards, out, workers=workers, artifacts=work / f"art-{p.name}", formats=("parquet", "npy"))
+    total = sum(e.rows_out for e in read_manifest(out).files)
+    stages = []
+    for engine, name, what in (("default", "loader:processed", "Parquet files"), ("dali", "loader:dali", "npy chunks, DALI's numpy reader")):
+        progress(f"{p.name}: {name}")
+        loader = Loader(out, engine=engine, batch_size=batch_size, shuffle=True, seed=0, device=device, num_workers=workers)
+        seconds, _, _, _ = measure_loader(loader, step_factor)
+        loader.close()
+        stages.append(Stage(name, seconds, total, 0.0, f"preprocessed output ({what}), shuffled epoch"))
+    return stages
+
+
 def measure_stall(loader: Loader, step_seconds: float, model: Callable | None = None) -> tuple[float, list[float]]:
     """Data-wait share and per-batch waits of the next epoch (``set_epoch(epoch + 1)``, as a training loop does)
     for a consumer that sleeps ``step_seconds`` per batch (or runs ``model`` on it)."""
@@ -290,8 +310,11 @@ def run_bench(
     reader: str = "cpu",
     progress: Callable[[str], None] = lambda msg: None,
     client: Client | None = None,
+    engines: tuple[str, ...] = (),
 ) -> Report:
-    """Measure each of ``pipelines`` as the module docstring says, on the shards of ``input_dir`` or, without it, on
+    """Measure each of ``pipelines`` as the module docstring says (with ``"dali"`` in ``engines``, also the loader on
+    a preprocessed output: the default engine on its Parquet files, rows "loader:processed", and the DALI engine on
+    its npy chunks, "loader:dali"), on the shards of ``input_dir`` or, without it, on
     ``rows`` synthetic rows in ``files`` shards generated from the first pipeline's schema; with a Dask ``client``,
     preprocess on its cluster too. Temporary files (synthetic shards, artifacts, outputs) live in a temporary
     directory removed at the end (on the cluster's shared storage when its workers are on other machines: see
@@ -369,6 +392,8 @@ def run_bench(
             if model:
                 rep.model_data_wait, _ = measure_stall(loader, 0.0, dlrm_step(loader))
             loader.close()
+            if "dali" in engines:
+                rep.stages.extend(measure_processed_loaders(p, shards, work, workers, batch_size, device, step_factor, progress))
             if run_baselines and kind and len(local) == len(shards):  # the baselines read local files
                 for name, fn in BASELINES[kind].items():
                     progress(f"{p.name}: baseline {name}")

@@ -3,13 +3,16 @@
 Layout::
 
     part-00000.parquet ...          one processed file per input shard, named by ``etl.io.files.shard_name``
+    npy/part-00000/*.npy            the same rows as fixed-width .npy chunks (``etl.io.npy``; ``--format npy``)
     quarantine/part-00000.parquet   the rejected raw rows of that shard (only when there are some)
     artifacts/                      the fitted pipeline that produced the files (see ``etl.pipeline``)
     manifest.json                   the ``Manifest``: one ``ManifestEntry`` per output file written so far
 
 manifest.json is JSON with the keys ``format`` (``FORMAT``), ``version`` (``VERSION``), ``pipeline`` (its name),
 ``artifacts`` (``ARTIFACTS``), ``complete`` (every input shard has its output), ``totals`` (row counts summed over
-``files``) and ``files`` (the entries, as objects with the fields of ``ManifestEntry``). It is written
+``files``) and ``files`` (the entries, as objects with the fields of ``ManifestEntry``); when the npy format was
+written, also ``formats`` (the formats written, in ``FORMATS`` order; absent: Parquet only) and ``npy`` (the
+``etl.io.npy.NpySpec``). The output of a shard is its Parquet file, its npy chunks, or both. It is written
 atomically (``write_manifest``), so a reader sees either the previous or the new manifest, never a partial one.
 The directory may be an object-storage prefix (``etl.io.fs.Url``): the manifest is then one upload, written after
 the files it lists, and it is the commit record there too: readers use only the files it lists.
@@ -17,8 +20,9 @@ the files it lists, and it is the commit record there too: readers use only the 
 Reading has three levels: ``read_manifest`` parses the file and checks its format and version; ``open_processed``
 also decides whether the listed files may be read as a data set (``_readable_parts``: the run is complete, the
 totals add up, every entry names a distinct shard file inside the directory whose Parquet footer holds ``rows_out``
-rows); ``verify_part`` checks one file's bytes against its ``sha256``, which costs a full read of the file and is
-left to the reader to call when it reads the part; ``fetch_part`` does the same check while copying the file to a
+rows, and whose npy chunks, when written, add up to ``rows_out`` rows with headers of the spec's dtypes and shapes);
+``verify_part`` (``verify_chunk``) checks one file's (one npy chunk's) bytes against its ``sha256``, which costs a
+full read and is left to the reader to call when it reads the part; ``fetch_part`` does the same check while copying the file to a
 local directory, so that a file in object storage is downloaded once for the check and the reads after it.
 """
 
@@ -26,7 +30,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +40,15 @@ import pyarrow.parquet as pq
 from etl.errors import InputError
 from etl.io.files import HashingFile, atomic_write_bytes, is_shard_name, sha256_file, shard_name
 from etl.io.fs import Location, arrow_source, is_within, open_file
+from etl.io.npy import FIELDS, NpyChunk, NpySpec, check_header, chunk_dir, chunk_file
 
 MANIFEST = "manifest.json"
 FORMAT = "etl-manifest"
 VERSION = 1
 ARTIFACTS = "artifacts"
 QUARANTINE = "quarantine"
+#: The output formats ``etl preprocess`` writes, in the order they are listed.
+FORMATS = ("parquet", "npy")
 
 
 @dataclass(frozen=True)
@@ -51,7 +58,10 @@ class ManifestEntry:
     ``source_mtime_ns`` its modification time and ``source_footer_sha256`` the checksum of its Parquet footer
     (``etl.io.parquet.footer_sha256``), all taken before it was read; ``rows_in = rows_out + rows_quarantined``;
     ``sha256`` is the checksum of the output file and ``artifacts_sha256`` that of the artifacts' pipeline.json it
-    was transformed with. The fields that default to None are absent from manifests written before they existed."""
+    was transformed with. The fields that default to None are absent from manifests written before they existed.
+    ``output`` names the shard's output whatever the formats: ``sha256`` is None when its Parquet file was not
+    written, ``npy_chunks`` lists its npy chunks (``etl.io.npy``) when they were (absent from the manifest
+    otherwise)."""
 
     output: str
     source: str
@@ -60,10 +70,11 @@ class ManifestEntry:
     rows_out: int
     rows_quarantined: int
     quarantine: str | None
-    sha256: str
+    sha256: str | None
     artifacts_sha256: str | None = None
     source_mtime_ns: int | None = None
     source_footer_sha256: str | None = None
+    npy_chunks: tuple[NpyChunk, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -86,28 +97,34 @@ class Totals:
 @dataclass(frozen=True)
 class Manifest:
     """The content of manifest.json: the name of the ``pipeline``, whether the output is ``complete``, the
-    ``totals`` and the ``files`` in output name order."""
+    ``totals``, the ``files`` in output name order, the ``formats`` written and the ``npy`` spec (None unless
+    "npy" is one of the formats)."""
 
     pipeline: str
     complete: bool
     totals: Totals
     files: list[ManifestEntry]
+    formats: tuple[str, ...] = ("parquet",)
+    npy: NpySpec | None = None
 
     @classmethod
-    def of(cls, pipeline: str, files: list[ManifestEntry], complete: bool) -> Manifest:
+    def of(cls, pipeline: str, files: list[ManifestEntry], complete: bool, formats: tuple[str, ...] = ("parquet",),
+           npy: NpySpec | None = None) -> Manifest:  # fmt: skip
         """A manifest of ``files`` with their totals."""
-        return cls(pipeline=pipeline, complete=complete, totals=Totals.of(files), files=files)
+        return cls(pipeline=pipeline, complete=complete, totals=Totals.of(files), files=files, formats=formats, npy=npy)
 
 
 @dataclass(frozen=True)
 class ProcessedOutput:
-    """A processed output opened for reading: its ``directory``, its ``artifacts`` directory, its output files
-    (``parts``, in manifest order) and its ``manifest``."""
+    """A processed output opened for reading: its ``directory``, its ``artifacts`` directory, its Parquet output
+    files (``parts``, in manifest order; empty when none was written), the directories of its npy chunks
+    (``npy_parts``, in manifest order; empty when none were written) and its ``manifest``."""
 
     directory: Location
     artifacts: Location
     parts: list[Location]
     manifest: Manifest
+    npy_parts: list[Location] = field(default_factory=list)
 
 
 def part_path(directory: Location, index: int) -> Location:
@@ -127,16 +144,21 @@ def is_processed(directory: Location) -> bool:
 
 
 def write_manifest(directory: Location, manifest: Manifest) -> None:
-    """Write ``manifest`` as ``directory``/manifest.json, atomically."""
-    doc = {
+    """Write ``manifest`` as ``directory``/manifest.json, atomically. A Parquet-only manifest has neither
+    ``formats`` nor ``npy`` keys, and its entries no ``npy_chunks``: the manifest of earlier versions."""
+    doc: dict[str, Any] = {
         "format": FORMAT,
         "version": VERSION,
         "pipeline": manifest.pipeline,
         "artifacts": ARTIFACTS,
         "complete": manifest.complete,
         "totals": asdict(manifest.totals),
-        "files": [asdict(e) for e in manifest.files],
+        "files": [{k: v for k, v in asdict(e).items() if k != "npy_chunks" or v is not None} for e in manifest.files],
     }
+    if manifest.formats != ("parquet",):
+        doc["formats"] = list(manifest.formats)
+    if manifest.npy is not None:
+        doc["npy"] = asdict(manifest.npy)
     atomic_write_bytes(directory / MANIFEST, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
 
 
@@ -157,11 +179,14 @@ def read_manifest(directory: Location) -> Manifest:
         raise InputError(str(path), f"manifest {found}, expected format {FORMAT!r} version {VERSION}")
     totals = _field(doc, "totals", dict, path)
     files = _field(doc, "files", list, path)
+    formats = _formats(doc, path)
     return Manifest(
         pipeline=_field(doc, "pipeline", str, path),
         complete=_field(doc, "complete", bool, path),
         totals=Totals(**{k: _field(totals, k, int, path, "totals") for k in ("rows_in", "rows_out", "rows_quarantined")}),
         files=[_entry(e, path, f"files[{i}]") for i, e in enumerate(files)],
+        formats=formats,
+        npy=_npy_spec(_field(doc, "npy", dict, path), path) if "npy" in formats else None,
     )
 
 
@@ -181,9 +206,12 @@ def open_processed(directory: Location, *, allow_partial: bool = False) -> Proce
     summed = Totals.of(manifest.files)
     if manifest.totals != summed:
         raise InputError(str(path), f"manifest totals {asdict(manifest.totals)} differ from the sum of its files {asdict(summed)}")
+    parts = _readable_parts(directory, manifest)
+    npy_parts = [directory / chunk_dir(e.output) for e in manifest.files] if manifest.npy is not None else []
     return ProcessedOutput(
-        directory=directory, artifacts=directory / ARTIFACTS, parts=_readable_parts(directory, manifest), manifest=manifest
-    )
+        directory=directory, artifacts=directory / ARTIFACTS, parts=parts if "parquet" in manifest.formats else [], manifest=manifest,
+        npy_parts=npy_parts,
+    )  # fmt: skip
 
 
 def verify_part(output: ProcessedOutput, entry: ManifestEntry) -> None:
@@ -194,6 +222,26 @@ def verify_part(output: ProcessedOutput, entry: ManifestEntry) -> None:
     except OSError as e:
         raise _unreadable(output, entry, e) from None
     _check_digest(output, entry, digest)
+
+
+def verify_chunk(output: ProcessedOutput, entry: ManifestEntry, index: int) -> None:
+    """Check that the files of npy chunk ``index`` of ``entry`` hold the bytes the manifest records: raises
+    ``InputError`` naming manifest.json and the file when a sha256 differs or a file cannot be read."""
+    chunk = _chunks(entry)[index]
+    for kind in FIELDS:
+        name = chunk_file(entry.output, kind, index)
+        try:
+            digest = sha256_file(output.directory / name)
+        except OSError as e:
+            raise InputError(str(output.directory / MANIFEST), f"file {name}: cannot read: {e.strerror or e}") from None
+        if digest != chunk.sha256[kind]:
+            raise InputError(str(output.directory / MANIFEST), f"file {name}: sha256 {digest} differs from the manifest's {chunk.sha256[kind]}")
+
+
+def _chunks(entry: ManifestEntry) -> tuple[NpyChunk, ...]:
+    if entry.npy_chunks is None:
+        raise ValueError(f"{entry.output}: the manifest lists no npy chunks")
+    return entry.npy_chunks
 
 
 def fetch_part(output: ProcessedOutput, entry: ManifestEntry, directory: Path) -> Path:
@@ -257,11 +305,35 @@ def _readable_parts(directory: Location, manifest: Manifest) -> list[Location]:
             raise InputError(str(path), f"{where}: the file cannot be resolved: {err}") from None
         if not is_within(resolved, root):
             raise InputError(str(path), f"{where}: the file resolves to {resolved}, outside {root}")
-        rows = _footer_rows(part, path, where)
-        if rows != e.rows_out:
-            raise InputError(str(path), f"{where}: the file holds {rows} rows, the manifest says rows_out {e.rows_out}")
+        if "parquet" in manifest.formats:
+            if e.sha256 is None:
+                raise InputError(str(path), f"{where}: sha256 is null, but the Parquet file is one of the formats")
+            rows = _footer_rows(part, path, where)
+            if rows != e.rows_out:
+                raise InputError(str(path), f"{where}: the file holds {rows} rows, the manifest says rows_out {e.rows_out}")
+        if manifest.npy is not None:
+            _check_chunks(directory, manifest.npy, e, where)
         parts.append(part)
     return parts
+
+
+def _check_chunks(directory: Location, spec: NpySpec, e: ManifestEntry, where: str) -> None:
+    """Check the npy chunks of entry ``e``: listed, every one but the last of ``spec.chunk_rows`` rows, adding up
+    to ``rows_out``, and each file's header of its field's dtype and shape, its size matching (``check_header``)."""
+    path = directory / MANIFEST
+    if e.npy_chunks is None:
+        raise InputError(str(path), f"{where}: npy_chunks is missing, but npy is one of the formats")
+    sizes = [c.rows for c in e.npy_chunks]
+    if any(n != spec.chunk_rows for n in sizes[:-1]) or (sizes and not 0 < sizes[-1] <= spec.chunk_rows) or sum(sizes) != e.rows_out:
+        expected = f"chunks of {spec.chunk_rows} rows adding up to rows_out {e.rows_out}"
+        raise InputError(str(path), f"{where}: npy chunks of {sizes} rows are not {expected}")
+    root = directory.resolve()
+    for i, chunk in enumerate(e.npy_chunks):
+        for kind in FIELDS:
+            file = directory / chunk_file(e.output, kind, i)
+            if not is_within(file.resolve(), root):
+                raise InputError(str(path), f"{where}: the file {chunk_file(e.output, kind, i)} resolves outside {root}")
+            check_header(file, spec, kind, chunk.rows)
 
 
 def _footer_rows(part: Location, path: Location, where: str) -> int:
@@ -283,19 +355,73 @@ _ENTRY_TYPES: dict[str, type | tuple[type, ...]] = {
     "rows_out": int,
     "rows_quarantined": int,
     "quarantine": (str, type(None)),
-    "sha256": str,
+    "sha256": (str, type(None)),
     "artifacts_sha256": (str, type(None)),
     "source_mtime_ns": (int, type(None)),
     "source_footer_sha256": (str, type(None)),
+    "npy_chunks": (list, type(None)),
 }
-_ENTRY_OPTIONAL = ("artifacts_sha256", "source_mtime_ns", "source_footer_sha256")
+_ENTRY_OPTIONAL = ("artifacts_sha256", "source_mtime_ns", "source_footer_sha256", "npy_chunks")
 
 
 def _entry(doc: Any, path: Location, where: str) -> ManifestEntry:
     if not isinstance(doc, dict):
         raise InputError(str(path), f"manifest field '{where}' is {json.dumps(doc)}, expected an object")
     present = [k for k in _ENTRY_TYPES if k in doc or k not in _ENTRY_OPTIONAL]
-    return ManifestEntry(**{k: _field(doc, k, _ENTRY_TYPES[k], path, where) for k in present})
+    fields = {k: _field(doc, k, _ENTRY_TYPES[k], path, where) for k in present}
+    if fields.get("npy_chunks") is not None:
+        fields["npy_chunks"] = tuple(_chunk(c, path, f"{where}.npy_chunks[{i}]") for i, c in enumerate(fields["npy_chunks"]))
+    return ManifestEntry(**fields)
+
+
+def _chunk(doc: Any, path: Location, where: str) -> NpyChunk:
+    if not isinstance(doc, dict):
+        raise InputError(str(path), f"manifest field '{where}' is {json.dumps(doc)}, expected an object")
+    sha = _field(doc, "sha256", dict, path, where)
+    return NpyChunk(rows=_field(doc, "rows", int, path, where), sha256={f: _field(sha, f, str, path, f"{where}.sha256") for f in FIELDS})
+
+
+def _formats(doc: dict[str, Any], path: Location) -> tuple[str, ...]:
+    """The manifest's ``formats`` (Parquet only when absent): some of ``FORMATS``, in that order."""
+    if "formats" not in doc:
+        return ("parquet",)
+    formats = _field(doc, "formats", list, path)
+    if not formats or formats != [f for f in FORMATS if f in formats]:
+        raise InputError(str(path), f"manifest field 'formats' is {json.dumps(formats)}, expected some of {list(FORMATS)} in that order")
+    return tuple(formats)
+
+
+def _npy_spec(doc: dict[str, Any], path: Location) -> NpySpec:
+    """The manifest's ``npy``: float32 label and dense, int32 or int64 ids, a label without width, widths >= 0."""
+    dtypes = _field(doc, "dtypes", dict, path, "npy")
+    widths = _field(doc, "widths", dict, path, "npy")
+    spec = NpySpec(
+        chunk_rows=_field(doc, "chunk_rows", int, path, "npy"),
+        dtypes={f: _field(dtypes, f, str, path, "npy.dtypes") for f in FIELDS},
+        widths={f: _field(widths, f, (int, type(None)), path, "npy.widths") for f in FIELDS},
+    )
+    allowed = {"label": ("<f4",), "dense": ("<f4",), "sparse": ("<i4", "<i8")}
+    for f in FIELDS:
+        if spec.dtypes[f] not in allowed[f]:
+            raise InputError(str(path), f"manifest field 'npy.dtypes.{f}' is {json.dumps(spec.dtypes[f])}, expected one of {list(allowed[f])}")
+        width = spec.widths[f]
+        if (width is None) != (f == "label") or (width is not None and width < 0):
+            expected = "null" if f == "label" else "an integer >= 0"
+            raise InputError(str(path), f"manifest field 'npy.widths.{f}' is {json.dumps(width)}, expected {expected}")
+    if spec.chunk_rows < 1:
+        raise InputError(str(path), f"manifest field 'npy.chunk_rows' is {spec.chunk_rows}, expected an integer >= 1")
+    return spec
+
+
+def check_npy_layout(output: ProcessedOutput, expected: NpySpec) -> None:
+    """Raise ``InputError`` naming manifest.json when the npy chunks of ``output`` are not of the dtypes and widths
+    of ``expected`` (the spec its pipeline gives, ``etl.io.npy.NpySpec.of``; its chunk rows are not compared)."""
+    spec = output.manifest.npy
+    if spec is None:
+        raise InputError(str(output.directory / MANIFEST), "the output has no npy chunks")
+    if (spec.dtypes, spec.widths) != (expected.dtypes, expected.widths):
+        raise InputError(str(output.directory / MANIFEST), f"npy chunks of dtypes {spec.dtypes} and widths {spec.widths}, but its pipeline's "
+                                                            f"batches have dtypes {expected.dtypes} and widths {expected.widths}")  # fmt: skip
 
 
 _JSON_NAMES = {dict: "an object", list: "an array", str: "a string", int: "an integer", bool: "true or false", type(None): "null"}

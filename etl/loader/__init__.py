@@ -14,7 +14,8 @@ Modules, from the training loop inwards (``api``'s docstring tells how they work
 - ``device_columns``: rows read into device memory (``reader="cudf"``): host part, chunks and gather on the device;
 - ``cudf_columns``: the cudf adapter, Parquet row groups → device columns (the only module that imports cudf);
 - ``online``: online vocabularies (Categorify ``online: true``), applied by the assembler, and their state;
-- ``stats``: ``LoaderStats``, where the time goes.
+- ``stats``: ``LoaderStats``, where the time goes;
+- ``dali``: ``DaliLoader``, what ``Loader(processed_dir, engine="dali")`` makes: npy chunks read by NVIDIA DALI.
 
 Names are imported on first use, so that ``etl.loader.order`` and friends do not import torch.
 """

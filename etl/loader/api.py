@@ -58,7 +58,7 @@ from etl.loader.device_stage import DeviceStage
 from etl.loader.epoch import EpochPass, InlinePass
 from etl.loader.follow import FollowCursor, FollowPass, FollowPosition, FollowSettings
 from etl.loader.online import END, Key, OnlineVocabularies
-from etl.loader.order import Piece, batches_per_rank, row_groups
+from etl.loader.order import Piece, batches_per_rank, chunk_groups, row_groups
 from etl.loader.pieces import guarded, reader_for
 from etl.loader.ring import Ring
 from etl.loader.stats import LoaderStats
@@ -142,7 +142,20 @@ class Loader:
     seconds (default: ``poll_interval``) the rows held in the shuffle buffer are delivered. Iteration never ends
     by itself (until ``close()`` or ``break``); ``state_dict`` then saves the position in the stream, and a loader
     given it with ``load_state_dict`` delivers every row not delivered before it exactly once. Needs
-    ``num_workers >= 1`` and ``transform_on="host"``; ``len()`` and ``set_epoch`` have no meaning there."""
+    ``num_workers >= 1`` and ``transform_on="host"``; ``len()`` and ``set_epoch`` have no meaning there.
+
+    ``engine="dali"`` reads the npy chunks of a processed output with NVIDIA DALI instead
+    (``etl.loader.dali.DaliLoader``, the same ``LoaderBatch`` fields)."""
+
+    def __new__(cls, *args: Any, engine: str = "default", **kwargs: Any) -> Loader:
+        """A ``Loader``, or with ``engine="dali"`` the ``DaliLoader`` subclass (imported, with DALI, only then)."""
+        if engine == "dali" and cls is Loader:
+            from etl.loader.dali import DaliLoader
+
+            return super().__new__(DaliLoader)
+        if engine not in ("default", "dali"):
+            raise ConfigError(f"engine must be 'default' or 'dali', got {engine!r}")
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -168,6 +181,7 @@ class Loader:
         follow: bool = False,
         poll_interval: float = 1.0,
         idle_flush: float | None = None,
+        engine: str = "default",
     ):
         tune_allocator()
         if batch_size < 1 or prefetch < 1:
@@ -193,22 +207,15 @@ class Loader:
         if self.vocabularies is not None and self._follow is not None:
             raise ConfigError("online vocabularies (Categorify online: true) are applied to a fixed set of shards: a following loader "
                               "(follow=True) does not apply them")  # fmt: skip
-        self.groups = row_groups(shards)
+        npy_only = output is not None and "parquet" not in output.manifest.formats  # read from its npy chunks
+        self.groups = chunk_groups(output) if output is not None and npy_only else row_groups(shards)
         self.remote = any(isinstance(path, Url) for path in shards)  # reads wait on requests: see EpochPass io_bound
         self.stage = DeviceStage(self.pipeline, self.layout, self.groups) if transform_on == "device" else None
         self.total_rows = sum(g.num_rows for g in self.groups)
-        if rank is None and world_size is None:
-            dist = torch.distributed.is_available() and torch.distributed.is_initialized()
-            rank, world_size = (torch.distributed.get_rank(), torch.distributed.get_world_size()) if dist else (0, 1)
-        if rank is None or world_size is None or world_size < 1 or not 0 <= rank < world_size:
-            raise ConfigError(f"rank and world_size must be given together with 0 <= rank < world_size, got {rank}, {world_size}")
-        if self.vocabularies is not None and world_size > 1:
-            raise ConfigError(f"online vocabularies (Categorify online: true) follow one row stream: world_size must be 1, got {world_size}")
-        self.rank, self.world_size = rank, world_size
-        rows = self.total_rows // world_size  # the smallest slice of a rank (batches_per_rank)
-        if drop_last and batch_size > rows and self._follow is None:
-            raise ConfigError(f"batch_size={batch_size} is larger than the {rows} rows of a rank ({self.total_rows} rows over {world_size} "
-                              "rank(s)): with drop_last=True no batch is left; use a smaller batch_size or drop_last=False")  # fmt: skip
+        # a following loader has no fixed number of rows: drop_last leaves no rank without batches
+        self.rank, self.world_size = rank_and_world_size(rank, world_size, self.total_rows, batch_size, drop_last and self._follow is None)
+        if self.vocabularies is not None and self.world_size > 1:
+            raise ConfigError(f"online vocabularies (Categorify online: true) follow one row stream: world_size must be 1, got {self.world_size}")
         self.batch_size, self.shuffle, self.seed, self.drop_last, self.copy = batch_size, shuffle, seed, drop_last, copy
         self.shuffle_buffer = max(shuffle_buffer or 4 * batch_size, 1)
         self.device = torch.device(device)
@@ -413,6 +420,22 @@ class Loader:
     def _read_piece(self, piece: Piece) -> Chunk:
         """Read and transform one piece: what the workers of every pass call."""
         return self._reader(piece)
+
+
+def rank_and_world_size(rank: int | None, world_size: int | None, total_rows: int, batch_size: int, drop_last: bool) -> tuple[int, int]:
+    """This process's rank and the world size: as given, or both from ``torch.distributed`` when it is initialised
+    (else 0 and 1). ``ConfigError`` for an impossible pair, or when ``drop_last`` leaves a rank of ``total_rows //
+    world_size`` rows (the smallest slice, see ``batches_per_rank``) no batch of ``batch_size`` rows."""
+    if rank is None and world_size is None:
+        dist = torch.distributed.is_available() and torch.distributed.is_initialized()
+        rank, world_size = (torch.distributed.get_rank(), torch.distributed.get_world_size()) if dist else (0, 1)
+    if rank is None or world_size is None or world_size < 1 or not 0 <= rank < world_size:
+        raise ConfigError(f"rank and world_size must be given together with 0 <= rank < world_size, got {rank}, {world_size}")
+    rows = total_rows // world_size
+    if drop_last and batch_size > rows:
+        raise ConfigError(f"batch_size={batch_size} is larger than the {rows} rows of a rank ({total_rows} rows over {world_size} "
+                          "rank(s)): with drop_last=True no batch is left; use a smaller batch_size or drop_last=False")  # fmt: skip
+    return rank, world_size
 
 
 def _read_weakly(loader: Loader) -> Callable[[Piece], Chunk]:

@@ -17,6 +17,7 @@ import torch
 
 from etl.backends.rows import scatter_rows, split_rows
 from etl.batch import Array, Batch, Column, list_elements
+from etl.io.npy import FixedColumns
 from etl.loader.ring import Field
 from etl.ops.categorical import online_columns
 from etl.pipeline import Pipeline
@@ -36,17 +37,16 @@ class Layout:
 
     @classmethod
     def of(cls, pipeline: Pipeline) -> Layout:
-        schema = pipeline.output_schema()
         labels = pipeline.schema.by_role("label")
         if len(labels) != 1:
             raise ValueError(f"the loader needs exactly one label column, the schema has {labels}")
-        fields = [f for f in schema if f.name not in pipeline.passthrough]  # passthrough columns are not batch fields
-        lists = [f.name for f in fields if pa.types.is_list(f.type)]
-        sparse = [f.name for f in fields if pa.types.is_integer(f.type)]
-        dense = [f.name for f in fields if pa.types.is_floating(f.type) and f.name != labels[0]]
-        wide = any(schema.field(c).type == pa.int64() for c in sparse)
+        c = FixedColumns.of(pipeline.output_schema(), labels[0], pipeline.passthrough)  # passthrough columns are not batch fields
         online = set(online_columns(pipeline.ops))
-        return cls(labels[0], dense, sparse, lists, torch.int64 if wide else torch.int32, tuple(c for c in sparse if c in online))
+        return cls(c.label, c.dense, c.sparse, c.lists, torch.int64 if c.wide else torch.int32, tuple(x for x in c.sparse if x in online))
+
+    @property
+    def fixed_columns(self) -> FixedColumns:
+        return FixedColumns(self.label, self.dense, self.sparse, self.lists, self.sparse_dtype == torch.int64)
 
     @property
     def columns(self) -> list[str]:
@@ -89,26 +89,14 @@ class Chunk:
     @classmethod
     def from_table(cls, table: pa.Table, layout: Layout) -> Chunk:
         """An output table (``Pipeline.to_arrow`` or a processed shard) → a chunk."""
-        n = table.num_rows
-
-        def stack(names: list[str], dtype: np.dtype) -> np.ndarray:
-            out = np.empty((n, len(names)), dtype)
-            for j, c in enumerate(names):
-                out[:, j] = table.column(c).to_numpy()
-            return out
-
-        fixed = {
-            "label": table.column(layout.label).to_numpy().astype(np.float32, copy=False),
-            "dense": stack(layout.dense, np.dtype(np.float32)),
-            "sparse": stack(layout.sparse, layout.sparse_numpy),
-        }
+        fixed = layout.fixed_columns.arrays(table)
         lists = {}
         for c in layout.lists:
             arr = table.column(c).combine_chunks()
             offsets = arr.offsets.to_numpy().astype(np.int64)
             values = arr.values.to_numpy().astype(layout.sparse_numpy)[offsets[0] : offsets[-1]]
             lists[c] = Column(values, None, offsets - offsets[0])
-        return cls(n, fixed, lists)
+        return cls(table.num_rows, fixed, lists)
 
     @classmethod
     def from_batch(cls, batch: Batch, layout: Layout) -> Chunk:

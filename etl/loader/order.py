@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 
 from etl.io.fs import Location
 from etl.io.parquet import read_footer
+from etl.io.processed import ProcessedOutput
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,18 @@ def row_groups(shards: list[Location]) -> list[RowGroup]:
             if n:
                 out.append(RowGroup(path, i, first, n, meta))
             first += n
+    return out
+
+
+def chunk_groups(output: ProcessedOutput) -> list[RowGroup]:
+    """The npy chunks of a processed output (``etl.io.npy``) as row groups, in manifest order: ``path`` is the
+    chunks' directory, ``index`` the chunk's number in it."""
+    out = []
+    for path, entry in zip(output.npy_parts, output.manifest.files):
+        first = 0
+        for i, chunk in enumerate(entry.npy_chunks or ()):
+            out.append(RowGroup(path, i, first, chunk.rows))
+            first += chunk.rows
     return out
 
 

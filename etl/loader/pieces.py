@@ -3,6 +3,7 @@
 One reader per kind of source (``reader_for`` picks it):
 
 - ``ProcessedReader``: the output of ``etl preprocess``, already transformed: read as is;
+- ``NpyReader``: the same, written as npy chunks only (``etl.io.npy``);
 - ``HostReader``: raw shards, transformed on the host by the whole pipeline;
 - ``DeviceInputReader``: raw shards whose transform finishes on the device (``transform_on="device"``): the host
   part of the pipeline, laid out as the inputs of ``etl.loader.device_stage``;
@@ -28,8 +29,10 @@ import torch
 from etl.batch import Batch
 from etl.errors import EtlError, LoaderError
 from etl.io.fs import Location, Url, fingerprint
+from etl.io.npy import FIELDS, NpySpec, field_file
+from etl.io.npy import read_rows as read_npy_rows
 from etl.io.parquet import batch_from_arrow, read_rows
-from etl.io.processed import ManifestEntry, ProcessedOutput, fetch_part, verify_part
+from etl.io.processed import ManifestEntry, ProcessedOutput, check_npy_layout, fetch_part, verify_chunk, verify_part
 from etl.loader.chunk import Chunk, Layout
 from etl.loader.device_columns import DeviceColumnReader, ReadColumns
 from etl.loader.device_stage import DeviceStage
@@ -120,6 +123,38 @@ class ProcessedReader(PieceReader):
         return Chunk.from_table(table, self.layout)
 
 
+class NpyReader(PieceReader):
+    """The npy chunks of an ``etl preprocess`` output (pieces of ``etl.loader.order.chunk_groups``), read as is.
+    Before its first rows are read, each chunk's files are checked against the sha256s its manifest entry records
+    (once per chunk and reader, one lock per chunk)."""
+
+    def __init__(self, layout: Layout, stats: LoaderStats, output: ProcessedOutput):
+        super().__init__(layout.columns, stats)
+        self.output = output
+        if output.manifest.npy is None:
+            raise ValueError(f"{output.directory}: the output has no npy chunks")
+        check_npy_layout(output, NpySpec.of(layout.fixed_columns, 1))
+        self.spec = output.manifest.npy
+        self._entries = dict(zip(output.npy_parts, output.manifest.files))
+        self._locks: dict[tuple[Location, int], threading.Lock] = {}
+        self._locks_lock = threading.Lock()
+        self._verified: set[tuple[Location, int]] = set()
+
+    def __call__(self, piece: Piece) -> Chunk:
+        g = piece.group
+        key = (g.path, g.index)
+        with self._locks_lock:
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:
+            if key not in self._verified:
+                verify_chunk(self.output, self._entries[g.path], g.index)
+                self._verified.add(key)
+        t0 = time.perf_counter()
+        fixed = {f: read_npy_rows(g.path / field_file(f, g.index), self.spec, f, g.num_rows, piece.start, piece.length) for f in FIELDS}
+        self.stats.add_read(time.perf_counter() - t0, 0.0)
+        return Chunk(piece.length, fixed, {})
+
+
 class HostReader(PieceReader):
     """A raw shard, transformed on the host by the whole pipeline."""
 
@@ -164,7 +199,7 @@ def reader_for(pipeline: Pipeline, layout: Layout, *, processed: ProcessedOutput
     host, or, given a device ``stage``, up to the stage's inputs: on the host, or, given ``read_columns``, read
     into ``device`` memory by it (``etl.loader.device_columns``)."""
     if processed is not None:
-        return ProcessedReader(layout, stats, processed)
+        return ProcessedReader(layout, stats, processed) if "parquet" in processed.manifest.formats else NpyReader(layout, stats, processed)
     if stage is not None and read_columns is not None and device is not None:
         return DeviceColumnReader(pipeline, stage, groups, stats, device, read_columns)
     if stage is not None:

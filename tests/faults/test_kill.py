@@ -1,6 +1,6 @@
 """kill -9 at random moments of ``etl preprocess``: no partial file ever appears under a final name (a poller reads
-the footer of every ``part-*.parquet`` it sees while the run goes on), and rerunning after each kill ends with the
-same bytes as an undisturbed run."""
+the footer of every ``part-*.parquet`` and the whole of every npy chunk it sees while the run goes on), and rerunning
+after each kill ends with the same bytes as an undisturbed run, Parquet only or with npy chunks."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from etl.io.files import is_shard_name
+from etl.io.files import is_shard_name, is_temporary
 from etl.schema import load_schema
 from etl.synth import generate
 from tests.conftest import REPO, run_etl
@@ -48,18 +49,28 @@ class Poller(threading.Thread):
                         continue  # replaced between listing and reading
                     except Exception as e:  # noqa: BLE001 - any unreadable final file is a failure
                         self.bad.append(f"{p.name}: {type(e).__name__}: {e}")
+            for p in list(self.out.glob("npy/*/*.npy")):
+                if is_temporary(p.name):
+                    continue
+                try:
+                    np.load(p, mmap_mode="r")[-1:].copy()  # the header and the last row: a truncated file fails
+                except FileNotFoundError:
+                    continue
+                except Exception as e:  # noqa: BLE001 - any unreadable final file is a failure
+                    self.bad.append(f"{p}: {type(e).__name__}: {e}")
             time.sleep(0.002)
 
 
-def test_kill_9_then_resume_is_byte_identical(tmp_path: Path) -> None:
+@pytest.mark.parametrize("formats", [[], ["--format", "parquet,npy", "--npy-chunk-rows", "16384"]], ids=["parquet", "parquet+npy"])
+def test_kill_9_then_resume_is_byte_identical(tmp_path: Path, formats: list[str]) -> None:
     raw = tmp_path / "raw"
     generate(load_schema(REPO / "schemas/criteo.yaml"), 400_000, 8, raw, seed=11)
     reference = tmp_path / "reference"
-    run_etl("preprocess", "--pipeline", PIPELINE, "--input", raw, "--out", reference, "--workers", "2")
+    run_etl("preprocess", "--pipeline", PIPELINE, "--input", raw, "--out", reference, "--workers", "2", *formats)
     want = digests(reference)
     rng = random.Random(5)
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "etl", "preprocess", "--pipeline", str(PIPELINE), "--input", str(raw), "--out", str(out), "--workers", "2"]
+    cmd = [sys.executable, "-m", "etl", "preprocess", "--pipeline", str(PIPELINE), "--input", str(raw), "--out", str(out), "--workers", "2", *formats]
     kills = 0
     for _ in range(5):
         poller = Poller(out)
@@ -75,5 +86,5 @@ def test_kill_9_then_resume_is_byte_identical(tmp_path: Path) -> None:
         assert not poller.bad, poller.bad
     if kills == 0:
         pytest.skip("every run finished before its kill: nothing was interrupted")
-    run_etl("preprocess", "--pipeline", PIPELINE, "--input", raw, "--out", out, "--workers", "2")
+    run_etl("preprocess", "--pipeline", PIPELINE, "--input", raw, "--out", out, "--workers", "2", *formats)
     assert digests(out) == want

@@ -86,6 +86,8 @@ def test_a_small_memory_budget_writes_the_bytes_of_a_run_that_held_everything_in
         (["preprocess", "--pipeline", HASH, "--input", "RAW", "--out", "OUT", "--on-error", "skip"], "--on-error"),
         (["preprocess", "--pipeline", HASH, "--input", "RAW", "--out", "OUT", "--compression", "gzip9"], "--compression"),
         (["preprocess", "--pipeline", HASH, "--input", "RAW", "--out", "OUT", "--memory-budget", "lots"], "--memory-budget"),
+        (["preprocess", "--pipeline", HASH, "--input", "RAW", "--out", "OUT", "--format", "csv"], "--format"),
+        (["preprocess", "--pipeline", HASH, "--input", "RAW", "--out", "OUT", "--format", "npy", "--npy-chunk-rows", "0"], "'--npy-chunk-rows'"),
         (["generate", "--schema", SCHEMA, "--rows", "many", "--out", "OUT"], "'--rows'"),
         (["generate", "--schema", SCHEMA, "--rows", "0", "--out", "OUT"], "'--rows'"),
         (["convert", "RAW/*.tsv", "--schema", SCHEMA, "--out", "OUT", "--rows-per-file", "0"], "'--rows-per-file'"),
@@ -94,6 +96,7 @@ def test_a_small_memory_budget_writes_the_bytes_of_a_run_that_held_everything_in
         (["fit", "--pipeline", CRITEO, "--input", "RAW"], "'--artifacts'"),
         (["bench", "--device", "gpu0", "--rows", "10"], "not a device"),
         (["bench", "--batch-size", "0"], "'--batch-size'"),
+        (["bench", "--engine", "fast", "--rows", "10"], "--engine"),
         (["no-such-command"], "no-such-command"),
     ],
 )

@@ -147,3 +147,23 @@ def test_storage_that_cannot_be_reached_is_one_line_naming_the_url(s3: str, tmp_
         assert line.startswith(f"error: {raw}: cannot access object storage: Could not connect to the endpoint URL")
     line = _one_line_error("preprocess", "--pipeline", PIPELINE, "--input", raw, "--out", "s3://etl-no-such-bucket/out")
     assert line.startswith("error: s3://etl-no-such-bucket/out/") and "cannot write" in line
+
+
+def test_npy_chunks_written_to_and_read_from_a_bucket(local_run: Path, s3: str, tmp_path: Path) -> None:
+    """``--format parquet,npy`` into s3:// gives the local run's chunk bytes, and the default loader reads an
+    npy-only output there as the local Parquet output's batches."""
+    shards, artifacts = list_shards(local_run / "raw"), local_run / "artifacts"
+    pipeline = Pipeline.from_file(PIPELINE)
+    preprocess(pipeline, shards, tmp_path / "both", artifacts=artifacts, formats=("parquet", "npy"), npy_chunk_rows=128)
+    both = location(f"{s3}/both")
+    preprocess(pipeline, shards, both, artifacts=artifacts, formats=("parquet", "npy"), npy_chunk_rows=128)
+    local = {k: v for k, v in _files(tmp_path / "both").items() if k.startswith("npy/")}
+    assert len(local) == 3 * (3 + 3 + 2) and {k: v for k, v in _files(both).items() if k.startswith("npy/")} == local
+    only = location(f"{s3}/npy")
+    preprocess(pipeline, shards, only, artifacts=artifacts, formats=("npy",), npy_chunk_rows=128)
+    expected, got = _batches(Loader(local_run / "out", batch_size=100)), _batches(Loader(only, batch_size=100))
+    assert len(got) == len(expected)
+    for a, b in zip(got, expected):
+        np.testing.assert_array_equal(a[0], b[0])
+        np.testing.assert_array_equal(a[1], b[1])
+        np.testing.assert_array_equal(a[2], b[2])

@@ -118,3 +118,10 @@ def test_options_of_follow_mode_alone_are_refused(tmp_path: Path) -> None:
     raw.mkdir()
     proc = run_etl("preprocess", "--stop-after-idle", "1", "--pipeline", HASH, "--input", raw, "--out", tmp_path / "o", check=False)
     assert proc.returncode == 2 and "go with --follow" in proc.stderr
+
+
+def test_follow_writes_parquet_only(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    proc = run_etl("preprocess", "--follow", "--format", "parquet,npy", "--pipeline", HASH, "--input", raw, "--out", tmp_path / "o", check=False)
+    assert proc.returncode == 2 and "--follow writes Parquet files" in proc.stderr and not (tmp_path / "o").exists()

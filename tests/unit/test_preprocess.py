@@ -437,3 +437,41 @@ def test_a_pipeline_with_an_online_vocabulary_is_refused_before_anything_is_writ
     with pytest.raises(ConfigError, match="online vocabulary"):
         preprocess(pipeline, shards, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_npy_chunks_beside_the_same_parquet_bytes_with_quarantined_rows(tmp_path: Path, client) -> None:
+    raw = [write(with_bad_c3(criteo_table(n, seed=i), [3, 7]) if n else criteo_table(n, seed=i), tmp_path / "raw" / f"{i}.parquet")
+           for i, n in enumerate(SIZES)]  # fmt: skip
+    run(raw, tmp_path / "pq", on_error="quarantine")
+    both = run(raw, tmp_path / "both", on_error="quarantine", formats=("parquet", "npy"), npy_chunk_rows=64)
+    dask = run(raw, tmp_path / "dask", on_error="quarantine", formats=("parquet", "npy"), npy_chunk_rows=64, client=client)
+    assert both.rows_quarantined == 4 and dask.rows_quarantined == 4
+    manifest = read_manifest(tmp_path / "both")
+    assert manifest.formats == ("parquet", "npy") and manifest.npy is not None and manifest.npy.chunk_rows == 64
+    for e in manifest.files:
+        assert (tmp_path / "both" / e.output).read_bytes() == (tmp_path / "pq" / e.output).read_bytes()
+        assert sum(c.rows for c in e.npy_chunks or ()) == e.rows_out
+    assert tree_bytes(tmp_path / "both" / "npy") == tree_bytes(tmp_path / "dask" / "npy")
+
+
+def test_npy_refuses_a_pipeline_with_list_columns(tmp_path: Path) -> None:
+    from etl.io.npy import ListColumnsError
+    from etl.schema import load_schema
+    from etl.synth import generate
+
+    raw = generate(load_schema(REPO / "schemas/movielens.yaml"), 300, 1, tmp_path / "raw", seed=0)
+    with pytest.raises(ListColumnsError, match="genres"):
+        preprocess(Pipeline.from_file(REPO / "pipelines/movielens.yaml"), raw, tmp_path / "out", formats=("npy",))
+    assert not (tmp_path / "out" / "npy").exists()
+
+
+def test_a_rerun_in_other_formats_redoes_every_shard_and_removes_what_it_no_longer_writes(shards: list[Path], tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    run(shards, out, formats=("parquet",))
+    parquet = {p.name: p.read_bytes() for p in out.glob("*.parquet")}
+    both = run(shards, out, formats=("parquet", "npy"), npy_chunk_rows=100)
+    assert both.files_skipped == 0 and {p.name: p.read_bytes() for p in out.glob("*.parquet")} == parquet
+    assert run(shards, out, formats=("parquet", "npy"), npy_chunk_rows=100).files_skipped == len(SIZES)
+    npy = run(shards, out, formats=("npy",), npy_chunk_rows=100)
+    assert npy.files_skipped == 0 and list(out.glob("*.parquet")) == []
+    assert sorted(p.name for p in (out / "npy/part-00000").iterdir()) == [f"{f}-{i:05d}.npy" for f in ("dense", "label", "sparse") for i in (0, 1, 2)]

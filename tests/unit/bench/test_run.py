@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import sys
 from pathlib import Path
@@ -56,3 +57,14 @@ def test_polars_script_output_differing_from_ours_is_an_error(work: Path, tmp_pa
     shutil.copyfile(second, first)
     with pytest.raises(RuntimeError, match="polars script's output differs from ours"):
         run.measure_processes(CATEGORIFY, "criteo", "Categorify", work / "raw", list_shards(work / "raw"), tmp_path, 1, ours)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("nvidia") is None or importlib.util.find_spec("nvidia.dali") is None,
+                    reason="NVIDIA DALI is not installed (pip install 'etl[dali]')")  # fmt: skip
+def test_processed_loaders_time_both_engines_on_one_output(work: Path, tmp_path: Path) -> None:
+    p = Pipeline.from_file(CATEGORIFY)
+    p.fit(list_shards(work / "raw"))
+    p.save(tmp_path / "art-criteo")
+    stages = run.measure_processed_loaders(p, list_shards(work / "raw"), tmp_path, 1, 500, "cpu", 0.0, lambda msg: None)
+    assert [s.name for s in stages] == ["loader:processed", "loader:dali"]
+    assert all(s.rows == 3_000 and s.seconds > 0 for s in stages)

@@ -7,17 +7,21 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from etl.errors import InputError
+from etl.io.npy import FIELDS, NpyChunk, NpySpec, chunk_file
 from etl.io.processed import (
     ARTIFACTS,
     MANIFEST,
     Manifest,
     ManifestEntry,
+    ProcessedOutput,
     Totals,
+    check_npy_layout,
     is_processed,
     open_processed,
     part_path,
@@ -169,6 +173,40 @@ def test_missing_or_malformed_json(tmp_path: Path) -> None:
         read_manifest(tmp_path)
 
 
+NPY = {"chunk_rows": 4, "dtypes": {"label": "<f4", "dense": "<f4", "sparse": "<i4"}, "widths": {"label": None, "dense": 2, "sparse": 3}}
+
+
+def test_npy_chunks_are_checked_at_the_door(tmp_path: Path) -> None:
+    """An npy-only output: the chunks' rows must add up, every file's header must match the spec; the manifest
+    round-trips with its formats, spec and chunks."""
+    spec = NpySpec(**NPY)
+    sizes = [4, 4, 2]
+    e = replace(entry(0, 10), sha256=None, npy_chunks=tuple(NpyChunk(n, {f: "0" * 64 for f in FIELDS}) for n in sizes))
+    for i, n in enumerate(sizes):
+        for f in FIELDS:
+            path = tmp_path / chunk_file(e.output, f, i)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            np.save(path, np.zeros(spec.shape(f, n), np.dtype(spec.dtypes[f])))
+    manifest = Manifest.of("criteo", [e], complete=True, formats=("npy",), npy=spec)
+    write_manifest(tmp_path, manifest)
+    out = open_processed(tmp_path)
+    assert out.manifest == manifest and out.parts == [] and out.npy_parts == [tmp_path / "npy/part-00000"]
+    np.save(tmp_path / chunk_file(e.output, "sparse", 2), np.zeros((2, 4), np.int32))
+    with pytest.raises(InputError, match=r"sparse-00002.npy.*expected <i4 \(2, 3\)"):
+        open_processed(tmp_path)
+    write_manifest(tmp_path, replace(manifest, files=[replace(e, npy_chunks=e.npy_chunks[:2])]))
+    with pytest.raises(InputError, match="not chunks of 4 rows adding up to rows_out 10"):
+        open_processed(tmp_path, allow_partial=True)
+
+
+def test_npy_chunks_of_another_layout_than_the_pipelines_are_refused(tmp_path: Path) -> None:
+    spec = NpySpec(**NPY)
+    out = ProcessedOutput(tmp_path, tmp_path / ARTIFACTS, [], Manifest.of("criteo", [], complete=True, formats=("npy",), npy=spec))
+    check_npy_layout(out, replace(spec, chunk_rows=99))  # chunk rows are not the layout
+    with pytest.raises(InputError, match="widths"):
+        check_npy_layout(out, replace(spec, widths=spec.widths | {"dense": 3}))
+
+
 def _without(doc: dict, *keys: str) -> dict:
     return {k: v for k, v in doc.items() if k not in keys}
 
@@ -191,6 +229,14 @@ def _first_file(**change: object) -> dict:
         (MANIFEST_DOC | {"totals": {"rows_in": 1, "rows_out": 1}}, "field 'totals.rows_quarantined' is missing"),
         (MANIFEST_DOC | {"complete": "yes"}, "field 'complete' is \"yes\", expected true or false"),
         (_without(MANIFEST_DOC, "pipeline"), "field 'pipeline' is missing"),
+        (MANIFEST_DOC | {"formats": ["npy", "parquet"]}, "expected some of ['parquet', 'npy'] in that order"),
+        (MANIFEST_DOC | {"formats": ["csv"]}, "field 'formats'"),
+        (MANIFEST_DOC | {"formats": ["parquet", "npy"]}, "field 'npy' is missing"),
+        (MANIFEST_DOC | {"formats": ["npy"], "npy": NPY | {"dtypes": NPY["dtypes"] | {"sparse": "<u8"}}}, "'npy.dtypes.sparse' is \"<u8\""),
+        (MANIFEST_DOC | {"formats": ["npy"], "npy": NPY | {"widths": NPY["widths"] | {"label": 1}}}, "'npy.widths.label' is 1, expected null"),
+        (MANIFEST_DOC | {"formats": ["npy"], "npy": NPY | {"chunk_rows": 0}}, "'npy.chunk_rows' is 0"),
+        (MANIFEST_DOC | {"complete": True, "formats": ["npy"], "npy": NPY}, "npy_chunks is missing"),
+        (_first_file(npy_chunks=[{"rows": 10, "sha256": {"label": "x", "dense": "y"}}]), "'files[0].npy_chunks[0].sha256.sparse' is missing"),
     ],
 )
 def test_malformed_manifest_names_the_file_and_field(tmp_path: Path, doc: dict, fragment: str) -> None:

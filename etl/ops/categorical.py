@@ -204,8 +204,8 @@ class Categorify(Op):
         return {c: RESERVED + self.oov_buckets + self.vocab[c].num_rows for c in self.columns}
 
     # ---- fit
-    def new_stats(self, xp: Backend) -> Stats:
-        return {c: {"counter": xp.KeyCounter(), "nulls": 0, "raw": {}} for c in self.columns}
+    def new_stats(self, xp: Backend, rows: int | None = None) -> Stats:
+        return {c: {"counter": xp.KeyCounter(rows), "nulls": 0, "raw": {}} for c in self.columns}
 
     def partial_fit(self, stats: Stats, batch: Batch, xp: Backend) -> None:
         for c, s in stats.items():

@@ -83,7 +83,7 @@ class Profile:
                 with profile.lock:
                     profile.threads.append((thread.name, began, time.perf_counter() - START, used))
 
-        threading.Thread.run = measured  # type: ignore[method-assign]
+        threading.Thread.run = measured  # type: ignore[method-assign,assignment]
 
     def measure(self, owner: Any, name: str, stage: str) -> None:
         """Wrap ``owner.name`` (a function or method) so that its calls count to ``stage``."""
@@ -130,7 +130,8 @@ class Timeline:
     object owns: ``stop`` ends it."""
 
     def __init__(self, step: float = 0.1):
-        self.step, self.points = step, []
+        self.step = step
+        self.points: list[tuple[float, float]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, name="profile-timeline", daemon=True)
         self._thread.start()

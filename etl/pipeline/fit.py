@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from etl.backends.hashing import MAX_BUCKETS
-from etl.errors import ConfigError
+from etl.errors import ConfigError, InputError
 from etl.io.fs import Location, Url, location
 from etl.io.parquet import open_shard, read_footer
 from etl.ops import Op
@@ -107,10 +107,14 @@ def _fit_stage(
 
 def rows_of(shards: list[Location]) -> int | None:
     """The rows of ``shards`` in all, from their footers, when they are local files (a footer read costs next to
-    nothing there); None for shards in object storage, where it would cost a request each."""
+    nothing there); None for shards in object storage, where it would cost a request each, and when a footer
+    cannot be read (a sizing hint: the fit's own reading reports what is wrong with the shard)."""
     if any(isinstance(p, Url) for p in shards):
         return None
-    return sum(read_footer(p).num_rows for p in shards)
+    try:
+        return sum(read_footer(p).num_rows for p in shards)
+    except InputError:
+        return None
 
 
 def emit_prepared(

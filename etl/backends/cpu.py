@@ -8,6 +8,7 @@ convention of ``etl.ids`` (0 padding, 1 null, then the op's own ids).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numba as nb
@@ -750,15 +751,34 @@ def _at_least(tab, threshold, size):
 
 
 class KeyCounter:
-    """Counts occurrences of uint64 keys in memory proportional to the number of distinct keys (at most 64 bytes
-    per distinct key: 16-byte slots, load factor between 1/4 and 1/2), whatever the number of rows."""
+    """Counts occurrences of uint64 keys in memory proportional to the number of distinct keys (16-byte slots, load
+    factor at most 1/2, at least 1/4 as it grows), whatever the number of rows.
 
-    def __init__(self) -> None:
+    The table doubles when it is half full. Given ``rows``, the number of keys it will be given in all (missing
+    ones included), it is sized once the first batch is counted for the distinct keys those rows are expected to
+    hold (``projected_distinct``), so that it does not double again and again while it fills: each doubling
+    writes a new table, twice the size of the last, in fresh memory. A wrong guess only costs memory (a table
+    larger than needed, at most ``PROJECTION_LIMIT`` times the first batch's distinct keys) or time (the doublings
+    it was to spare); the counts are the same."""
+
+    def __init__(self, rows: int | None = None) -> None:
         self.table = np.zeros((1024, 2), np.uint64)
         self.size = 0
+        self._rows = rows  # the keys to count in all, until the first batch is counted
 
     def add(self, keys: np.ndarray, valid: np.ndarray | None) -> None:
         """Count each present key once."""
+        rows, self._rows = self._rows, None
+        if rows is None or len(keys) < 2 or rows <= len(keys):
+            self._add_keys(keys, valid)
+            return
+        half = len(keys) // 2
+        self._add_keys(keys[:half], None if valid is None else valid[:half])
+        at_half = self.size
+        self._add_keys(keys[half:], None if valid is None else valid[half:])
+        self._grow(projected_distinct(at_half, self.size, len(keys), rows))
+
+    def _add_keys(self, keys: np.ndarray, valid: np.ndarray | None) -> None:
         i = 0
         while i < len(keys):
             i, self.size = _count(self.table, keys, valid, i, self.size)
@@ -781,6 +801,21 @@ class KeyCounter:
         keys, counts = _at_least(self.table, np.uint64(max(threshold, 1)), self.size)
         order = np.argsort(keys)
         return keys[order], counts[order]
+
+
+#: ``projected_distinct`` expects at most this many times the distinct keys of the first batch.
+PROJECTION_LIMIT = 16
+
+
+def projected_distinct(at_half: int, distinct: int, batch: int, rows: int) -> int:
+    """The distinct keys expected in ``rows`` rows, from the ``distinct`` keys of a first batch of ``batch`` rows
+    (``at_half`` of them in its first half). Heaps' law: the distinct keys of ``n`` rows grow as ``n ** a``; the
+    exponent ``a`` (in [0, 1]) is the one the two halves show, ``log2(distinct / at_half)``. At most ``rows``,
+    and at most ``PROJECTION_LIMIT`` times ``distinct``."""
+    if distinct == 0:
+        return 0
+    a = 1.0 if at_half == 0 else min(1.0, max(0.0, math.log2(distinct / at_half)))
+    return int(min(distinct * (rows / batch) ** a, rows, PROJECTION_LIMIT * distinct))
 
 
 # ---------------------------------------------------------------- lists

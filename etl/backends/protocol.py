@@ -164,8 +164,8 @@ class Backend(Protocol):
         """Lookup tables built from host (keys, ids) pairs, one per column."""
         ...
 
-    def KeyCounter(self) -> KeyCounterProtocol:
-        """An empty key counter."""
+    def KeyCounter(self, rows: int | None = None) -> KeyCounterProtocol:
+        """An empty key counter; ``rows``: the number of keys it will be given in all, when known (a sizing hint)."""
         ...
 
 

@@ -811,7 +811,7 @@ class KeyCounter:
     hold more than twice the distinct keys counted so far (and more than ``2 * COMPACT_MIN``), they are compacted
     into one part (unique + ``index_add_``). The counter lives on the device of the first keys it is given."""
 
-    def __init__(self) -> None:
+    def __init__(self, rows: int | None = None) -> None:  # ``rows``: a sizing hint this counter does not need
         self._keys: list[torch.Tensor] = []
         self._counts: list[torch.Tensor] = []
         self._pending = 0

@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 try:
@@ -198,7 +197,7 @@ def _decode_dictionary(arr: pa.DictionaryArray) -> pa.Array:
     dictionary = arr.dictionary
     if _is_view(dictionary.type):
         dictionary = dictionary.cast(pa.large_binary())
-    return pc.take(dictionary, arr.indices)
+    return dictionary.take(arr.indices)
 
 
 def column_from_arrow(arr: pa.Array | pa.ChunkedArray, spec: ColumnSpec) -> Column:

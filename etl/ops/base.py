@@ -5,7 +5,8 @@ Ops never import a compute library beyond numpy for bookkeeping; the per-value w
 ``etl.backends.tensor`` (tensors on CPU or CUDA, uint64 keys held as int64 bits). Both implement the same functions
 with the same bits out. Fittable ops add:
 
-- ``new_stats(xp) -> stats``: an empty accumulator: a dict with one independent entry per column;
+- ``new_stats(xp, rows) -> stats``: an empty accumulator: a dict with one independent entry per column (``rows``:
+  how many rows it will be given in all when known, else None: a hint to size it, never a limit);
 - ``partial_fit(stats, batch, xp)``: add one batch to an accumulator, for the columns the accumulator holds (the
   pipeline gives each column its own accumulator, which fitting threads update in turn); the result must not
   depend on the order of the batches (counts, sums reduced canonically at the end), so shards are fitted in any
@@ -119,7 +120,7 @@ class Op:
         return {}
 
     # fittable ops override these
-    def new_stats(self, xp: Backend) -> Stats:
+    def new_stats(self, xp: Backend, rows: int | None = None) -> Stats:
         raise NotImplementedError
 
     def partial_fit(self, stats: Stats, batch: Batch, xp: Backend) -> None:

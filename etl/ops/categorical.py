@@ -12,6 +12,7 @@ The hash, range reduction and string keys are defined in ``etl.backends.hashing`
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -160,6 +161,10 @@ class HashedCross(Op):
         return {self.output: Column(xp.bucket_ids(keys, valid, self.num_buckets, dt))}
 
 
+#: Held while a Categorify builds its lookup tables, so that threads transforming at once build them once (a build
+#: happens once per op and backend: one lock for all ops, and none in the op, which stays plain data).
+_BUILDING = threading.Lock()
+
 #: The columns and types of a Categorify vocabulary table.
 VOCABULARY_SCHEMA = pa.schema([("key", pa.uint64()), ("raw", pa.string()), ("count", pa.int64()), ("id", pa.int64())])
 
@@ -232,8 +237,8 @@ class Categorify(Op):
         return vocab
 
     # ---- fit
-    def new_stats(self, xp: Backend) -> Stats:
-        return {c: {"counter": xp.KeyCounter(), "nulls": 0, "raw": {}} for c in self.columns}
+    def new_stats(self, xp: Backend, rows: int | None = None) -> Stats:
+        return {c: {"counter": xp.KeyCounter(rows), "nulls": 0, "raw": {}} for c in self.columns}
 
     def partial_fit(self, stats: Stats, batch: Batch, xp: Backend) -> None:
         for c, s in stats.items():
@@ -288,11 +293,15 @@ class Categorify(Op):
 
     # ---- transform
     def _lookup_tables(self, xp: Backend) -> LookupTablesProtocol:
-        """The lookup tables of every column for backend ``xp``, built once."""
+        """The lookup tables of every column for backend ``xp``, built once (the first thread to need them builds
+        them while the others wait)."""
         t = self._tables.get(xp.__name__)
         if t is None:
-            vocabs = [self.vocab[c] for c in self.columns]
-            t = self._tables[xp.__name__] = xp.LookupTables([(to_numpy(v.column("key")), to_numpy(v.column("id"))) for v in vocabs])
+            with _BUILDING:
+                t = self._tables.get(xp.__name__)
+                if t is None:
+                    vocabs = [self.vocab[c] for c in self.columns]
+                    t = self._tables[xp.__name__] = xp.LookupTables([(to_numpy(v.column("key")), to_numpy(v.column("id"))) for v in vocabs])
         return t
 
     def transform(self, batch: Batch, xp: Backend) -> dict[str, Column]:

@@ -85,7 +85,7 @@ class Normalize(Op):
     def is_fitted(self) -> bool:
         return bool(self.mean)
 
-    def new_stats(self, xp: Backend) -> Stats:
+    def new_stats(self, xp: Backend, rows: int | None = None) -> Stats:
         return {c: [] for c in self.columns}
 
     def partial_fit(self, stats: Stats, batch: Batch, xp: Backend) -> None:

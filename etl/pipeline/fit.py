@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from etl.backends.hashing import MAX_BUCKETS
-from etl.errors import ConfigError
-from etl.io.fs import Location, location
-from etl.io.parquet import open_shard
+from etl.errors import ConfigError, InputError
+from etl.io.fs import Location, Url, location
+from etl.io.parquet import open_shard, read_footer
 from etl.ops import Op
 from etl.progress import Progress
 from etl.workers import run_staged, run_workers
@@ -102,7 +102,19 @@ def _fit_stage(
     def prepare(path: Location, emit: Callable[[Transformed], None], stop: threading.Event) -> None:
         emit_prepared(pipeline, path, columns, prep, on_error, emit, stop)
 
-    fit_batches(pipeline, stage, shards, prepare, workers, progress, lock)
+    fit_batches(pipeline, stage, shards, prepare, workers, progress, lock, rows_of(shards))
+
+
+def rows_of(shards: list[Location]) -> int | None:
+    """The rows of ``shards`` in all, from their footers, when they are local files (a footer read costs next to
+    nothing there); None for shards in object storage, where it would cost a request each, and when a footer
+    cannot be read (a sizing hint: the fit's own reading reports what is wrong with the shard)."""
+    if any(isinstance(p, Url) for p in shards):
+        return None
+    try:
+        return sum(read_footer(p).num_rows for p in shards)
+    except InputError:
+        return None
 
 
 def emit_prepared(
@@ -131,10 +143,12 @@ def fit_batches(
     workers: int,
     progress: Callable[[int], None] | None,
     lock: threading.Lock,
+    rows: int | None = None,
 ) -> None:
     """Fit the ops of ``stage`` on the batches ``prepare(item, emit, stop)`` emits for every item of ``items``
     (prepared batches: rows rejected before fitting listed in them), then finalize them. ``progress`` hears of
-    the rows of each batch, rejected ones included (``lock`` serializes its calls).
+    the rows of each batch, rejected ones included (``lock`` serializes its calls). ``rows``: the rows of all
+    the batches, when known (the accumulators' sizing hint, ``Op.new_stats``).
 
     ``prepare`` runs in ``workers`` threads. Every prepared batch then goes to ``workers`` fitting threads that
     share its (op, column) units: each thread claims the next unclaimed unit of the batch and adds it to that
@@ -143,7 +157,7 @@ def fit_batches(
     batch is counted, the units are finalized in as many threads."""
     xp = pipeline.xp
     fitters = max(1, workers)
-    stats = [op.new_stats(xp) for op in stage]
+    stats = [op.new_stats(xp, rows) for op in stage]
     units: list[Unit] = [(op, _columns_of(st, c)) for op, st in zip(stage, stats) for c in st]
     unit_locks = [threading.Lock() for _ in units]
 

@@ -34,7 +34,7 @@ from etl.io.fs import Location
 from etl.io.parquet import Shard, open_shard
 from etl.ops import Op
 from etl.pipeline.core import OnError, Pipeline, Transformed
-from etl.pipeline.fit import emit_prepared, fit_batches, fit_plan, fit_stages, stage_name
+from etl.pipeline.fit import emit_prepared, fit_batches, fit_plan, fit_stages, rows_of, stage_name
 from etl.pipeline.stash import Key, RawRows, Stash
 from etl.progress import Progress
 
@@ -102,13 +102,14 @@ def fit_stashing(
             emit(t)
 
     items = list(enumerate(shards))
+    rows = rows_of(shards)
     report = None if progress is None else functools.partial(progress, stage_name(0, len(stages)))
-    fit_batches(pipeline, stages[0], items, prepare_first, workers, report, lock)
+    fit_batches(pipeline, stages[0], items, prepare_first, workers, report, lock, rows)
     keys.sort()
     unstashed = [p for i, p in items if i not in stashed]
     for k, stage in enumerate(stages[1:], 1):
         report = None if progress is None else functools.partial(progress, stage_name(k, len(stages)))
-        _fit_from_stash(pipeline, stage, first, stash, [*keys, *unstashed], workers, on_error, report, lock)
+        _fit_from_stash(pipeline, stage, first, stash, [*keys, *unstashed], workers, on_error, report, lock, rows)
     return Plan(first, [op for op in pipeline.ops if op not in first])
 
 
@@ -122,9 +123,10 @@ def _fit_from_stash(
     on_error: OnError,
     progress: Callable[[int], None] | None,
     lock: threading.Lock,
+    rows: int | None,
 ) -> None:
     """Fit a later stage over ``sources``: stashed row groups by key (prepared batches, on which the ops of
-    ``first`` ran, or raw rows), and shards not stashed, read from the source."""
+    ``first`` ran, or raw rows), and shards not stashed, read from the source (``rows`` in all, when known)."""
     prep, columns = fit_plan(pipeline, stage)
     more = [op for op in prep if op not in first]
 
@@ -138,7 +140,7 @@ def _fit_from_stash(
             return
         emit_prepared(pipeline, item, columns, prep, on_error, emit, stop)
 
-    fit_batches(pipeline, stage, sources, prepare, workers, progress, lock)
+    fit_batches(pipeline, stage, sources, prepare, workers, progress, lock, rows)
 
 
 def transform_stashed(

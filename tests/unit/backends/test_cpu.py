@@ -376,6 +376,48 @@ def test_key_counter_large_splits_into_tables_and_counts_exactly():
     assert np.array_equal(keys, ref_keys[ref_counts >= 3]) and np.array_equal(counts, ref_counts[ref_counts >= 3])
 
 
+def test_key_counter_given_its_rows_is_sized_after_its_first_batch_and_counts_the_same():
+    """Batches drawn from a pool of 30,000 keys: 12 batches of 20,000 rows. Sized for the rows to come once the
+    first batch is counted, the table does not grow again; without the hint it doubles as it fills."""
+    rng = np.random.default_rng(5)
+    pool = rand_keys(30_000, rng)
+    batches = [pool[rng.integers(0, len(pool), 20_000)] for _ in range(12)]
+    valids = [rng.random(20_000) > 0.1 if b % 2 else None for b in range(12)]
+    hinted, plain = cpu.KeyCounter(rows=12 * 20_000), cpu.KeyCounter()
+    sizes = []
+    for batch, valid in zip(batches, valids):
+        hinted.add(batch, valid)
+        plain.add(batch, valid)
+        sizes.append((len(hinted.table), len(plain.table)))
+    assert len({h for h, _ in sizes}) == 1 and len(hinted.table) >= 2 * hinted.size
+    assert len({p for _, p in sizes}) > 1
+    for got, want in zip(sorted_counts(hinted), sorted_counts(plain)):
+        assert np.array_equal(got, want)
+
+
+def test_key_counter_rows_hint_no_larger_than_the_first_batch_sizes_nothing():
+    keys = np.arange(5000, dtype=np.uint64)
+    kc, plain = cpu.KeyCounter(rows=5000), cpu.KeyCounter()
+    kc.add(keys, None)
+    plain.add(keys, None)
+    assert len(kc.table) == len(plain.table) and kc.size == 5000
+
+
+@pytest.mark.parametrize(
+    ("at_half", "distinct", "batch", "rows", "expected"),
+    [
+        (500, 1000, 1000, 8000, 8000),  # every key new: distinct keys grow as the rows (exponent 1)
+        (100, 100, 1000, 10**6, 100),  # no key new in the second half: no more to come (exponent 0)
+        (700, 1000, 1000, 4000, int(1000 * 4 ** math.log2(1000 / 700))),  # in between
+        (0, 10, 1000, 8000, 80),  # no key in the first half: exponent 1
+        (500, 1000, 1000, 10**9, 16 * 1000),  # at most PROJECTION_LIMIT times the first batch's distinct keys
+        (0, 0, 1000, 8000, 0),
+    ],
+)
+def test_projected_distinct(at_half: int, distinct: int, batch: int, rows: int, expected: int) -> None:
+    assert cpu.projected_distinct(at_half, distinct, batch, rows) == expected
+
+
 def test_key_counter_empty_and_all_null():
     kc = cpu.KeyCounter()
     kc.add(np.zeros(0, np.uint64), None)

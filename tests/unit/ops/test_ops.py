@@ -8,6 +8,8 @@ import inspect
 import math
 import random
 import re
+import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -514,6 +516,33 @@ def test_categorify_ties_by_key_ascending():
     assert op.vocab["c"].column("id").to_pylist() == [3, 4, 5, 6, 7, 8]
     # hex without a schema width renders 16 lowercase digits
     assert op.vocab["c"].column("raw").to_pylist() == [f"{k:016x}" for k in (3, 7, 9, 1, 2**63, 2**64 - 1)]
+
+
+def test_categorify_threads_transforming_at_once_build_the_lookup_tables_once(monkeypatch):
+    keys = np.array([9, 3, 7, 3, 9, 7], np.uint64)
+    op = fit(bound(Categorify(["c"]), spec("c", width=None)), [batch_of(c=Column(keys))])
+    builds, real = [], XP.LookupTables
+
+    def slow_build(tables):
+        builds.append(tables)
+        time.sleep(0.05)  # the other thread arrives while this one builds
+        return real(tables)
+
+    monkeypatch.setattr(XP, "LookupTables", slow_build)
+    start = threading.Barrier(2)
+    outs: list[np.ndarray] = []
+
+    def transform() -> None:
+        start.wait()
+        outs.append(op.transform(batch_of(c=Column(keys)), XP)["c"].values)
+
+    threads = [threading.Thread(target=transform) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(builds) == 1
+    assert len(outs) == 2 and np.array_equal(outs[0], outs[1])
 
 
 def test_categorify_vocabulary_table_is_exactly_the_documented_table():

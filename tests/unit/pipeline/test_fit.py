@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -14,7 +15,7 @@ import pytest
 from etl.backends import cpu, hashing
 from etl.errors import FitError, RowError, SpecError
 from etl.pipeline import Pipeline
-from etl.pipeline.fit import _finalize_units
+from etl.pipeline.fit import _finalize_units, rows_of
 from tests.conftest import tree_bytes
 from tests.unit.pipeline.conftest import (
     BAD_ROWS,
@@ -199,3 +200,12 @@ def test_finalize_units_raises_the_first_error_in_unit_order():
     with pytest.raises(FitError, match="'late'"):
         _finalize_units(units, 2, cpu)
     assert sorted(op.done) == ["early", "late", "ok"]  # every unit was finalized
+
+
+def test_rows_of_local_shards_sums_their_footers_and_is_none_when_one_cannot_be_read(tmp_path: Path) -> None:
+    for name, n in (("a.parquet", 3), ("b.parquet", 5)):
+        pq.write_table(pa.table({"x": list(range(n))}), tmp_path / name)
+    (tmp_path / "bad.parquet").write_bytes(b"not parquet")
+    assert rows_of([tmp_path / "a.parquet", tmp_path / "b.parquet"]) == 8
+    assert rows_of([tmp_path / "a.parquet", tmp_path / "bad.parquet"]) is None
+    assert rows_of([tmp_path / "a.parquet", tmp_path / "gone.parquet"]) is None

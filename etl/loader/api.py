@@ -142,7 +142,10 @@ class Loader:
     seconds (default: ``poll_interval``) the rows held in the shuffle buffer are delivered. Iteration never ends
     by itself (until ``close()`` or ``break``); ``state_dict`` then saves the position in the stream, and a loader
     given it with ``load_state_dict`` delivers every row not delivered before it exactly once. Needs
-    ``num_workers >= 1`` and ``transform_on="host"``; ``len()`` and ``set_epoch`` have no meaning there.
+    ``num_workers >= 1`` and ``transform_on="host"``; ``len()`` and ``set_epoch`` have no meaning there. Online
+    vocabularies grow over the stream as over an epoch, their state saved with the position (and by
+    ``save_vocabulary``): a restarted loader gives the rows not yet delivered the ids and events of an
+    uninterrupted one.
 
     ``engine="dali"`` reads the npy chunks of a processed output with NVIDIA DALI instead
     (``etl.loader.dali.DaliLoader``, the same ``LoaderBatch`` fields)."""
@@ -204,9 +207,6 @@ class Loader:
         self.vocabularies = OnlineVocabularies(self.pipeline, list(self.layout.online), self.layout.sparse) if self.layout.online else None
         if self.vocabularies is not None and transform_on == "device":
             raise ConfigError("online vocabularies (Categorify online: true) give ids on the host: use transform_on='host'")
-        if self.vocabularies is not None and self._follow is not None:
-            raise ConfigError("online vocabularies (Categorify online: true) are applied to a fixed set of shards: a following loader "
-                              "(follow=True) does not apply them")  # fmt: skip
         npy_only = output is not None and "parquet" not in output.manifest.formats  # read from its npy chunks
         self.groups = chunk_groups(output) if output is not None and npy_only else row_groups(shards)
         self.remote = any(isinstance(path, Url) for path in shards)  # reads wait on requests: see EpochPass io_bound
@@ -258,15 +258,14 @@ class Loader:
         ``etl.loader.follow.FollowPosition``) replaces epoch, position and total_rows: save it together with what the
         training did with that batch (a model checkpoint), never ahead of it, so that a restart neither loses nor
         repeats a row."""
+        state: dict[str, Any] = {"seed": self.seed, "rank": self.rank, "world_size": self.world_size, "batch_size": self.batch_size,
+                                 "shuffle": self.shuffle, "shuffle_buffer": self.shuffle_buffer, "drop_last": self.drop_last}  # fmt: skip
         if self._follow is not None:
-            return {"follow": self._cursor.position.to_dict(), "seed": self.seed, "rank": self.rank, "world_size": self.world_size,
-                    "batch_size": self.batch_size, "shuffle": self.shuffle, "shuffle_buffer": self.shuffle_buffer,
-                    "drop_last": self.drop_last}  # fmt: skip
-        state: dict[str, Any] = {"epoch": self.epoch, "position": self.position, "seed": self.seed, "rank": self.rank,
-                 "world_size": self.world_size, "batch_size": self.batch_size, "shuffle": self.shuffle,
-                 "shuffle_buffer": self.shuffle_buffer, "drop_last": self.drop_last, "total_rows": self.total_rows}  # fmt: skip
+            state["follow"] = self._cursor.position.to_dict()
+        else:
+            state |= {"epoch": self.epoch, "position": self.position, "total_rows": self.total_rows}
         if self.vocabularies is not None:
-            state["online_vocab"] = self.vocabularies.to_dict(self.vocabularies.at(self._vocab_key(self.epoch, self.position)))
+            state["online_vocab"] = self.vocabularies.to_dict(self.vocabularies.at(self._vocab_here()))
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -279,21 +278,22 @@ class Loader:
             if k in mine and state[k] != mine[k]:
                 raise ConfigError(f"state_dict mismatch on {k}: saved {state[k]!r}, this loader {mine[k]!r}")
         self.close()
-        if "follow" in state:
-            self._cursor.position = FollowPosition.from_dict(state["follow"])
-            return
+        position = FollowPosition.from_dict(state["follow"]) if "follow" in state else None
         if self.vocabularies is not None:
             if "online_vocab" not in state:
                 raise ConfigError("state_dict has no online_vocab: it was saved by a loader without online vocabularies")
             self.vocabularies.load_dict(state["online_vocab"])
-        self.epoch, self.position, self._finished = int(state["epoch"]), int(state["position"]), False
+        if position is not None:
+            self._cursor.position = position
+        else:
+            self.epoch, self.position, self._finished = int(state["epoch"]), int(state["position"]), False
 
     def save_vocabulary(self, directory: str | Location) -> None:
         """Write the online vocabularies' state at this position (the one ``state_dict`` holds) as artifacts: JSON +
         one Parquet table per column (``etl.pipeline.artifacts.save_online``)."""
         if self.vocabularies is None:
             raise ConfigError("this loader's pipeline has no online vocabulary (Categorify online: true)")
-        self.vocabularies.save(self.vocabularies.at(self._vocab_key(self.epoch, self.position)), directory)
+        self.vocabularies.save(self.vocabularies.at(self._vocab_here()), directory)
 
     def load_vocabulary(self, directory: str | Location) -> None:
         """Continue from the online vocabularies saved by ``save_vocabulary`` (the next pass starts from them)."""
@@ -311,6 +311,7 @@ class Loader:
         self._close_active()
         if self._follow is not None:
             self._slots().reclaim()
+            self._commit_vocabularies()
             it = _Iteration(self, self._follow_pass())
             self._active = weakref.ref(it)
             return it
@@ -384,10 +385,18 @@ class Loader:
             return epoch, END
         return epoch, position * self.batch_size // self.shuffle_buffer
 
+    def _vocab_here(self) -> Key:
+        """Where the online vocabularies' state at the loader's position is kept: in follow mode, the start of the
+        first shuffle buffer not wholly delivered (the follow position's, numbered in epoch 0), else
+        ``_vocab_key(epoch, position)``."""
+        if self._follow is not None:
+            return 0, self._cursor.position.buffer_no
+        return self._vocab_key(self.epoch, self.position)
+
     def _commit_vocabularies(self) -> None:
         """The next pass starts the online vocabularies from their state at this position."""
         if self.vocabularies is not None:
-            self.vocabularies.commit(self._vocab_key(self.epoch, self.position))
+            self.vocabularies.commit(self._vocab_here())
 
     def _follow_pass(self) -> FollowPass:
         """A following pass from the position after the last batch handed out."""
@@ -395,9 +404,13 @@ class Loader:
             raise RuntimeError("a following pass needs a following loader")
         settings = PassSettings(epoch=0, start=0, total=sys.maxsize, batch_size=self.batch_size, shuffle_buffer=self.shuffle_buffer,
                                 shuffle=self.shuffle, seed=self.seed, rank=self.rank, world_size=self.world_size)  # fmt: skip
-        return FollowPass(settings, self._follow, self._directory, self._cursor.position, guarded(_read_weakly(self)), self._slots(),
+        start = self._cursor.position
+        online = None
+        if self.vocabularies is not None:  # a resume inside a buffer: its events went out with its first batch
+            online = self.vocabularies.start_pass((0, start.buffer_no), skip=start.delivered > 0)
+        return FollowPass(settings, self._follow, self._directory, start, guarded(_read_weakly(self)), self._slots(),
                           self.stats, self._cursor, num_workers=self.num_workers, prefetch=self.prefetch, empty=self.layout.empty(),
-                          io_bound=isinstance(self._directory, Url))  # fmt: skip
+                          io_bound=isinstance(self._directory, Url), online=online)  # fmt: skip
 
     def _close_active(self) -> None:
         it = self._active() if self._active is not None else None
@@ -552,7 +565,7 @@ class _Iteration:
         tensors = epoch_pass.ring.view(item.slot, n)
         loader.position += 1
         if loader.vocabularies is not None:
-            loader.vocabularies.prune(loader._vocab_key(epoch_pass.epoch, loader.position))
+            loader.vocabularies.prune(loader._vocab_here())
         now = time.perf_counter()
         loader.stats.add_batch(n, t1 - t0, now - self.last)
         self.last = now

@@ -10,8 +10,14 @@ Batches: the stream fills shuffle buffers of ``shuffle_buffer`` rows, each permu
 generator drawn from (seed, rank, buffer number), and batches are cut from them as in ``etl.loader.assembler``: a
 row is delivered at most ``shuffle_buffer`` rows away from its place in arrival order. When no shard has arrived
 for ``idle_flush`` seconds and every known row is buffered, the buffer being filled is closed as it is (shorter)
-and its rows are delivered: in full batches, and, without ``drop_last``, a short last one (with ``drop_last`` the
-rows short of a batch wait for the next shard). The pass ends only when it is closed.
+and its rows are delivered: in full batches, and, without ``drop_last``, a short last one. With ``drop_last`` the
+buffer is closed only when that lets a batch out; otherwise its rows wait there for the next shard's (closing it
+would not deliver them, and short buffers would pile up). The pass ends only when it is closed.
+
+Online vocabularies (Categorify ``online: true``): the assembler gives ids to each piece's rows in arrival order as
+they enter the shuffle buffers, as an epoch's assembler does (``etl.loader.online``); events ride on the batches
+alike, and the vocabulary state saved with a position is the snapshot at the start of its buffer (a restart
+re-applies the rows from there: the same ids and events for the rows not yet delivered).
 
 Position (``FollowPosition``, what ``Loader.state_dict`` saves in follow mode): the first buffer not yet wholly
 delivered, given by where its rows start in the stream (the shard, how many shards came before it, the row within
@@ -27,6 +33,13 @@ a shard later (or reads it more slowly) delivers its rows later, and in distribu
 training step make the other ranks wait for it. Idle flushes follow each rank's own clock, so with
 ``world_size > 1`` a quiet stream may give ranks different numbers of short batches: use ``drop_last=True`` there
 (only full batches, so the ranks' batch counts differ only by what has not arrived yet) or a long ``idle_flush``.
+
+Memory does not grow with the stream: the buffers, their positions (``closed``) and the online vocabularies'
+snapshots are those between the consumer and the assembler (bounded by the ring and the read-ahead), the pieces
+read ahead are ``num_workers + prefetch``, and the pieces of known shards not yet read are a few objects a row
+group (at start, those of every shard present). What grows with the shards seen is ``Arrivals``' record of their
+names (about 120 bytes a shard with names like ``part-00000.parquet``: 12 MB per 100 000 shards), as each poll's
+listing of the directory does.
 """
 
 from __future__ import annotations
@@ -47,6 +60,7 @@ from etl.io.fs import Location
 from etl.loader.assembler import Assembler, Item, PassSettings, _pieces_from
 from etl.loader.chunk import Chunk
 from etl.loader.epoch import _assemble, _shutdown, _Slots
+from etl.loader.online import OnlinePass
 from etl.loader.order import Piece, rank_pieces, row_groups
 from etl.loader.ring import Ring
 from etl.loader.stats import LoaderStats
@@ -108,9 +122,9 @@ class FollowAssembler(Assembler):
 
     def __init__(self, settings: PassSettings, follow: FollowSettings, arrivals: Arrivals, start: FollowPosition,
                  read: Callable[[Piece], Chunk], pool: ThreadPoolExecutor, ring: Ring, stats: LoaderStats, *,
-                 read_ahead: int, stop: threading.Event, empty: Chunk) -> None:  # fmt: skip
+                 read_ahead: int, stop: threading.Event, empty: Chunk, online: OnlinePass | None = None) -> None:  # fmt: skip
         super().__init__(settings, [], read, pool, ring, stats, read_ahead=read_ahead, stop=stop,
-                         all_submitted=threading.Event(), empty=empty)  # fmt: skip
+                         all_submitted=threading.Event(), empty=empty, online=online)  # fmt: skip
         self.follow, self.arrivals, self.start = follow, arrivals, start
         self.buffer_no, self.skip = start.buffer_no, start.delivered
         self.limit = start.buffer_rows  # the length of the first buffer, when the position fixed it
@@ -197,7 +211,10 @@ class FollowAssembler(Assembler):
 
     def _emit_idle(self) -> Generator[FollowItem, None, None]:
         """Close the buffer being filled and deliver what the buffers hold (a short batch only without
-        ``drop_last``)."""
+        ``drop_last``). With ``drop_last``, the buffer is closed only when that lets a batch out: otherwise its
+        rows could not leave anyway, and they wait there for the next shard's."""
+        if self.follow.drop_last and self._available() + self.filled < self.settings.batch_size:
+            return
         if self.filled:
             self._flush()
         yield from self._emit_full()
@@ -226,7 +243,7 @@ class FollowPass:
 
     def __init__(self, settings: PassSettings, follow: FollowSettings, directory: Location, start: FollowPosition,
                  read: Callable[[Piece], Chunk], ring: Ring, stats: LoaderStats, cursor: FollowCursor, *,
-                 num_workers: int, prefetch: int, empty: Chunk, io_bound: bool = False) -> None:  # fmt: skip
+                 num_workers: int, prefetch: int, empty: Chunk, io_bound: bool = False, online: OnlinePass | None = None) -> None:  # fmt: skip
         self.settings, self.epoch, self.ring, self.cursor = settings, settings.epoch, ring, cursor
         self.all_submitted = threading.Event()  # never set: a following pass always has more to read
         self.assembled = threading.Event()
@@ -234,7 +251,7 @@ class FollowPass:
         self.ready: queue.Queue = queue.Queue(maxsize=prefetch + 1)
         self.pool = ThreadPoolExecutor(num_workers + prefetch if io_bound else num_workers, thread_name_prefix="etl-loader")
         assembler = FollowAssembler(settings, follow, Arrivals(directory), start, read, self.pool, ring, stats,
-                                    read_ahead=num_workers + prefetch, stop=self.stop, empty=empty)  # fmt: skip
+                                    read_ahead=num_workers + prefetch, stop=self.stop, empty=empty, online=online)  # fmt: skip
         self.thread = threading.Thread(target=_assemble, args=(assembler, self.ready, self.assembled), daemon=True, name="etl-follow")
         self.thread.start()
         self._slots = _Slots(ring, self.ready)

@@ -11,8 +11,11 @@ it re-reads, cut at that buffer's first row exactly as the uninterrupted pass wa
 
 Events: the admissions and evictions made by the rows of shuffle buffer ``b`` ride on the first batch holding a
 row of buffer ``b`` (``LoaderBatch.vocab_events``); any batch using an id given in buffer ``b`` comes at or after
-that batch. A batch can hold rows from the end of buffer ``b - 1``, whose ids were given before buffer ``b``'s
-events (a reused id then names the evicted key's row in those rows).
+that batch. Rows are shuffled after they get their ids, so a batch can hold rows given an id before an eviction
+that an earlier batch carried: rows from the end of buffer ``b - 1`` in the batch carrying buffer ``b``'s events,
+and rows of buffer ``b`` itself given the id before the eviction (a reused id then names the evicted key's row in
+those rows). A buffer's rows leave in consecutive batches: no row of a later buffer uses an evicted id for its old
+key.
 
 State: the assembler runs ahead of the consumer, so the vocabularies keep a snapshot at the start of each shuffle
 buffer (and at the end of the epoch) until the consumer is past it. The loader's state (``state_dict``,
@@ -20,7 +23,17 @@ buffer (and at the end of the epoch) until the consumer is past it. The loader's
 resumed pass starts from. A pass closed early leaves the vocabularies at that same state (rows read ahead but
 never delivered do not count), so the vocabulary is a function of the batches delivered. A snapshot copies the
 tables: up to 2 * capacity entries of 32 bytes per column, once per shuffle buffer; the snapshots of the buffers
-between the consumer and the assembler are held (a few: the ring and the read-ahead bound them).
+between the consumer and the assembler are held: one per buffer holding rows of the batches in the ring (``prefetch
++ 2`` slots, at most two new buffers per batch when ``shuffle_buffer >= batch_size``) or of the piece being cut,
+plus the one being filled: at most ``2 * (prefetch + 2) + piece rows // shuffle_buffer + 3``, and a few with the
+default ``shuffle_buffer`` of 4 batches.
+
+Follow mode (``etl.loader.follow``) is one endless pass, numbered epoch 0: its buffers are the following pass's,
+its snapshots are keyed by their numbers, and the state at a ``FollowPosition`` is the snapshot at the start of
+the position's buffer (the first not wholly delivered), so a restart re-applies exactly the rows from there and
+gives the rows not yet delivered the ids and events of an uninterrupted run. The held snapshots stay as few as in
+an epoch however many shards arrive: an idle flush delivers every buffered row, or with ``drop_last`` closes the
+buffer only when that lets a batch out (``FollowAssembler``), so short buffers never pile up behind the consumer.
 """
 
 from __future__ import annotations
@@ -165,8 +178,8 @@ class OnlineVocabularies:
 
 class OnlinePass:
     """One pass's use of the vocabularies, from the assembler thread: ``apply`` to each piece of rows in order,
-    ``close_buffer`` when a shuffle buffer fills, ``end`` once every row of the epoch is applied, ``events_of``
-    for each batch."""
+    ``close_buffer`` when a shuffle buffer fills (or a following pass closes it early), ``end`` once every row of
+    the epoch is applied (never, in a following pass), ``events_of`` for each batch."""
 
     def __init__(self, vocabs: OnlineVocabularies, epoch: int, skip: bool):
         self.vocabs, self.epoch = vocabs, epoch

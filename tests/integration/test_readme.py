@@ -5,22 +5,32 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 import re
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from tests.conftest import REPO, run_etl
 
 
+def readme_blocks(heading: str, lang: str = "python", level: int = 2) -> list[str]:
+    """The ```lang blocks of the README section ``heading`` (a heading of ``level`` #'s, up to the next heading of
+    that level or above)."""
+    text = (REPO / "README.md").read_text()
+    section = re.split(rf"\n#{{2,{level}}} ", text.split(f"\n{'#' * level} {heading}\n", 1)[1], maxsplit=1)[0]
+    blocks = re.findall(rf"```{lang}\n(.*?)```", section, re.S)
+    assert blocks, f"no {lang} block under '{'#' * level} {heading}'"
+    return blocks
+
+
 def readme_block(heading: str) -> str:
     """The first ```python block of the README section ``heading``."""
-    text = (REPO / "README.md").read_text()
-    section = text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
-    match = re.search(r"```python\n(.*?)```", section, re.S)
-    assert match, f"no python block under '## {heading}'"
-    return match.group(1)
+    return readme_blocks(heading)[0]
 
 
 def test_at_serving_time(criteo_8k: Path, tmp_path: Path, monkeypatch) -> None:
@@ -42,3 +52,25 @@ def test_at_serving_time(criteo_8k: Path, tmp_path: Path, monkeypatch) -> None:
     assert row[0]["C1"] == 3 + kept.index(0x68FD1E64)  # 0 pad, 1 missing, 2 the out-of-vocabulary bucket, then the vocabulary
     assert row[0]["I1"] == np.float32(math.log1p(5))
     assert all(row[0][f"I{i}"] == 0.0 for i in range(2, 14)) and all(row[0][f"C{i}"] == 1 for i in range(2, 27))
+
+
+def test_following_with_online_vocabularies_runs_and_resumes(tmp_path: Path, monkeypatch) -> None:
+    """The continuous-training example: its shell steps (``etl`` on the PATH), then its Python twice (a start and a
+    restart from the checkpoint): the restart goes on from the saved position with the saved vocabularies."""
+    heading = "Following new data (continuous training)"
+    shell, code = readme_blocks(heading, "bash", level=3)[0], readme_blocks(heading, level=3)[-1]
+    (tmp_path / "schemas").symlink_to(REPO / "schemas")
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin/etl").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m etl "$@"\n')
+    (tmp_path / "bin/etl").chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
+    subprocess.run(["bash", "-euc", shell], cwd=tmp_path, env=env, check=True, capture_output=True)
+    monkeypatch.chdir(tmp_path)
+    positions = []
+    for _ in range(2):
+        exec(code, {})
+        saved = torch.load(tmp_path / "ckpt.pt")
+        positions.append(saved["loader"]["follow"])
+        assert set(saved["loader"]["online_vocab"]) == {f"C{i}" for i in range(1, 27)}
+    # 20 batches of 1024 rows, then 20 more: the buffer the position names moved on (4096 rows to a buffer)
+    assert positions[0]["buffer_no"] == 20 * 1024 // 4096 and positions[1]["buffer_no"] == 40 * 1024 // 4096

@@ -118,7 +118,8 @@ FollowItem = tuple[Item, FollowPosition]
 
 class FollowAssembler(Assembler):
     """The assembler of a following pass (see the module docstring): ``batches`` polls ``arrivals`` for shards,
-    reads their pieces on the pool, and yields ``FollowItem``s, forever (until ``stop``)."""
+    reads their pieces on the pool, and yields ``FollowItem``s, forever (until ``stop``). ``online``: the pass's
+    use of the loader's online vocabularies, started at ``start``'s buffer (``etl.loader.online``)."""
 
     def __init__(self, settings: PassSettings, follow: FollowSettings, arrivals: Arrivals, start: FollowPosition,
                  read: Callable[[Piece], Chunk], pool: ThreadPoolExecutor, ring: Ring, stats: LoaderStats, *,

@@ -1,5 +1,5 @@
 """The Loader with online vocabularies (etl.loader.online): ids given in row order whatever the worker count, events
-with the batches, state in state_dict and as artifacts, exact resume."""
+with the batches, state in state_dict and as artifacts, exact resume; the same under follow mode."""
 
 from __future__ import annotations
 

@@ -91,6 +91,8 @@ def main() -> None:
     args = ap.parse_args()
     if (args.resume or args.trace_column) and args.checkpoint is None:
         ap.error("--resume and --trace-column need --checkpoint")
+    if args.checkpoint is not None:
+        args.checkpoint.parent.mkdir(parents=True, exist_ok=True)
 
     loader = etl.Loader(args.data, pipeline=args.pipeline, artifacts=args.artifacts, batch_size=args.batch_size,
                         shuffle=True, seed=0, device=args.device, num_workers=args.workers,

@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from etl.bench.report import Freshness, PipelineReport, Report, Stage
-from etl.errors import ConfigError
+from etl.errors import ConfigError, LoaderError
 from etl.io.files import temporary_path
 from etl.io.parquet import batch_from_arrow
 from etl.loader import Loader
@@ -137,11 +137,15 @@ class Producer(threading.Thread):
     """Writes ``shards`` traced shards (``traced_shard`` of ``template``) into ``directory``: shard 0 at once, then
     one every ``1 / rate`` seconds, on schedule (a late write is not made up by a burst: the next one is due
     ``1 / rate`` after the schedule). ``renamed[k]``: ``time.monotonic()`` just before shard ``k``'s rename.
-    ``stop()`` ends it early; whoever starts it stops and joins it. An error while writing is kept in ``error``."""
+    ``stop()`` ends it early; whoever starts it stops and joins it. An error while writing is kept in ``error``,
+    then ``on_error`` is called (the bench closes its loader there, so that a consumer waiting for the shards that
+    will not come stops waiting)."""
 
-    def __init__(self, directory: Path, template: pa.Table, schema: Schema, shards: int, rate: float):
+    def __init__(self, directory: Path, template: pa.Table, schema: Schema, shards: int, rate: float,
+                 on_error: Callable[[], None] = lambda: None):  # fmt: skip
         super().__init__(name="etl-bench-producer", daemon=True)
         self.directory, self.template, self.schema, self.shards, self.rate = directory, template, schema, shards, rate
+        self.on_error = on_error
         self.renamed: list[float] = []
         self.error: BaseException | None = None
         self._stop_event = threading.Event()
@@ -156,6 +160,7 @@ class Producer(threading.Thread):
                 due += 1.0 / self.rate
         except BaseException as e:  # reported by the consumer, which owns this thread
             self.error = e
+            self.on_error()
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -169,7 +174,8 @@ def measure_freshness(pipeline_path: Path, settings: FreshnessSettings, work: Pa
                       progress: Callable[[str], None] = lambda msg: None) -> tuple[PipelineReport, float]:  # fmt: skip
     """One freshness run of the fit-free pipeline at ``pipeline_path`` (module docstring), its files in ``work``:
     the pipeline's report (stages ``shard transform`` and ``follow``, ``data_wait`` the stall, ``freshness`` the lags)
-    and the megabytes of Parquet the producer wrote. ``RuntimeError`` if the producer failed."""
+    and the megabytes of Parquet the producer wrote. ``RuntimeError`` if the producer failed (its ``on_error`` closes
+    the loader, which ends the consumer's wait with ``LoaderError``)."""
     settings.check()
     pipeline = Pipeline.from_file(pipeline_path)
     progress(f"{pipeline.name}: template shard of {settings.shard_rows:,} rows")
@@ -180,9 +186,9 @@ def measure_freshness(pipeline_path: Path, settings: FreshnessSettings, work: Pa
     step_s = settings.step_factor * transform_s * settings.batch_size / settings.shard_rows
     stream = work / "stream"
     stream.mkdir()
-    producer = Producer(stream, template, pipeline.schema, settings.shards, settings.rate)
     loader = Loader(stream, pipeline=pipeline_path, batch_size=settings.batch_size, shuffle=True, seed=settings.seed, follow=True,
                     poll_interval=settings.poll_interval, idle_flush=settings.poll_interval, num_workers=settings.workers)  # fmt: skip
+    producer = Producer(stream, template, pipeline.schema, settings.shards, settings.rate, on_error=loader.close)
     shard_col = loader.layout.dense.index(trace_columns(pipeline.schema)[1])
     total, rows = settings.shards * settings.shard_rows, 0
     first_seen: dict[int, float] = {}  # shard number -> when its first row came in a batch
@@ -199,6 +205,9 @@ def measure_freshness(pipeline_path: Path, settings: FreshnessSettings, work: Pa
                 break
             time.sleep(step_s)
         seconds = time.perf_counter() - t0
+    except LoaderError:
+        if producer.error is None:
+            raise
     finally:
         loader.close()
         producer.stop()

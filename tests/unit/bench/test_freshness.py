@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -12,7 +13,7 @@ from etl.bench import freshness
 from etl.bench.freshness import FreshnessSettings, Producer, measure_freshness, shard_codes, template_shard, traced_shard, write_shard
 from etl.errors import ConfigError
 from etl.pipeline import Pipeline
-from etl.schema import parse_schema
+from etl.schema import Schema, parse_schema
 from tests.conftest import REPO
 
 HASH = REPO / "pipelines/criteo_hash.yaml"
@@ -82,3 +83,18 @@ def test_a_small_run_sees_every_shard_once(tmp_path: Path) -> None:
     assert f is not None and f.shards == 5 and len(f.lags) == 5 and all(lag >= 0 for lag in f.lags)
     assert [s.name for s in report.stages] == ["shard transform", "follow"] and report.stages[1].rows == 5000
     assert mbytes > 0 and 0 <= report.data_wait <= 1
+
+
+def test_a_failing_producer_ends_the_run_with_its_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The consumer waits for shards that will never come: the producer's error closes the loader and is raised."""
+    real = freshness.traced_shard
+
+    def fails_at_two(template: pa.Table, schema: Schema, index: int) -> pa.Table:
+        if index == 2:
+            raise OSError("No space left on device")
+        return real(template, schema, index)
+
+    monkeypatch.setattr(freshness, "traced_shard", fails_at_two)
+    settings = FreshnessSettings(rate=20, shard_rows=500, duration=0.5, poll_interval=0.05, batch_size=200)
+    with pytest.raises(RuntimeError, match="producer of the freshness bench failed: No space left"):
+        measure_freshness(HASH, settings, tmp_path)

@@ -107,7 +107,7 @@ def main() -> None:
 
     step, trace_bytes = 0, 0
     if args.resume and args.checkpoint is not None and args.checkpoint.exists():
-        saved = torch.load(args.checkpoint, map_location=args.device, weights_only=False)
+        saved = torch.load(args.checkpoint, map_location=args.device, weights_only=True)
         model.load_state_dict(saved["model"])
         opt.load_state_dict(saved["optimizer"])
         loader.load_state_dict(saved["loader"])

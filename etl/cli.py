@@ -490,9 +490,15 @@ def bench(
     ),
     engine: list[str] = typer.Option([], help="Also measure the loader on a preprocessed output with this engine beside the default "
                                      "one: dali (needs pip install 'etl[dali]')."),  # fmt: skip
+    follow: bool = typer.Option(False, "--follow", help="Instead: the freshness of a following loader fed by a producer of shards "
+                                "(etl.bench.freshness; fit-free pipelines, default criteo_hash)."),  # fmt: skip
+    rate: float = typer.Option(1.0, min=0.0, help="--follow: shards the producer writes per second."),
+    shard_rows: int = typer.Option(131_072, min=1, help="--follow: rows per shard."),
+    duration: float = typer.Option(20.0, min=0.0, help="--follow: seconds the producer writes for (one shard at start, then rate per second)."),
+    poll_interval: float = typer.Option(0.5, min=0.0, help="--follow: the loader's poll interval and idle flush, seconds."),
 ) -> None:
     """Measure read floor, every stage, fit, preprocess (also as a whole process), the loader, data wait and baselines
-    in one run."""
+    in one run; with --follow, the lag, rows/s and stall of a following loader instead."""
     import torch
 
     from etl.bench.report import plot
@@ -500,6 +506,11 @@ def bench(
     from etl.cluster import connect
     from etl.resources import resource_path
 
+    if follow:
+        from etl.bench.freshness import FreshnessSettings
+
+        _bench_follow(pipeline, FreshnessSettings(rate, shard_rows, duration, poll_interval, batch_size, workers, step_factor), json_out)
+        return
     device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
     with user_errors(), err.status("benchmark") as status:
         defaults = [resource_path("pipelines", "criteo.yaml"), resource_path("pipelines", "criteo_hash.yaml")]
@@ -534,6 +545,20 @@ def bench(
         plot(report, plot_out)
 
 
+def _bench_follow(pipeline: list[Path] | None, settings: Any, json_out: Path | None) -> None:
+    """``etl bench --follow``: the freshness bench (``etl.bench.freshness``) of ``pipeline`` (default criteo_hash)."""
+    from etl.bench.freshness import run_freshness_bench
+    from etl.resources import resource_path
+
+    with user_errors(), err.status("freshness benchmark") as status:
+        settings.check()
+        pipelines = cast("list[Path]", expand_globs(pipeline)) if pipeline else [resource_path("pipelines", "criteo_hash.yaml")]
+        report = run_freshness_bench(pipelines, settings, progress=lambda msg: status.update(msg))
+    _print_report(report)
+    if json_out:
+        json_out.write_text(report.to_json())
+
+
 def _print_report(report) -> None:
     from rich.table import Table
 
@@ -547,6 +572,13 @@ def _print_report(report) -> None:
             mbs = f"{s.mbytes / s.seconds:,.0f}" if s.mbytes and s.seconds else ""
             t.add_row(s.name, f"{s.seconds:.3f}", f"{s.rows_per_second:,.0f}", mbs, s.note)
         console.print(t)
+        if rep.freshness is not None:
+            f = rep.freshness
+            console.print(f"freshness: {f.shards} shards of {f.shard_rows:,} rows at {f.rate:g}/s, poll {f.poll_interval:g} s, step "
+                          f"{1000 * f.step_seconds:.1f} ms: lag p50 {1000 * f.lag_p50:.0f} ms, p99 {1000 * f.lag_p99:.0f} ms, max "
+                          f"{1000 * f.lag_max:.0f} ms; must hold p99 < 2 x poll + shard transform = {1000 * f.bound:.0f} ms: "
+                          f"{'holds' if f.holds else 'MISSED'}; stall {100 * rep.data_wait:.1f} % (waiting for the producer included)")  # fmt: skip
+            continue
         console.print(f"data wait with the simulated step: {100 * rep.data_wait:.2f} % (first epoch {100 * rep.data_wait_first_epoch:.2f} %)"
                       + (f"; with the DLRM step: {100 * rep.model_data_wait:.2f} %" if rep.model_data_wait is not None else "")
                       + (f"; device placement: {100 * rep.device_data_wait:.2f} %" if rep.device_data_wait is not None else ""))  # fmt: skip

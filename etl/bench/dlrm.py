@@ -9,12 +9,19 @@ For a batch of ``dense`` features ``[B, D]`` (float32) and ``sparse`` ids ``[B, 
   diagonal;
 - a top MLP ``dim + (S + 1)·S/2 → 64 → 1`` (ReLU between layers, none after the last) on the bottom output and
   the dot products, giving one logit per row ``[B]`` (train with ``BCEWithLogitsLoss`` on the label).
+
+``reset_embedding_rows``: with online vocabularies, the rows of newly admitted ids start fresh.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import cast
+
 import torch
 from torch import nn
+
+from etl.ops.online_vocab import VocabEvents
 
 
 def mlp(sizes: list[int], last_activation: bool) -> nn.Sequential:
@@ -55,3 +62,29 @@ class DLRM(nn.Module):
         z = torch.stack(embs, dim=1)  # [B, F, dim]
         dots = torch.bmm(z, z.transpose(1, 2))[:, self.pairs_i, self.pairs_j]
         return self.top(torch.cat([x, dots], dim=1)).squeeze(1)
+
+
+def reset_embedding_rows(model: DLRM, optimizer: torch.optim.Optimizer, events: Mapping[str, VocabEvents], sparse_names: list[str]) -> int:
+    """Give the ids admitted into online vocabularies (``LoaderBatch.vocab_events``) fresh embedding rows, before the
+    step that trains on their batch: for each online column, the rows of its ``admitted_ids`` (folded into the
+    table as ``forward`` folds them) are drawn again from ``nn.Embedding``'s initial distribution (normal, 0, 1) and
+    every optimizer state tensor of the table's shape (momentum, Adagrad or Adam sums) is zeroed on those rows.
+
+    Only admitted ids are reset: an id reused after an eviction is always admitted again (``VocabEvents``), so it
+    starts fresh then, and an evicted id is used by no row until that happens. With a table smaller than the
+    column's capacity, the rows an admitted id shares with other ids are reset too. Returns the number of rows
+    reset."""
+    reset = 0
+    for name, ev in events.items():
+        if len(ev.admitted_ids) == 0:
+            continue
+        k = sparse_names.index(name)
+        table = cast(nn.Embedding, model.embeddings[k]).weight
+        rows = torch.unique(torch.as_tensor(ev.admitted_ids, dtype=torch.long) % table.shape[0]).to(table.device)
+        with torch.no_grad():
+            table[rows] = torch.randn(len(rows), table.shape[1], dtype=table.dtype, device=table.device)
+            for value in optimizer.state.get(table, {}).values():
+                if isinstance(value, torch.Tensor) and value.shape == table.shape:
+                    value[rows] = 0
+        reset += len(rows)
+    return reset

@@ -27,6 +27,35 @@ class Stage:
 
 
 @dataclass
+class Freshness:
+    """A following loader fed by a producer (``etl.bench.freshness``): ``shards`` of ``shard_rows`` rows written at
+    ``rate`` per second, polled every ``poll_interval`` seconds, a simulated step of ``step_seconds``; the read and
+    transform time of one shard; the lag of each shard, from its rename to its first row in a batch (seconds,
+    ``lags`` in shard order) and their p50, p99 and max."""
+
+    rate: float
+    shard_rows: int
+    shards: int
+    poll_interval: float
+    step_seconds: float
+    shard_transform_seconds: float
+    lag_p50: float
+    lag_p99: float
+    lag_max: float
+    lags: list[float] = field(default_factory=list)
+
+    @property
+    def bound(self) -> float:
+        """The must-hold bound of the lag p99: 2 × poll interval + one shard's transform time."""
+        return 2 * self.poll_interval + self.shard_transform_seconds
+
+    @property
+    def holds(self) -> bool:
+        """Whether this run's lag p99 is under ``bound``."""
+        return self.lag_p99 < self.bound
+
+
+@dataclass
 class PipelineReport:
     """The measurements of one pipeline: its stages in the order they ran, data-wait shares (of the loop's time, 0 to
     1), the baselines' results by name."""
@@ -39,6 +68,7 @@ class PipelineReport:
     model_data_wait: float | None = None
     device_data_wait: float | None = None  # data_wait with transform_on="device"
     baselines: dict[str, dict] = field(default_factory=dict)
+    freshness: Freshness | None = None  # etl bench --follow
 
 
 @dataclass
@@ -56,11 +86,14 @@ class Report:
     peak_rss_mb: float = 0.0
 
     def to_json(self) -> str:
-        """The report as an indented JSON document; every stage also carries its ``rows_per_second``."""
+        """The report as an indented JSON document; every stage also carries its ``rows_per_second``, a freshness its
+        ``bound`` and ``holds``."""
         doc = asdict(self)
         for p, rep in zip(doc["pipelines"], self.pipelines):
             for s, stage in zip(p["stages"], rep.stages):
                 s["rows_per_second"] = stage.rows_per_second
+            if rep.freshness is not None:
+                p["freshness"] |= {"bound": rep.freshness.bound, "holds": rep.freshness.holds}
         return json.dumps(doc, indent=1)
 
 

@@ -52,7 +52,7 @@ import pyarrow.parquet as pq
 
 from etl.cluster_tasks import Stop, run_tasks
 from etl.errors import ConfigError, InputError, OutputError
-from etl.io.files import ExclusiveParquetWriter, HashingFile, is_shard_name, remove_temporaries, sha256_file, temporary_path
+from etl.io.files import ExclusiveParquetWriter, HashingFile, buffered_stream, is_shard_name, remove_temporaries, sha256_file, temporary_path
 from etl.io.fs import Location, Url, fingerprint, is_within
 from etl.io.fs import replace as replace_file
 from etl.io.lock import locked
@@ -339,8 +339,8 @@ def _write_shard(
         with contextlib.ExitStack() as stack:
             writer = None
             if sink is not None:
-                stack.enter_context(sink)
-                writer = stack.enter_context(pq.ParquetWriter(sink, schema, use_dictionary=False, compression=compression, write_statistics=False))
+                stream = stack.enter_context(buffered_stream(stack.enter_context(sink)))
+                writer = stack.enter_context(pq.ParquetWriter(stream, schema, use_dictionary=False, compression=compression, write_statistics=False))
             for i in range(shard.num_row_groups):
                 if stop.is_set():
                     return None

@@ -11,9 +11,11 @@ import pytest
 
 from etl.io import files
 from etl.io.files import (
+    WRITE_BUFFER_BYTES,
     HashingFile,
     atomic_write_bytes,
     atomic_write_parquet,
+    buffered_stream,
     is_shard_name,
     is_temporary,
     remove_temporaries,
@@ -90,6 +92,30 @@ def test_hashing_file_digest_is_the_file_checksum(tmp_path: Path) -> None:
     assert sink.closed
     assert sink.hexdigest() == sha256_file(path)
     assert pq.read_table(path).num_rows == 20_000
+
+
+def test_buffered_stream_writes_the_same_bytes_in_few_large_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a Parquet file of several buffers' worth: the bytes and checksum of an unbuffered write to a path, with one
+    # write to the Python file per WRITE_BUFFER_BYTES (plus the rest), where Arrow makes one per page and header
+    table = pa.table({f"c{i}": pa.array(range(i, i + 200_000), pa.int64()) for i in range(4)})
+    options = {"use_dictionary": False, "write_statistics": False}
+    pq.write_table(table, tmp_path / "direct.parquet", row_group_size=50_000, **options)
+    sizes: list[int] = []
+    real_write = HashingFile.write
+
+    def counted(self: HashingFile, data: bytes) -> int:
+        sizes.append(len(data))
+        return real_write(self, data)
+
+    monkeypatch.setattr(HashingFile, "write", counted)
+    with HashingFile(tmp_path / "buffered.parquet") as sink:
+        with buffered_stream(sink) as stream, pq.ParquetWriter(stream, table.schema, **options) as writer:
+            writer.write_table(table, row_group_size=50_000)
+        assert sink.closed  # closing the stream closed the file
+    direct = (tmp_path / "direct.parquet").read_bytes()
+    assert (tmp_path / "buffered.parquet").read_bytes() == direct
+    assert sink.hexdigest() == sha256_file(tmp_path / "direct.parquet")
+    assert len(direct) > 3 * WRITE_BUFFER_BYTES and len(sizes) <= len(direct) // WRITE_BUFFER_BYTES + 1
 
 
 def test_sha256_file_of_known_bytes(tmp_path: Path) -> None:

@@ -120,6 +120,7 @@ def measure_stages(profile: Profile) -> None:
         (cpu.LookupTable, "__init__", "lookup table build"),
         (cpu.LookupTable, "lookup", "lookup"),
         (pq.ParquetWriter, "write_table", "Parquet write + sha256"),
+        (pq.ParquetWriter, "close", "Parquet write + sha256"),  # the file's last buffered bytes
         (preprocess, "_save_artifacts", "artifact save"),
     ]:
         profile.measure(owner, name, stage)

@@ -5,32 +5,39 @@ encoding (``etl.ops.categorical``): ``1`` missing, ``2 .. 2+B-1`` out-of-vocabul
 gets ``2 + reduce(hash64(key, seed), B)``, exactly as Categorify maps an unknown key), ``2+B .. 2+B+C-1`` the ids
 of admitted keys. The embedding table size is therefore fixed: ``2 + B + C``.
 
-Semantics, row by row (``update`` processes one array of keys in order; the rows clock ``t`` counts every row,
-missing or not, from 0):
+Semantics, row by row, batch by batch (``update`` processes the rows of one batch in order; the rows clock ``t``
+counts every row, missing or not, from 0):
 
 - the table tracks at most ``C`` admitted keys and at most ``C`` candidates (keys seen, not admitted), each with its
   exact count since it last entered the table and the row it was last seen at (``last``);
 - a key seen: its count grows by one and ``last = t``. A key not in the table enters it as a candidate with count
   1; when the candidates are already ``C``, the candidate with the lowest (count, last) leaves the table first (its
   count is forgotten: counts are exact for the keys in the table, and a key that left starts again from 1);
-- a candidate whose count reaches ``T = admit_after`` is admitted: it takes the lowest free id; with every id taken,
-  an admitted key is evicted and its id goes to the new key: ``lfu``: the admitted key with the lowest (count,
-  last), when the candidate's count is higher than its count (a key seen T times does not push out one seen more
-  often); ``ttl``: the admitted key with the oldest ``last``, when it was not seen in the last ``ttl_rows`` rows
-  (``t - last >= ttl_rows``). Otherwise the candidate stays a candidate (out of vocabulary, still counted) and is
-  admitted at a later sighting that meets the rule. ``last`` differs between any two keys of the table, so every
-  choice is unique: the ids are a function of the row sequence alone;
-- the id of an admitted key never changes while it stays admitted; the row that admits a key already gets its id.
+- a candidate whose count reaches ``T = admit_after`` is admitted when an id is free: it takes the lowest free id.
+  With no id free, it may evict an admitted key: ``lfu``: the admitted key with the lowest (count, last), when the
+  candidate's count is higher than its count (a key seen T times does not push out one seen more often); ``ttl``:
+  the admitted key with the oldest ``last``, when it was not seen in the last ``ttl_rows`` rows (``t - last >=
+  ttl_rows``). The evicted id is free only from the next batch on (deferred reuse): the candidate stays out of
+  vocabulary (its out-of-vocabulary bucket, still counted) and is admitted at a later sighting that finds an id
+  free (another qualifying candidate may take the id first). A candidate evicts at most one key per batch. ``last``
+  differs between any two keys of the table, so every choice is unique: the ids are a function of the row sequence
+  and its cut into batches alone;
+- the id of an admitted key never changes while it stays admitted; the row that admits a key already gets its id;
+  an evicted key leaves the table (its later rows are out of vocabulary until it is admitted again).
 
-``update`` returns the ids and the events of its rows: admitted (id, key) and evicted (id, key) pairs in the order
-they happened (an eviction comes right before the admission that reuses its id). Seeding (``seed_from``) admits
-the first ``C`` keys of a fitted Categorify vocabulary with their fitted ids and counts; entry ``i`` of ``n``
-counts as last seen at row ``i - n`` (before the stream, in vocabulary order).
+Within a batch an id therefore names one key: an id evicted in batch ``b`` is given again at the earliest in batch
+``b + 1``, and no row of the evicted key gets it from its eviction on. A trainer that resets the embedding rows of
+the ids a batch admits before training on it never trains the new key on the old key's row.
+
+``update`` returns the ids and the events of its batch: admitted (id, key) and evicted (id, key) pairs, each in the
+order they happened (the admission that reuses an evicted id comes in a later batch than the eviction). Seeding
+(``seed_from``) admits the first ``C`` keys of a fitted Categorify vocabulary with their fitted ids and counts;
+entry ``i`` of ``n`` counts as last seen at row ``i - n`` (before the stream, in vocabulary order).
 
 The state (``export``/``restore``) is four arrays, sorted by key (``key`` uint64, ``count`` int64, ``last`` int64,
 ``id`` int64: -1 for a candidate, else the id relative to the first vocabulary id), plus the rows clock; restoring
 it gives a vocabulary that behaves exactly as the one exported (the queue, heaps and hash layout are rebuilt; no
-choice depends on them).
+choice depends on them). Between batches no id is cooling and no candidate waits: the state holds everything.
 
 The per-row loop is a numba kernel over a hash table (linear probing, backward-shift deletion), a queue of the
 candidates seen once (oldest first: they are the lowest (count, last) candidates, so dropping one is O(1)) and
@@ -58,7 +65,7 @@ EVICT = ("lfu", "ttl")
 _jit = nb.njit(nogil=True, cache=True)
 
 # meta slots
-_CLOCK, _N_ADMITTED, _N_CANDIDATES, _N_FREE_IDS, _N_FREE_ENTRIES, _N_HEAP, _QUEUE_HEAD, _QUEUE_SIZE = range(8)
+_CLOCK, _N_ADMITTED, _N_CANDIDATES, _N_FREE_IDS, _N_FREE_ENTRIES, _N_HEAP, _QUEUE_HEAD, _QUEUE_SIZE, _N_COOLING, _BATCH = range(10)
 
 
 @dataclass(frozen=True)
@@ -133,14 +140,17 @@ class OnlineVocab:
         self._cands = np.zeros(k, np.int64)  # heap of the entries of candidates seen more than once
         self._queue = np.zeros((2 * k, 2), np.int64)  # ring of (entry, last) of candidates seen once, oldest first
         self._free_ids = np.arange(c, dtype=np.int64)  # heap of ids (sorted: a valid heap)
+        self._cooling = np.zeros(c, np.int64)  # ids evicted in the current batch, free from the next one
+        self._waits = np.full(e, -1, np.int64)  # the batch in which a candidate evicted a key it waits to replace
         size = 1 << max(4, int(2 * e - 1).bit_length())
         self._slots = np.full(size, -1, np.int64)
-        self._meta = np.array([0, 0, 0, c, e, 0, 0, 0], np.int64)
+        self._meta = np.array([0, 0, 0, c, e, 0, 0, 0, 0, 0], np.int64)
 
     # ------------------------------------------------------------------ update
     def update(self, keys: np.ndarray, valid: np.ndarray | None = None) -> tuple[np.ndarray, VocabEvents]:
-        """The ids (int64) of ``keys`` (uint64; ``valid`` False: missing, id 1), updating the vocabulary row by row,
-        and the events of these rows."""
+        """The ids (int64) of the rows of one batch, ``keys`` (uint64; ``valid`` False: missing, id 1), updating the
+        vocabulary row by row, and the events of the batch. The ids it evicts become free once it returns (for the
+        next batch)."""
         n = len(keys)
         keys = np.ascontiguousarray(keys).view(np.uint64)
         valid = np.ones(n, np.bool_) if valid is None else np.ascontiguousarray(valid, np.bool_)
@@ -148,8 +158,8 @@ class OnlineVocab:
         events = np.empty((4, n), np.int64)
         counts = np.zeros(2, np.int64)
         _update(keys, valid, out, events, counts, self._key, self._count, self._last, self._hc, self._hl, self._id, self._pos,
-                self._free_entries, self._admitted, self._cands, self._queue, self._free_ids, self._slots, self._meta,
-                self.admit_after, self.evict == "lfu", self.ttl_rows, self.first_id, self.oov_buckets,
+                self._free_entries, self._admitted, self._cands, self._queue, self._free_ids, self._cooling, self._waits,
+                self._slots, self._meta, self.admit_after, self.evict == "lfu", self.ttl_rows, self.first_id, self.oov_buckets,
                 np.uint64(seed_word(self.seed)))  # fmt: skip
         a, v = int(counts[0]), int(counts[1])
         ev = VocabEvents(events[0, :a].copy(), events[1, :a].copy().view(np.uint64), events[2, :v].copy(), events[3, :v].copy().view(np.uint64))
@@ -411,7 +421,8 @@ def _queue_pop(queue, meta, count, last, ids):
 
 @_jit
 def _update(keys, valid, out, events, counts, key, count, last, hc, hl, ids, pos, free_entries, admitted, cands, queue,
-            free_ids, slots, meta, admit_after, lfu, ttl_rows, first_id, oov_n, seed_word):  # fmt: skip
+            free_ids, cooling, waits, slots, meta, admit_after, lfu, ttl_rows, first_id, oov_n, seed_word):  # fmt: skip
+    batch = meta[_BATCH]
     n_adm = 0
     n_ev = 0
     for r in range(len(keys)):
@@ -445,6 +456,7 @@ def _update(keys, valid, out, events, counts, key, count, last, hc, hl, ids, pos
             count[e] = 1
             last[e] = t
             ids[e] = -1
+            waits[e] = -1
             slots[s] = e
             meta[_N_CANDIDATES] += 1
             _queue_push(queue, meta, e, t, count, last, ids)
@@ -454,13 +466,15 @@ def _update(keys, valid, out, events, counts, key, count, last, hc, hl, ids, pos
             if meta[_N_FREE_IDS] > 0:
                 new_id = _pop_id(free_ids, meta[_N_FREE_IDS])
                 meta[_N_FREE_IDS] -= 1
-            else:
+            elif waits[e] != batch and meta[_N_ADMITTED] > 0:  # every id may be cooling
                 v = _fresh_top(admitted, meta[_N_ADMITTED], pos, count, last, hc, hl, lfu)
                 if (count[e] > count[v]) if lfu else (t - last[v] >= ttl_rows):
-                    new_id = ids[v]
-                    events[2, n_ev] = first_id + new_id
+                    events[2, n_ev] = first_id + ids[v]
                     events[3, n_ev] = np.int64(key[v])
                     n_ev += 1
+                    cooling[meta[_N_COOLING]] = ids[v]
+                    meta[_N_COOLING] += 1
+                    waits[e] = batch
                     meta[_N_ADMITTED] = _heap_remove(admitted, meta[_N_ADMITTED], 0, pos, hc, hl, lfu)
                     ids[v] = -1
                     _free_entry(v, key, count, slots, free_entries, meta)
@@ -490,6 +504,10 @@ def _update(keys, valid, out, events, counts, key, count, last, hc, hl, ids, pos
         events[1, n_adm] = np.int64(k)
         n_adm += 1
         out[r] = first_id + new_id
+    for i in range(meta[_N_COOLING]):  # the batch is over: its evicted ids are free
+        meta[_N_FREE_IDS] = _push_id(free_ids, meta[_N_FREE_IDS], cooling[i])
+    meta[_N_COOLING] = 0
+    meta[_BATCH] = batch + 1
     counts[0] = n_adm
     counts[1] = n_ev
 

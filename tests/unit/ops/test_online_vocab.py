@@ -39,11 +39,24 @@ def test_a_key_gets_an_id_at_its_t_th_sighting_and_keeps_it() -> None:
 
 def test_update_reports_admissions_and_evictions_in_order() -> None:
     v = OnlineVocab(capacity=2, admit_after=1)
-    ids, ev = v.update(np.array([5, 6, 6, 7, 7, 7], np.uint64))
-    assert ids.tolist() == [3, 4, 4, oov(7), 3, 3]  # 7 needs a count above 5's (1) to push it out
-    assert ev.admitted_ids.tolist() == [3, 4, 3] and ev.admitted_keys.tolist() == [5, 6, 7]
+    ids, ev = v.update(np.array([5, 6, 6, 7, 7, 7, 5], np.uint64))
+    # 7 needs a count above 5's (1) to push it out; the freed id waits for the next batch, 5 is out of vocabulary
+    assert ids.tolist() == [3, 4, 4, oov(7), oov(7), oov(7), oov(5)]
+    assert ev.admitted_ids.tolist() == [3, 4] and ev.admitted_keys.tolist() == [5, 6]
     assert ev.evicted_ids.tolist() == [3] and ev.evicted_keys.tolist() == [5]
-    assert ev.admitted_keys.dtype == np.uint64 and len(ev) == 4
+    assert ev.admitted_keys.dtype == np.uint64 and len(ev) == 3
+    ids, ev = v.update(np.array([7, 7], np.uint64))  # the next batch: the id is free again
+    assert ids.tolist() == [3, 3] and ev.admitted_keys.tolist() == [7] and len(ev.evicted_ids) == 0
+
+
+def test_an_evicted_id_names_one_key_per_batch_and_a_candidate_evicts_once() -> None:
+    v = OnlineVocab(capacity=2, admit_after=1)
+    feed(v, [1, 1, 2, 2])
+    ids, ev = v.update(np.array([3, 3, 3, 3, 3, 1, 4, 4, 4], np.uint64))
+    # 3 evicts 1 (count 2, seen first) once; 4 then evicts 2 (its count 3 > 2); neither id is given again in the batch
+    assert ev.evicted_keys.tolist() == [1, 2] and ev.evicted_ids.tolist() == [3, 4] and len(ev.admitted_ids) == 0
+    assert ids.tolist() == [oov(3)] * 5 + [oov(1)] + [oov(4)] * 3
+    assert feed(v, [4, 3, 1]) == [3, 4, oov(1)]  # lowest free id first, by sighting
 
 
 def test_lfu_evicts_the_least_frequent_then_least_recent_key_only_for_a_more_frequent_candidate() -> None:
@@ -54,8 +67,10 @@ def test_lfu_evicts_the_least_frequent_then_least_recent_key_only_for_a_more_fre
     assert feed(v, [9, 9]) == [oov(9), oov(9)]  # count 2 < 3: no eviction, 9 stays a candidate
     out, ev = v.update(np.array([9, 8], np.uint64))  # 9 reaches 3: not above 3 either
     assert out.tolist() == [oov(9), oov(8)] and len(ev) == 0
-    out, ev = v.update(np.array([9], np.uint64))  # 4 > 3: evicts 2 (count 3, seen before 3)
-    assert out.tolist() == [ids[2]] and ev.evicted_keys.tolist() == [2] and ev.admitted_keys.tolist() == [9]
+    out, ev = v.update(np.array([9], np.uint64))  # 4 > 3: evicts 2 (count 3, seen before 3), its id free next batch
+    assert out.tolist() == [oov(9)] and ev.evicted_keys.tolist() == [2] and len(ev.admitted_ids) == 0
+    out, ev = v.update(np.array([9], np.uint64))
+    assert out.tolist() == [ids[2]] and ev.admitted_keys.tolist() == [9]
     assert feed(v, [1, 3]) == [ids[1], ids[3]]  # the others keep their ids
 
 
@@ -65,7 +80,9 @@ def test_ttl_evicts_the_least_recent_key_once_unseen_for_ttl_rows() -> None:
     assert feed(v, [5]) == [oov(5)]  # row 2: key 1 unseen for 2 rows
     assert feed(v, [2]) == [4]  # row 3
     out, ev = v.update(np.array([5], np.uint64))  # row 4: key 1 unseen for 4 rows >= 3
-    assert out.tolist() == [3] and ev.evicted_keys.tolist() == [1] and ev.admitted_keys.tolist() == [5]
+    assert out.tolist() == [oov(5)] and ev.evicted_keys.tolist() == [1] and len(ev.admitted_ids) == 0
+    out, ev = v.update(np.array([5], np.uint64))
+    assert out.tolist() == [3] and ev.admitted_keys.tolist() == [5]
 
 
 def test_freed_ids_are_taken_lowest_first() -> None:
@@ -78,11 +95,11 @@ def test_the_table_stays_bounded_and_ids_stay_in_range() -> None:
     v = OnlineVocab(capacity=16, admit_after=2, oov_buckets=3)
     rng = np.random.default_rng(0)
     keys = rng.zipf(1.3, 20_000).astype(np.uint64)
-    ids, ev = v.update(keys)
+    ids = np.concatenate([v.update(part)[0] for part in np.array_split(keys, 20)])
     state = v.export()
-    assert len(v) == 16 and len(state["key"]) <= 32 and (state["id"] >= 0).sum() == 16
+    assert 0 < len(v) <= 16 and len(state["key"]) <= 32 and (state["id"] >= 0).sum() == len(v)
     assert ids.min() >= 2 and ids.max() < v.cardinality
-    assert len(np.unique(state["id"][state["id"] >= 0])) == 16
+    assert len(np.unique(state["id"][state["id"] >= 0])) == len(v)
 
 
 def test_seeding_from_the_fit_keeps_categorify_s_ids() -> None:
@@ -104,7 +121,7 @@ def test_export_and_restore_continue_exactly() -> None:
     rng = np.random.default_rng(1)
     keys = rng.integers(0, 40, 3000).astype(np.uint64)
     a = OnlineVocab(capacity=8, admit_after=2, evict="ttl", ttl_rows=50)
-    whole, _ = a.update(keys)
+    whole = np.concatenate([a.update(keys[:1234])[0], a.update(keys[1234:])[0]])
     b = OnlineVocab(capacity=8, admit_after=2, evict="ttl", ttl_rows=50)
     first, _ = b.update(keys[:1234])
     c = OnlineVocab(capacity=8, admit_after=2, evict="ttl", ttl_rows=50)
@@ -132,11 +149,17 @@ def test_restore_refuses_a_state_it_could_not_have_exported(change: dict, proble
         OnlineVocab(capacity=2).restore(state | change)
 
 
-def _reference(keys: list, capacity: int, t_admit: int, evict: str, ttl: int | None, buckets: int) -> tuple[list, list]:
-    """The module docstring's semantics, spelled out with dicts and min()."""
+def _reference(batches: list[list], capacity: int, t_admit: int, evict: str, ttl: int | None, buckets: int) -> tuple[list, list]:
+    """The module docstring's semantics, spelled out with dicts, sets and min()."""
     table: dict[int, list[int]] = {}  # key -> [count, last, id]
     free, out, events = list(range(capacity)), [], []
-    for t, k in enumerate(keys):
+    rows = [(b, k) for b, batch in enumerate(batches) for k in batch]
+    cooling: list[int] = []
+    waiting: set[int] = set()
+    for t, (b, k) in enumerate(rows):
+        if t and b != rows[t - 1][0]:
+            free += cooling
+            cooling, waiting = [], set()
         if k is None:
             out.append(1)
             continue
@@ -149,18 +172,20 @@ def _reference(keys: list, capacity: int, t_admit: int, evict: str, ttl: int | N
         else:
             cands = [x for x in table if table[x][2] < 0]
             if len(cands) == capacity:
-                del table[min(cands, key=lambda x: (table[x][0], table[x][1]))]
+                gone = min(cands, key=lambda x: (table[x][0], table[x][1]))
+                del table[gone]
+                waiting.discard(gone)
             table[k] = [1, t, -1]
         e, new = table[k], -1
         if e[0] >= t_admit:
             if free:
                 new = free.pop(free.index(min(free)))
-            else:
-                adm = [x for x in table if table[x][2] >= 0]
+            elif k not in waiting and (adm := [x for x in table if table[x][2] >= 0]):
                 v = min(adm, key=(lambda x: (table[x][0], table[x][1])) if evict == "lfu" else (lambda x: table[x][1]))
                 if (e[0] > table[v][0]) if evict == "lfu" else (t - table[v][1] >= ttl):
-                    new = table[v][2]
-                    events.append(("evicted", 2 + buckets + new, v))
+                    cooling.append(table[v][2])
+                    waiting.add(k)
+                    events.append(("evicted", 2 + buckets + table[v][2], v))
                     del table[v]
         if new < 0:
             out.append(oov(k, buckets))
@@ -178,12 +203,14 @@ def test_matches_a_plain_python_model_across_updates_and_restores() -> None:
         evict = rng.choice(["lfu", "ttl"])
         ttl = rng.randint(1, 10) if evict == "ttl" else None
         keys = [None if rng.random() < 0.1 else rng.randint(0, 15) << (60 if rng.random() < 0.2 else 0) for _ in range(rng.randint(0, 200))]
-        want_ids, want_events = _reference(keys, capacity, t_admit, evict, ttl, buckets)
+        cuts = [0]
+        while cuts[-1] < len(keys):
+            cuts.append(min(len(keys), cuts[-1] + rng.randint(1, 30)))
+        batches = [keys[i:j] for i, j in zip(cuts, cuts[1:])]
+        want_ids, want_events = _reference(batches, capacity, t_admit, evict, ttl, buckets)
         v = OnlineVocab(capacity, t_admit, evict, ttl, buckets)
-        ids, admitted, evicted, i = [], [], [], 0
-        while i < len(keys):
-            j = min(len(keys), i + rng.randint(1, 30))
-            part = keys[i:j]
+        ids, admitted, evicted = [], [], []
+        for part in batches:
             got, ev = v.update(np.array([k or 0 for k in part], np.uint64), np.array([k is not None for k in part]))
             ids += got.tolist()
             admitted += list(zip(ev.admitted_ids.tolist(), ev.admitted_keys.tolist()))
@@ -192,7 +219,6 @@ def test_matches_a_plain_python_model_across_updates_and_restores() -> None:
                 w = OnlineVocab(capacity, t_admit, evict, ttl, buckets)
                 w.restore(v.export())
                 v = w
-            i = j
         assert ids == want_ids, trial
         assert admitted == [(i, k) for what, i, k in want_events if what == "admitted"], trial
         assert evicted == [(i, k) for what, i, k in want_events if what == "evicted"], trial

@@ -57,7 +57,7 @@ from etl.loader.chunk import Chunk, Layout
 from etl.loader.device_stage import DeviceStage
 from etl.loader.epoch import EpochPass, InlinePass
 from etl.loader.follow import FollowCursor, FollowPass, FollowPosition, FollowSettings
-from etl.loader.online import END, Key, OnlineVocabularies
+from etl.loader.online import Key, OnlineVocabularies
 from etl.loader.order import Piece, batches_per_rank, chunk_groups, row_groups
 from etl.loader.pieces import guarded, reader_for
 from etl.loader.ring import Ring
@@ -83,9 +83,11 @@ class LoaderBatch:
 
     ``vocab_events``: with online vocabularies (Categorify ``online: true``), one ``VocabEvents`` per online column
     (numpy arrays, in the order it happened: ``admitted_ids`` with ``admitted_keys``, ``evicted_ids`` with
-    ``evicted_keys``; ids as ``sparse`` holds them): the ids given and taken back by the rows of the shuffle
-    buffers this batch is the first to hold rows of (``etl.loader.online``), so before any batch using them.
-    Reset the embedding rows of ``admitted_ids`` before training on the batch. Empty without online columns."""
+    ``evicted_keys``; ids as ``sparse`` holds them): the ids given and taken back by this batch's rows, which get
+    their ids in the batch's row order (``etl.loader.online``). An id evicted in a batch is given again only in a
+    later one, so within a batch an id names one key. Reset the embedding rows of ``admitted_ids`` before training
+    on the batch: no row of an evicted key uses its id in or after the batch that admits the new key. Empty without
+    online columns."""
 
     label: torch.Tensor
     dense: torch.Tensor
@@ -371,7 +373,7 @@ class Loader:
         empty = self.stage.inputs.empty() if self.stage is not None else self.layout.empty()
         online = None
         if self.vocabularies is not None:
-            online = self.vocabularies.start_pass(self._vocab_key(epoch, start), skip=start * self.batch_size % self.shuffle_buffer != 0)
+            online = self.vocabularies.start_pass(self._vocab_key(epoch, start))
         if self.num_workers == 0:
             return InlinePass(settings, self.groups, guarded(_read_weakly(self)), self._slots(), self.stats, stage=self.stage, empty=empty,
                               online=online)  # fmt: skip
@@ -379,18 +381,15 @@ class Loader:
                          prefetch=self.prefetch, stage=self.stage, empty=empty, after=after, io_bound=self.remote, online=online)  # fmt: skip
 
     def _vocab_key(self, epoch: int, position: int) -> Key:
-        """Where the online vocabularies' state at batch ``position`` of ``epoch`` is kept: the start of the shuffle
-        buffer holding that batch's first row, or the end of the epoch (``etl.loader.online``)."""
-        if position >= len(self):
-            return epoch, END
-        return epoch, position * self.batch_size // self.shuffle_buffer
+        """Where the online vocabularies' state at batch ``position`` of ``epoch`` (after the batches before it) is
+        kept (``etl.loader.online``)."""
+        return epoch, min(position, len(self))
 
     def _vocab_here(self) -> Key:
-        """Where the online vocabularies' state at the loader's position is kept: in follow mode, the start of the
-        first shuffle buffer not wholly delivered (the follow position's, numbered in epoch 0), else
-        ``_vocab_key(epoch, position)``."""
+        """Where the online vocabularies' state at the loader's position is kept: in follow mode, the position after
+        the last batch handed out, else ``_vocab_key(epoch, position)``."""
         if self._follow is not None:
-            return 0, self._cursor.position.buffer_no
+            return self._cursor.position
         return self._vocab_key(self.epoch, self.position)
 
     def _commit_vocabularies(self) -> None:
@@ -406,8 +405,8 @@ class Loader:
                                 shuffle=self.shuffle, seed=self.seed, rank=self.rank, world_size=self.world_size)  # fmt: skip
         start = self._cursor.position
         online = None
-        if self.vocabularies is not None:  # a resume inside a buffer: its events went out with its first batch
-            online = self.vocabularies.start_pass((0, start.buffer_no), skip=start.delivered > 0)
+        if self.vocabularies is not None:
+            online = self.vocabularies.start_pass(start)
         return FollowPass(settings, self._follow, self._directory, start, guarded(_read_weakly(self)), self._slots(),
                           self.stats, self._cursor, num_workers=self.num_workers, prefetch=self.prefetch, empty=self.layout.empty(),
                           io_bound=isinstance(self._directory, Url), online=online)  # fmt: skip

@@ -21,7 +21,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Hashable
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -74,7 +74,7 @@ class Assembler:
     only once ``after`` (if given) is set; ``stop`` ends the pass early. With a device ``stage`` the chunks hold
     the stage's inputs and each slot is transformed on the device after its copy. ``empty``: a chunk of no rows
     of the chunks' kind (the batch a shorter rank may owe). ``online``: the pass's use of the loader's online
-    vocabularies, which give ids to the rows as they enter the shuffle buffers (``etl.loader.online``)."""
+    vocabularies, which give ids to each batch's rows as it is gathered into its slot (``etl.loader.online``)."""
 
     def __init__(self, settings: PassSettings, groups: list[RowGroup], read: Callable[[Piece], Chunk], pool: Executor,
                  ring: Ring, stats: LoaderStats, *, read_ahead: int, stop: threading.Event,
@@ -139,10 +139,7 @@ class Assembler:
         size = self.settings.shuffle_buffer
         while chunk.n:
             take = min(chunk.n, size - self.filled)
-            piece = chunk.slice(0, take)
-            if self.online is not None:
-                self.online.apply(piece)
-            self.filling.append(piece)
+            self.filling.append(chunk.slice(0, take))
             self.filled += take
             chunk = chunk.slice(take, chunk.n)
             if self.filled == size:
@@ -157,8 +154,6 @@ class Assembler:
         if s.shuffle:
             order = epoch_rng(s.seed, s.epoch, s.rank, self.buffer_no).permutation(buf.n)
         self.stream.append((buf, order[self.skip :]))
-        if self.online is not None:
-            self.online.close_buffer(buf, self.buffer_no + 1)
         self.skip = 0
         self.buffer_no += 1
         self.filling, self.filled = [], 0
@@ -185,10 +180,6 @@ class Assembler:
         t0 = time.perf_counter()
         parts = self._take(n)
         events: dict[str, VocabEvents] = {}
-        if self.online is not None:
-            events = self.online.events_of([buf for buf, _ in parts])
-            if self.emitted + 1 == self.settings.total:  # every row this pass applies is applied
-                self.online.end()
         while self.after is not None and not self.after.wait(0.05):
             if self.stop.is_set():
                 return None
@@ -206,6 +197,8 @@ class Assembler:
             for buf, rows in parts:
                 buf.gather(rows, {name: view[row : row + len(rows)] for name, view in views.items()})
                 row += len(rows)
+            if self.online is not None:  # the batch's ids, in its row order, before its copy starts
+                events = self.online.apply(parts, views["sparse"])
             t1 = time.perf_counter()
             if stage is not None:
                 origin = np.concatenate([buf.take_fixed("origin", rows) for buf, rows in parts]) if parts else self.empty.fixed["origin"]
@@ -215,7 +208,13 @@ class Assembler:
                 lists = {k: (torch.from_numpy(c.values), torch.from_numpy(c.offsets)) for k, c in columns.items()}
         self.stats.add_assemble(t1 - t0, time.perf_counter() - t1)
         self.emitted += 1
+        if self.online is not None:
+            self.online.snapshot(self._position_key())
         return Item(slot, n, lists, check, events)
+
+    def _position_key(self) -> Hashable:
+        """Where the online vocabularies' state after the batches emitted so far is kept (``etl.loader.online``)."""
+        return self.settings.epoch, self.emitted
 
 
 def _gather_tensors(parts: list[tuple[ChunkRun, np.ndarray]], inputs: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -14,10 +14,10 @@ and its rows are delivered: in full batches, and, without ``drop_last``, a short
 buffer is closed only when that lets a batch out; otherwise its rows wait there for the next shard's (closing it
 would not deliver them, and short buffers would pile up). The pass ends only when it is closed.
 
-Online vocabularies (Categorify ``online: true``): the assembler gives ids to each piece's rows in arrival order as
-they enter the shuffle buffers, as an epoch's assembler does (``etl.loader.online``); events ride on the batches
-alike, and the vocabulary state saved with a position is the snapshot at the start of its buffer (a restart
-re-applies the rows from there: the same ids and events for the rows not yet delivered).
+Online vocabularies (Categorify ``online: true``): the assembler gives ids to each batch's rows in its row order as
+it gathers the batch, as an epoch's assembler does (``etl.loader.online``), and the vocabulary state saved with a
+position is the state after the batch that position follows (a restart continues from there: the same ids and
+events for the batches an uninterrupted run with the same batches would deliver).
 
 Position (``FollowPosition``, what ``Loader.state_dict`` saves in follow mode): the first buffer not yet wholly
 delivered, given by where its rows start in the stream (the shard, how many shards came before it, the row within
@@ -225,15 +225,19 @@ class FollowAssembler(Assembler):
                 yield self._with_position(item)
 
     def _with_position(self, item: Item) -> FollowItem:
-        """``item`` and the position after it: the first buffer with rows not yet delivered."""
+        """``item`` and the position after it."""
+        return item, self._position_key()
+
+    def _position_key(self) -> FollowPosition:
+        """The position after the batches emitted so far: the first buffer with rows not yet delivered."""
         while len(self.closed) > len(self.stream):
             self.closed.popleft()
         if self.stream:
             (before, shard, row), number, rows = self.closed[0]
             delivered = rows - len(self.stream[0][1])
-            return item, FollowPosition(shard, before, row, number, rows, delivered)
+            return FollowPosition(shard, before, row, number, rows, delivered)
         before, shard, row = self.filling_at if self.filled else self.next_at
-        return item, FollowPosition(shard, before, row, self.buffer_no)
+        return FollowPosition(shard, before, row, self.buffer_no)
 
 
 class FollowPass:

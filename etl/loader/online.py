@@ -2,45 +2,38 @@
 state follows the loader's position.
 
 Where: the worker threads pass such columns through as keys (``Chunk.fixed["online_keys:<column>"]`` uint64 and
-``"online_valid:<column>"`` bool, see ``etl.loader.chunk``); the assembler thread, which sees the pass's rows in one
-fixed order (the rank's row order, before any shuffling) whatever the number of workers, runs every row through
-the vocabularies (``etl.ops.online_vocab``) as it puts them into shuffle buffers, and writes their ids into the
-rows' ``sparse`` field. The ids are therefore a function of the row sequence alone: the same for any
-``num_workers``, and the same when a pass resumes (it restarts from the state at the start of the shuffle buffer
-it re-reads, cut at that buffer's first row exactly as the uninterrupted pass was, since updates go row by row).
+``"online_valid:<column>"`` bool, see ``etl.loader.chunk``); the assembler thread, when it gathers a batch into its
+ring slot (after shuffling), runs the batch's keys through the vocabularies (``etl.ops.online_vocab``) in the
+batch's row order, one update per batch, and writes their ids into the slot's ``sparse`` columns before the slot's
+copy starts. The batches are a function of the data, seed and settings whatever the number of workers, so the ids
+are too, and the same when a pass resumes.
 
-Events: the admissions and evictions made by the rows of shuffle buffer ``b`` ride on the first batch holding a
-row of buffer ``b`` (``LoaderBatch.vocab_events``); any batch using an id given in buffer ``b`` comes at or after
-that batch. Rows are shuffled after they get their ids, so a batch can hold rows given an id before an eviction
-that an earlier batch carried: rows from the end of buffer ``b - 1`` in the batch carrying buffer ``b``'s events,
-and rows of buffer ``b`` itself given the id before the eviction (a reused id then names the evicted key's row in
-those rows). A buffer's rows leave in consecutive batches: no row of a later buffer uses an evicted id for its old
-key.
+Events: a batch carries exactly the admissions and evictions its own rows made (``LoaderBatch.vocab_events``). An
+id evicted in batch ``b`` is given again at the earliest in batch ``b + 1`` (``OnlineVocab``'s deferred reuse), so
+within a batch an id names one key, and a trainer that resets the embedding rows of a batch's ``admitted_ids``
+before its step is exact: no row of the evicted key uses the id in or after the batch that admits the new key.
 
-State: the assembler runs ahead of the consumer, so the vocabularies keep a snapshot at the start of each shuffle
-buffer (and at the end of the epoch) until the consumer is past it. The loader's state (``state_dict``,
-``save_vocabulary``) is the snapshot at the start of the buffer holding the next batch's first row: the state a
-resumed pass starts from. A pass closed early leaves the vocabularies at that same state (rows read ahead but
-never delivered do not count), so the vocabulary is a function of the batches delivered. A snapshot copies the
-tables: up to 2 * capacity entries of 32 bytes per column, once per shuffle buffer; the snapshots of the buffers
-between the consumer and the assembler are held: one per buffer holding rows of the batches in the ring (``prefetch
-+ 2`` slots, at most two new buffers per batch when ``shuffle_buffer >= batch_size``) or of the piece being cut,
-plus the one being filled: at most ``2 * (prefetch + 2) + piece rows // shuffle_buffer + 3``, and a few with the
-default ``shuffle_buffer`` of 4 batches.
+State: the state at batch position ``p`` of an epoch is the state after its first ``p`` batches (the first batch
+of a pass starts from ``base``). The assembler runs ahead of the consumer, so it snapshots the vocabularies after
+each batch it emits (key: the position after it) until the consumer is past it. The loader's state (``state_dict``,
+``save_vocabulary``) is the snapshot at the consumer's position: the state a resumed pass starts from, which then
+gives the remaining batches the ids and events of an uninterrupted run. A pass closed early leaves the
+vocabularies at that same state (batches assembled but never delivered do not count). A snapshot copies the
+tables: up to 2 * capacity entries of 32 bytes per column, once per batch; those held are the one at the
+consumer's position and one per batch assembled and not yet consumed, which holds a ring slot: at most ``prefetch +
+3``.
 
-Follow mode (``etl.loader.follow``) is one endless pass, numbered epoch 0: its buffers are the following pass's,
-its snapshots are keyed by their numbers, and the state at a ``FollowPosition`` is the snapshot at the start of
-the position's buffer (the first not wholly delivered), so a restart re-applies exactly the rows from there and
-gives the rows not yet delivered the ids and events of an uninterrupted run. The held snapshots stay as few as in
-an epoch however many shards arrive: an idle flush delivers every buffered row, or with ``drop_last`` closes the
-buffer only when that lets a batch out (``FollowAssembler``), so short buffers never pile up behind the consumer.
+Follow mode (``etl.loader.follow``) is one endless pass: its snapshots are keyed by the ``FollowPosition`` after
+each batch, and the state at a saved ``FollowPosition`` (the position after the last batch handed out) is the
+state after that batch. A restart resumes from it; its batches are those the stream gives from that position
+(where idle flushes cut buffers depends on time, as the rows do not), each given its ids in order from that state.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -50,7 +43,7 @@ import pyarrow as pa
 from etl.errors import ArtifactError, ConfigError
 from etl.io.arrow import from_numpy, to_numpy
 from etl.io.fs import Location
-from etl.loader.chunk import Chunk, ChunkRun
+from etl.loader.chunk import ChunkRun
 from etl.ops import Categorify
 from etl.ops.base import InvalidState
 from etl.ops.online_vocab import VocabEvents, canonical_state
@@ -58,9 +51,8 @@ from etl.pipeline import Pipeline, artifacts
 
 #: The state of every online column: ``OnlineVocab.export`` by column name.
 State = dict[str, dict[str, Any]]
-#: A snapshot's place: (epoch, shuffle buffer number), or (epoch, ``END``) once the epoch's rows are all applied.
-Key = tuple[int, int]
-END = -1
+#: A snapshot's place: a batch position (epoch, batches before it), or in follow mode a ``FollowPosition``.
+Key = Hashable
 
 #: The columns and types of an online vocabulary table (an artifact), sorted by key; ``id`` -1: a candidate.
 TABLE_SCHEMA = pa.schema([("key", pa.uint64()), ("count", pa.int64()), ("last", pa.int64()), ("id", pa.int64())])
@@ -84,14 +76,13 @@ class OnlineVocabularies:
         return {c: v.export() for c, v in self.vocabs.items()}
 
     # ------------------------------------------------------------------ the assembler's side
-    def start_pass(self, key: Key, skip: bool) -> OnlinePass:
-        """Set the vocabularies to ``base`` for a pass starting at ``key``; ``skip``: the pass drops rows of its first
-        buffer (a resume in the middle of it: that buffer's events were delivered before)."""
+    def start_pass(self, key: Key) -> OnlinePass:
+        """Set the vocabularies to ``base`` for a pass starting at ``key``."""
         for c, v in self.vocabs.items():
             v.restore(self.base[c])
         with self._lock:
             self._snapshots = {key: self.base}
-        return OnlinePass(self, key[0], skip)
+        return OnlinePass(self)
 
     def snapshot(self, key: Key) -> None:
         state = {c: v.export(canonical=False) for c, v in self.vocabs.items()}
@@ -111,12 +102,12 @@ class OnlineVocabularies:
             self._snapshots = {}
 
     def prune(self, key: Key) -> None:
-        """Forget the snapshots before ``key`` (the consumer is past them)."""
+        """Forget the snapshots taken before the one at ``key`` (the consumer is past them)."""
         with self._lock:
-            for k in [k for k in self._snapshots if k[0] < key[0] or (k[0] == key[0] and 0 <= k[1] < key[1])]:
-                del self._snapshots[k]
-            if key[1] == END:
-                for k in [k for k in self._snapshots if k[0] == key[0] and k[1] != END]:
+            if key in self._snapshots:
+                for k in list(self._snapshots):  # in the order they were taken
+                    if k == key:
+                        break
                     del self._snapshots[k]
 
     # ------------------------------------------------------------------ state
@@ -177,44 +168,38 @@ class OnlineVocabularies:
 
 
 class OnlinePass:
-    """One pass's use of the vocabularies, from the assembler thread: ``apply`` to each piece of rows in order,
-    ``close_buffer`` when a shuffle buffer fills (or a following pass closes it early), ``end`` once every row of
-    the epoch is applied (never, in a following pass), ``events_of`` for each batch."""
+    """One pass's use of the vocabularies, from the assembler thread: ``apply`` to each batch as it is gathered
+    into its ring slot, in the pass's batch order, then ``snapshot`` with the key of the position after it."""
 
-    def __init__(self, vocabs: OnlineVocabularies, epoch: int, skip: bool):
-        self.vocabs, self.epoch = vocabs, epoch
+    def __init__(self, vocabs: OnlineVocabularies):
+        self.vocabs = vocabs
         self.threads = max(1, min(len(vocabs.columns), os.cpu_count() or 1))
-        self.drop_first = skip
-        self.filling: list[dict[str, VocabEvents]] = []  # events of the buffer being filled
-        self.pending: dict[ChunkRun, dict[str, VocabEvents]] = {}  # events of buffers none of whose rows left yet
 
-    def apply(self, chunk: Chunk) -> None:
-        """Give ids to the rows of ``chunk`` (in order), in its ``sparse`` field. The columns are independent: each
-        is updated on a thread of a pool that lives for this call (the kernels release the GIL); each column's
-        rows still go through its vocabulary in order."""
-        v, fixed = self.vocabs, chunk.fixed
-        with ThreadPoolExecutor(self.threads, thread_name_prefix="etl-online-vocab") as pool:
-            done = {c: pool.submit(v.vocabs[c].update, fixed[f"online_keys:{c}"], fixed[f"online_valid:{c}"]) for c in v.columns}
+    def apply(self, parts: list[tuple[ChunkRun, np.ndarray]], sparse: np.ndarray) -> dict[str, VocabEvents]:
+        """Give ids to the rows of one batch (``parts``: buffers and their rows, in the batch's row order) in
+        ``sparse`` (the batch's sparse ids, one row per batch row) and return the batch's events. Several columns
+        are updated on the threads of a pool that lives for this call (the kernels release the GIL); each column's
+        rows go through its vocabulary in order."""
+        v = self.vocabs
+        if not parts:
+            return {c: VocabEvents.none() for c in v.columns}
+
+        def update(c: str) -> tuple[np.ndarray, VocabEvents]:
+            keys = np.concatenate([buf.take_fixed(f"online_keys:{c}", rows) for buf, rows in parts])
+            valid = np.concatenate([buf.take_fixed(f"online_valid:{c}", rows) for buf, rows in parts])
+            return v.vocabs[c].update(keys, valid)
+
+        if self.threads == 1:
+            results = [update(c) for c in v.columns]
+        else:
+            with ThreadPoolExecutor(self.threads, thread_name_prefix="etl-online-vocab") as pool:
+                results = list(pool.map(update, v.columns))
         events = {}
-        for (c, future), j in zip(done.items(), v.sparse_index):
-            ids, events[c] = future.result()
-            fixed["sparse"][:, j] = ids  # here, not in the threads: they would share the rows' cache lines
-        self.filling.append(events)
+        for c, (ids, ev), j in zip(v.columns, results, v.sparse_index):
+            sparse[:, j] = ids  # here, not in the threads: they would share the rows' cache lines
+            events[c] = ev
+        return events
 
-    def close_buffer(self, buf: ChunkRun, next_buffer: int) -> None:
-        """Buffer ``buf`` is full: hold its events for its first batch, and snapshot the start of the next one."""
-        events = {c: VocabEvents.concat([e[c] for e in self.filling]) for c in self.vocabs.columns}
-        if not self.drop_first:
-            self.pending[buf] = events
-        self.drop_first, self.filling = False, []
-        self.vocabs.snapshot((self.epoch, next_buffer))
-
-    def end(self) -> None:
-        """Every row of the epoch went through the vocabularies."""
-        self.vocabs.snapshot((self.epoch, END))
-
-    def events_of(self, buffers: list[ChunkRun]) -> dict[str, VocabEvents]:
-        """The events a batch made of rows of ``buffers`` (in order) carries: those of each buffer it is the first
-        to hold rows of."""
-        found = [self.pending.pop(b) for b in buffers if b in self.pending]
-        return {c: VocabEvents.concat([e[c] for e in found]) for c in self.vocabs.columns}
+    def snapshot(self, key: Hashable) -> None:
+        """The state after the batches applied so far is the state at ``key``."""
+        self.vocabs.snapshot(key)

@@ -3,9 +3,10 @@ consumer process reads them with ``Loader(follow=True)`` and is killed with SIGK
 several times. The multiset of rows the consumer counted equals the multiset written.
 
 The pipeline gives a categorical column ids with an online vocabulary (small, so that keys are admitted and
-evicted all along): every counted row's id equals the one an uninterrupted loader gives that row (ids are a
-function of the row sequence, and a restart re-applies the rows from the saved buffer's start), and the events of
-the counted batches, in order, account for every id used (admitted before use, not used for an evicted key after).
+evicted all along): the ids and events of the counted batches equal those of one vocabulary fed these batches in
+order without a restart (ids are given per batch, in its row order, and a restart resumes from the state after the
+last counted batch), and the events account exactly for every id used: each row with a vocabulary id uses it for
+the key its latest admission named, and an id is admitted again only in a batch after its eviction.
 
 The consumer's checkpoint protocol is a training loop's: after each batch it appends the batch's row ids, ids and
 events to a log (its "training"), then atomically replaces its checkpoint (a pickle of the loader's ``state_dict``,
@@ -51,8 +52,6 @@ ops:
 """
 #: The key of row ``rid`` in column ``cat``: a skewed draw, so that frequent keys stay and rare ones churn.
 KEYS = np.random.default_rng(0).zipf(1.5, 20_000) % 64
-#: The rows of the consumer's shuffle buffer and batch: a buffer's rows are delivered within this many rows of its first batch.
-WINDOW = 300 + 96
 #: The first id of the online vocabulary: 0 padding, 1 missing, 2 the out-of-vocabulary bucket.
 FIRST_ID = 3
 
@@ -111,51 +110,42 @@ def counted(work: Path) -> list[int]:
     return [r for batch in counted_batches(work) for r in batch["rid"]]
 
 
-def uninterrupted_ids(tmp_path: Path) -> dict[int, int]:
-    """Each row's id from a loader that reads every shard in one pass (not following: the same row sequence)."""
+def check_replay(tmp_path: Path, batches: list[dict]) -> None:
+    """The counted batches' ids and events are those of the loader's starting vocabulary fed their keys, one update
+    per batch, in order (as one uninterrupted run over these batches gives them)."""
     from etl import Loader
 
     loader = Loader(tmp_path / "raw", pipeline=tmp_path / "pipeline.yaml", artifacts=tmp_path / "work/artifacts", batch_size=512)
-    return {r: i for b in loader for r, i in zip(b.dense[:, 0].long().tolist(), b.sparse[:, 0].tolist())}
+    assert loader.vocabularies is not None
+    vocab = loader.vocabularies.vocabs["cat"]
+    for n, b in enumerate(batches):
+        ids, ev = vocab.update(KEYS[b["rid"]].astype(np.uint64))
+        assert ids.tolist() == b["id"], n
+        assert [ev.admitted_ids.tolist(), ev.admitted_keys.tolist()] == b["admitted"], n
+        assert [ev.evicted_ids.tolist(), ev.evicted_keys.tolist()] == b["evicted"], n
 
 
 def check_events(batches: list[dict]) -> int:
     """Walk the counted batches in order, as a trainer sees them, and return how many evictions there were.
 
-    Per id, a batch's events are a chain: the key it named before (if any), then each key admitted to it in the
-    batch, each evicted in turn (an eviction comes right before the admission that reuses the id); the last one not
-    evicted names it after the batch. Every row with a vocabulary id uses it for its own key, which the id names
-    by then (an id is used only once admitted), or named until an eviction carried at most ``WINDOW`` rows before
-    (a row of the evicting shuffle buffer given the id before the eviction: a buffer's rows leave together, within
-    a buffer's length of its first batch); never later."""
-    live: dict[int, int] = {}  # id -> key
-    gone: dict[tuple[int, int], int] = {}  # (id, key) -> where the batch carrying its eviction starts
-    row = evictions = 0
-    for b in batches:
-        admitted, evicted = _by_id(*b["admitted"]), _by_id(*b["evicted"])
-        chains = {i: ([live[i]] if i in live else []) + admitted.get(i, []) for i in set(admitted) | set(evicted)}
-        for i, chain in chains.items():
-            out = evicted.get(i, [])
-            assert chain[: len(out)] == out and len(chain) - len(out) <= 1, (i, chain, out)  # one key at a time
-            gone.update(((i, key), row) for key in out)
-            if len(chain) > len(out):
-                live[i] = chain[-1]
-                gone.pop((i, chain[-1]), None)
-            else:
-                live.pop(i, None)
-        evictions += len(b["evicted"][0])
+    Exact: within a batch an id names one key (it is admitted at most once, evicted at most once, and only for the
+    key it named); an id evicted in a batch is not admitted again in it; every row with a vocabulary id uses it for
+    its own key, the one the id's latest admission named, and only while the id is admitted (from the batch that
+    admits it to the batch that evicts it)."""
+    live: dict[int, int] = {}  # id -> key, between batches
+    evictions = 0
+    for n, b in enumerate(batches):
+        admitted, evicted = dict(zip(*b["admitted"])), dict(zip(*b["evicted"]))
+        assert len(admitted) == len(b["admitted"][0]) and len(evicted) == len(b["evicted"][0]), n  # one key an id
+        assert not set(admitted) & set(live), n  # an id is admitted again only after the batch evicting it
+        named = live | admitted
+        assert all(named.get(i) == key for i, key in evicted.items()), n
         for r, i in zip(b["rid"], b["id"]):
             if i >= FIRST_ID:
-                assert live.get(i) == KEYS[r] or row - gone.get((i, int(KEYS[r])), -WINDOW) < WINDOW, (r, i)
-        row += len(b["rid"])
+                assert named.get(i) == KEYS[r], (n, r, i)
+        live = {i: key for i, key in named.items() if i not in evicted}
+        evictions += len(evicted)
     return evictions
-
-
-def _by_id(ids: list[int], keys: list[int]) -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {}
-    for i, key in zip(ids, keys):
-        out.setdefault(i, []).append(key)
-    return out
 
 
 KILLS = 5
@@ -219,7 +209,6 @@ def test_every_row_exactly_once_across_kills(tmp_path: Path) -> None:
     rows = counted(work)
     assert kills == KILLS
     assert Counter(rows) == Counter(range(total)), (len(rows), total)
-    expected = uninterrupted_ids(tmp_path)
     batches = counted_batches(work)
-    assert [i for b in batches for i in b["id"]] == [expected[r] for r in rows]
+    check_replay(tmp_path, batches)
     assert check_events(batches) > 0

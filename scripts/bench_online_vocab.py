@@ -2,9 +2,9 @@
 """Online vocabulary throughput (Categorify ``online: true``), in one run, on a synthetic Criteo-like set.
 
 1. The state machine alone (``etl.ops.online_vocab``): the keys of every categorical column (decoded once),
-   fed column by column in pieces of ``--piece`` rows, in one thread; rows/s (a row: one key of each column) of
-   CPU, per eviction policy; plus the cost of one snapshot (``export(canonical=False)`` of every column), which
-   the loader takes once per shuffle buffer. (The loader updates the columns on parallel threads.)
+   fed column by column in batches of ``--piece`` rows (one update each), in one thread; rows/s (a row: one key
+   of each column) of CPU, per eviction policy; plus the cost of one snapshot (``export(canonical=False)`` of every
+   column), which the loader takes once per batch. (The loader updates the columns on parallel threads.)
 2. The Loader, one shuffled epoch, with the same pipeline with offline Categorify and with online Categorify on
    every categorical column, back to back (best of ``--repeat``): rows/s and CPU seconds of the process.
 
@@ -102,7 +102,7 @@ def main() -> None:
     ap.add_argument("--data", type=Path, required=True, help="raw Criteo-like shards (etl generate --schema schemas/criteo.yaml)")
     ap.add_argument("--capacity", type=int, default=100_000)
     ap.add_argument("--admit-after", type=int, default=3)
-    ap.add_argument("--piece", type=int, default=131_072, help="rows per update (a loader piece)")
+    ap.add_argument("--piece", type=int, default=131_072, help="rows per update (a loader batch)")
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--batch-size", type=int, default=65536)
     ap.add_argument("--workers", type=int, default=2)

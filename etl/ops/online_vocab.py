@@ -73,7 +73,7 @@ class VocabEvents:
     """Ids given and taken back over some rows of one column, in the order it happened: ``admitted_ids`` [a]
     (int64, ids as the batches hold them) with their ``admitted_keys`` [a] (uint64), ``evicted_ids`` [e] with
     their ``evicted_keys`` [e]. A trainer resets the embedding rows of ``admitted_ids`` (a reused id is always
-    admitted again, after its eviction)."""
+    admitted again, in a later batch than its eviction)."""
 
     admitted_ids: np.ndarray
     admitted_keys: np.ndarray

@@ -1,5 +1,5 @@
-"""The Loader with online vocabularies (etl.loader.online): ids given in row order whatever the worker count, events
-with the batches, state in state_dict and as artifacts, exact resume; the same under follow mode."""
+"""The Loader with online vocabularies (etl.loader.online): ids given per batch in its row order whatever the worker
+count, each batch with exactly its own events, state in state_dict and as artifacts, exact resume; the same under follow mode."""
 
 from __future__ import annotations
 
@@ -216,15 +216,15 @@ def take(ld: Loader, n: int) -> list[tuple[torch.Tensor, dict]]:
 @pytest.mark.parametrize("workers", [1, 2])
 def test_following_gives_the_ids_and_events_of_the_epoch_over_the_same_rows(data: Path, workers: int) -> None:
     """The shards present at start make the stream of epoch 0 (same buffers, same permutations), and the ids are a
-    function of the row sequence: the following loader's batches and events are the epoch's, seeded by the fit."""
+    function of the batches: the following loader's batches and events are the epoch's, seeded by the fit."""
     whole = list(batches(loader(data, "ttl"), range(1)))
     assert same(take(following(data, num_workers=workers), len(whole)), whole)
 
 
 @pytest.mark.parametrize("stop", [1, 2, 3, 8])
 def test_following_resumes_with_the_same_ids_and_events(data: Path, stop: int, tmp_path: Path) -> None:
-    """A restart from ``state_dict`` (inside a buffer, at its end, at a batch holding two buffers' rows) re-applies
-    the rows after the saved buffer's start: the rest has the uninterrupted run's ids and events."""
+    """A restart from ``state_dict`` (inside a buffer, at its end, at a batch holding two buffers' rows) continues from
+    the state after the last batch handed out: the rest has the uninterrupted run's ids and events."""
     whole = list(batches(loader(data, "ttl"), range(1)))
     first = following(data)
     it = batches(first, range(1))

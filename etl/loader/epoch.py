@@ -8,6 +8,7 @@ import threading
 import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from etl.errors import LoaderError
 from etl.loader.assembler import Assembler, InlineExecutor, Item, PassSettings
@@ -57,13 +58,7 @@ class EpochPass:
     def take(self) -> Item:
         """The next batch, waiting for it: (ring slot, rows, list columns). The error that ended the pass is
         raised instead, once the pass is closed."""
-        while True:
-            try:
-                item = self.ready.get(timeout=0.1)
-                break
-            except queue.Empty:
-                if not self.thread.is_alive():
-                    raise LoaderError("the loader's assembler thread stopped without a batch or an error") from None
+        item = _next_item(self.ready, self.thread, "assembler")
         if isinstance(item, BaseException):
             self.close()
             raise item
@@ -100,6 +95,17 @@ class _Slots:
             item = self.ready.get_nowait()
             if isinstance(item, tuple):
                 self.ring.release(item[0])
+
+
+def _next_item(ready: queue.Queue, thread: threading.Thread, name: str) -> Any:
+    """The next item (a batch or the exception that ended the pass) that a pass's ``thread`` queued on ``ready``,
+    waiting for it as long as that thread lives; ``LoaderError`` when it ended without one."""
+    while True:
+        try:
+            return ready.get(timeout=0.1)
+        except queue.Empty:
+            if not thread.is_alive():
+                raise LoaderError(f"the loader's {name} thread stopped without a batch or an error") from None
 
 
 def _assemble(assembler: Assembler, ready: queue.Queue, assembled: threading.Event) -> None:

@@ -54,12 +54,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from etl.errors import ConfigError, LoaderError
+from etl.errors import ConfigError
 from etl.io.arrivals import Arrivals
 from etl.io.fs import Location
 from etl.loader.assembler import Assembler, Item, PassSettings, _pieces_from
 from etl.loader.chunk import Chunk
-from etl.loader.epoch import _assemble, _shutdown, _Slots
+from etl.loader.epoch import _assemble, _next_item, _shutdown, _Slots
 from etl.loader.online import OnlinePass
 from etl.loader.order import Piece, rank_pieces, row_groups
 from etl.loader.ring import Ring
@@ -265,13 +265,7 @@ class FollowPass:
     def take(self) -> Item:
         """The next batch, waiting for it as long as it takes (the pass ends only when closed); the error that
         stopped the pass is raised instead."""
-        while True:
-            try:
-                item = self.ready.get(timeout=0.1)
-                break
-            except queue.Empty:
-                if not self.thread.is_alive():
-                    raise LoaderError("the loader's follow thread stopped without a batch or an error") from None
+        item = _next_item(self.ready, self.thread, "follow")
         if isinstance(item, BaseException):
             self.close()
             raise item

@@ -148,3 +148,9 @@ def test_object_storage_and_device_transforms_are_refused(processed: Path) -> No
         Loader("s3://bucket/processed", engine="dali")
     with pytest.raises(ConfigError, match="transform_on"):
         Loader(processed, engine="dali", transform_on="device")
+
+
+def test_the_cudf_reader_and_follow_mode_are_refused(processed: Path) -> None:
+    for kw in ({"reader": "cudf"}, {"follow": True}):
+        with pytest.raises(ConfigError, match="do not apply"):
+            Loader(processed, engine="dali", **kw)

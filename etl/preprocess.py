@@ -56,7 +56,7 @@ from etl.io.files import ExclusiveParquetWriter, HashingFile, buffered_stream, i
 from etl.io.fs import Location, Url, fingerprint, is_within
 from etl.io.fs import replace as replace_file
 from etl.io.lock import locked
-from etl.io.npy import DEFAULT_CHUNK_ROWS, NPY_DIR, ChunkWriter, FixedColumns, NpySpec, chunk_file, chunk_files
+from etl.io.npy import DEFAULT_CHUNK_ROWS, NPY_DIR, ChunkWriter, FixedColumns, NpySpec, chunk_dir, chunk_file, chunk_files
 from etl.io.parquet import Shard, batch_from_arrow, footer_sha256, open_shard
 from etl.io.processed import (
     ARTIFACTS,
@@ -190,8 +190,9 @@ def check_apart(out_dir: Location, inputs: list[Location]) -> None:
 def _remove_stale(out_dir: Location, previous: dict[str, ManifestEntry], keep: set[str]) -> None:
     """Remove the files of the earlier run's entries that this run does not keep as they are: outputs it no
     longer makes (fewer shards) and outputs it redoes, with their quarantine files (a redone shard may quarantine
-    nothing now). Only names this module makes (a shard name, its quarantine name), so a tampered manifest cannot
-    point elsewhere. Called before the new manifest replaces the old one, which is the proof the files are ours."""
+    nothing now), and the npy directories they leave empty. Only names this module makes (a shard name, its
+    quarantine name, its chunk directory), so a tampered manifest cannot point elsewhere. Called before the new
+    manifest replaces the old one, which is the proof the files are ours."""
     for e in previous.values():
         if e.output in keep or not is_shard_name(e.output):
             continue
@@ -200,6 +201,15 @@ def _remove_stale(out_dir: Location, previous: dict[str, ManifestEntry], keep: s
             (out_dir / e.quarantine).unlink(missing_ok=True)
         for name in chunk_files(e.output, len(e.npy_chunks or ())):
             (out_dir / name).unlink(missing_ok=True)
+        if e.npy_chunks is not None:
+            _remove_empty_dir(out_dir / chunk_dir(e.output))
+    _remove_empty_dir(out_dir / NPY_DIR)
+
+
+def _remove_empty_dir(directory: Location) -> None:
+    """Remove ``directory`` when it is a local directory left empty (object storage has no directories)."""
+    if isinstance(directory, Path) and directory.is_dir() and not directory.is_symlink() and not any(directory.iterdir()):
+        directory.rmdir()
 
 
 def _remove_artifact_temporaries(artifacts: Location) -> None:

@@ -52,3 +52,5 @@ def test_a_rerun_keeps_complete_shards_and_redoes_them_for_other_chunks(raw: Pat
     assert "2 already complete" in preprocess(raw, out, "--format", "npy", "--npy-chunk-rows", "1000")
     assert "already complete" not in preprocess(raw, out, "--format", "npy", "--npy-chunk-rows", "2000")
     assert sorted(p.name for p in (out / "npy/part-00000").iterdir()) == [f"{f}-0000{i}.npy" for f in ("dense", "label", "sparse") for i in (0, 1)]
+    preprocess(raw, out)  # Parquet only: the chunks and their directories go
+    assert (out / "part-00000.parquet").exists() and not (out / "npy").exists()

@@ -55,10 +55,12 @@ class EpochPass:
         self._slots = _Slots(ring, self.ready)
         self._finalizer = weakref.finalize(self, _shutdown, self.stop, self.pool, self.thread, self._slots, self.assembled)
 
-    def take(self) -> Item:
-        """The next batch, waiting for it: (ring slot, rows, list columns). The error that ended the pass is
-        raised instead, once the pass is closed."""
-        item = _next_item(self.ready, self.thread, "assembler")
+    def take(self) -> Item | None:
+        """The next batch, waiting for it: (ring slot, rows, list columns); None when the pass was closed (by
+        another thread) before it came. The error that ended the pass is raised instead, once the pass is closed."""
+        item = _next_item(self.ready, self.thread, "assembler", self.stop)
+        if item is None:
+            return None
         if isinstance(item, BaseException):
             self.close()
             raise item
@@ -97,15 +99,17 @@ class _Slots:
                 self.ring.release(item[0])
 
 
-def _next_item(ready: queue.Queue, thread: threading.Thread, name: str) -> Any:
+def _next_item(ready: queue.Queue, thread: threading.Thread, name: str, stop: threading.Event) -> Any:
     """The next item (a batch or the exception that ended the pass) that a pass's ``thread`` queued on ``ready``,
-    waiting for it as long as that thread lives; ``LoaderError`` when it ended without one."""
-    while True:
+    waiting for it as long as that thread lives; None once the pass is closed (``stop`` set, possibly by another
+    thread while this one waits: noticed within 0.1 s); ``LoaderError`` when the thread ended without an item."""
+    while not stop.is_set():
         try:
             return ready.get(timeout=0.1)
         except queue.Empty:
-            if not thread.is_alive():
+            if not thread.is_alive() and not stop.is_set():
                 raise LoaderError(f"the loader's {name} thread stopped without a batch or an error") from None
+    return None
 
 
 def _assemble(assembler: Assembler, ready: queue.Queue, assembled: threading.Event) -> None:

@@ -262,10 +262,12 @@ class FollowPass:
         self._slots = _Slots(ring, self.ready)
         self._finalizer = weakref.finalize(self, _shutdown, self.stop, self.pool, self.thread, self._slots, self.assembled)
 
-    def take(self) -> Item:
-        """The next batch, waiting for it as long as it takes (the pass ends only when closed); the error that
-        stopped the pass is raised instead."""
-        item = _next_item(self.ready, self.thread, "follow")
+    def take(self) -> Item | None:
+        """The next batch, waiting for it as long as it takes; None once the pass is closed (the only way it ends,
+        usually from another thread); the error that stopped the pass is raised instead."""
+        item = _next_item(self.ready, self.thread, "follow", self.stop)
+        if item is None:
+            return None
         if isinstance(item, BaseException):
             self.close()
             raise item

@@ -328,11 +328,13 @@ def preprocess(
     ),
     follow: bool = typer.Option(
         False,
-        help="Follow one input directory: transform each shard as it arrives (renamed onto its .parquet name, in name order), "
+        help="Follow one input directory: transform each shard as it arrives (in the --arrivals order), "
         "appending to --out, until Ctrl-C / SIGTERM or --stop-after-idle. Needs --artifacts or a pipeline with nothing to fit.",
     ),
     poll_interval: float = typer.Option(1.0, min=0.001, help="With --follow: seconds between listings of the input directory."),
     stop_after_idle: float | None = typer.Option(None, min=0, help="With --follow: stop once no shard has arrived for this many seconds."),
+    arrivals: str = typer.Option("names", help="With --follow: the arrival order. names: name order, each shard once renamed onto its "
+                                 ".parquet name; manifest: the order the producer lists them in _arrivals.json (etl.io.arrivals_manifest)."),
 ) -> None:
     """Fit (when no artifacts are given) and transform every shard, reading each shard once (the fit keeps what the
     transform needs, see --memory-budget); resumable after an interruption. With --cluster, both run on the
@@ -344,11 +346,11 @@ def preprocess(
                 raise ConfigError("--follow fits nothing: it takes no --memory-budget nor --partitions")
             if format != "parquet" or npy_chunk_rows != 65536:
                 raise ConfigError("--follow writes Parquet files: it takes no --format nor --npy-chunk-rows")
-        _preprocess_follow(pipeline, input, out, artifacts, workers, on_error, compression, cluster, poll_interval, stop_after_idle)
+        _preprocess_follow(pipeline, input, out, artifacts, workers, on_error, compression, cluster, poll_interval, stop_after_idle, arrivals)
         return
-    if poll_interval != 1.0 or stop_after_idle is not None:
+    if poll_interval != 1.0 or stop_after_idle is not None or arrivals != "names":
         with user_errors():
-            raise ConfigError("--poll-interval and --stop-after-idle go with --follow")
+            raise ConfigError("--poll-interval, --stop-after-idle and --arrivals go with --follow")
     from etl.cluster import connecting
 
     # a local cluster starts in the background while the pipeline is imported and read (or loaded from --artifacts)
@@ -391,18 +393,20 @@ def preprocess(
 
 
 def _preprocess_follow(pipeline: Path, inputs: list[str], out: str, artifacts: str | None, workers: int, on_error: str, compression: str,
-                       cluster: str | None, poll_interval: float, stop_after_idle: float | None) -> None:  # fmt: skip
+                       cluster: str | None, poll_interval: float, stop_after_idle: float | None, arrivals: str) -> None:  # fmt: skip
     """``etl preprocess --follow``: SIGINT and SIGTERM stop the run cleanly (exit 0, the manifest listing what was
     committed)."""
     import signal
 
     with user_errors():
+        from etl.io.arrivals import ORDERS
         from etl.pipeline import Pipeline, check_match
         from etl.preprocess import COMPRESSIONS
         from etl.preprocess_follow import preprocess_follow
 
         _check_choice("--on-error", on_error, ("raise", "quarantine"))
         _check_choice("--compression", compression, COMPRESSIONS)
+        _check_choice("--arrivals", arrivals, ORDERS)
         if cluster is not None:
             raise ConfigError("--follow runs in threads: it takes no --cluster")
         if len(inputs) != 1:
@@ -420,7 +424,8 @@ def _preprocess_follow(pipeline: Path, inputs: list[str], out: str, artifacts: s
         try:
             console.print(f"following {directory} → {out} (Ctrl-C stops)")
             summary = preprocess_follow(p, directory, location(out), stop=stop, poll_interval=poll_interval, stop_after_idle=stop_after_idle,
-                                        workers=workers, on_error=cast("OnError", on_error), compression=compression)  # fmt: skip
+                                        workers=workers, on_error=cast("OnError", on_error), compression=compression,
+                                        arrivals=arrivals)  # fmt: skip
         finally:
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)

@@ -48,6 +48,7 @@ import torch
 
 from etl.allocator import tune_allocator
 from etl.errors import ArtifactError, ConfigError
+from etl.io.arrivals import check_order
 from etl.io.fs import Location, Url, location, locations
 from etl.io.parquet import list_shards
 from etl.io.processed import ProcessedOutput, is_processed, open_processed
@@ -139,8 +140,11 @@ class Loader:
     request's latency is the training loop's).
 
     ``follow=True``: follow a directory of raw shards that a producer keeps filling (``etl.loader.follow``): the
-    shards present at start, then each new one once complete (renamed onto its ``*.parquet`` name), in name order;
-    the directory is listed every ``poll_interval`` seconds, and when no shard has arrived for ``idle_flush``
+    shards present at start, then each new one once complete, in arrival order (``etl.io.arrivals``): with
+    ``arrivals="names"`` (the default), in name order, each shard once renamed onto its ``*.parquet`` name; with
+    ``arrivals="manifest"``, in the order the producer's manifest ``_arrivals.json`` lists them, each once listed
+    (``etl.io.arrivals_manifest``; no shard before the producer writes it). The directory is listed (the manifest
+    read) every ``poll_interval`` seconds, and when no shard has arrived for ``idle_flush``
     seconds (default: ``poll_interval``) the rows held in the shuffle buffer are delivered. Iteration never ends
     by itself (until ``close()`` or ``break``); ``state_dict`` then saves the position in the stream, and a loader
     given it with ``load_state_dict`` delivers every row not delivered before it exactly once. Needs
@@ -186,6 +190,7 @@ class Loader:
         follow: bool = False,
         poll_interval: float = 1.0,
         idle_flush: float | None = None,
+        arrivals: str = "names",
         engine: str = "default",
     ):
         tune_allocator()
@@ -195,7 +200,7 @@ class Loader:
             raise ConfigError(f"num_workers must be >= 0 (0: no worker threads), got {num_workers}")
         if transform_on not in ("host", "device"):
             raise ConfigError(f"transform_on must be 'host' or 'device', got {transform_on!r}")
-        self._follow = _follow_settings(follow, poll_interval, idle_flush, drop_last, num_workers, transform_on)
+        self._follow = _follow_settings(follow, poll_interval, idle_flush, drop_last, num_workers, transform_on, arrivals)
         self._directory: Location | None = None  # follow mode: the directory followed
         shards: list[Location] = []
         if self._follow is not None:
@@ -257,13 +262,14 @@ class Loader:
         """The loader's position and the settings it depends on; with online vocabularies, their state at this
         position under ``online_vocab`` (``OnlineVocabularies.to_dict``: ints and bytes, no pickled objects). In follow
         mode, ``follow`` (the position in the stream after the last batch handed out, see
-        ``etl.loader.follow.FollowPosition``) replaces epoch, position and total_rows: save it together with what the
-        training did with that batch (a model checkpoint), never ahead of it, so that a restart neither loses nor
-        repeats a row."""
+        ``etl.loader.follow.FollowPosition``) and ``arrivals`` (the arrival order) replace epoch, position and
+        total_rows: save it together with what the training did with that batch (a model checkpoint), never ahead of
+        it, so that a restart neither loses nor repeats a row."""
         state: dict[str, Any] = {"seed": self.seed, "rank": self.rank, "world_size": self.world_size, "batch_size": self.batch_size,
                                  "shuffle": self.shuffle, "shuffle_buffer": self.shuffle_buffer, "drop_last": self.drop_last}  # fmt: skip
         if self._follow is not None:
             state["follow"] = self._cursor.position.to_dict()
+            state["arrivals"] = self._follow.arrivals
         else:
             state |= {"epoch": self.epoch, "position": self.position, "total_rows": self.total_rows}
         if self.vocabularies is not None:
@@ -276,9 +282,10 @@ class Loader:
         if ("follow" in state) != ("follow" in mine):
             raise ConfigError("state_dict mismatch: " + ("a following loader's state given to a loader without follow=True" if "follow" in state
                               else "the state of a loader without follow=True given to a following loader"))  # fmt: skip
-        for k in ("seed", "rank", "world_size", "batch_size", "shuffle", "shuffle_buffer", "drop_last", "total_rows"):
-            if k in mine and state[k] != mine[k]:
-                raise ConfigError(f"state_dict mismatch on {k}: saved {state[k]!r}, this loader {mine[k]!r}")
+        saved = {"arrivals": "names"} | state if "follow" in state else state  # a state saved before arrival orders: name order
+        for k in ("seed", "rank", "world_size", "batch_size", "shuffle", "shuffle_buffer", "drop_last", "total_rows", "arrivals"):
+            if k in mine and saved[k] != mine[k]:
+                raise ConfigError(f"state_dict mismatch on {k}: saved {saved[k]!r}, this loader {mine[k]!r}")
         self.close()
         position = FollowPosition.from_dict(state["follow"]) if "follow" in state else None
         if self.vocabularies is not None:
@@ -493,15 +500,18 @@ def _raw_pipeline(pipeline: str | Path | None, artifacts: Location | None) -> Pi
 
 
 def _follow_settings(follow: bool, poll_interval: float, idle_flush: float | None, drop_last: bool, num_workers: int,
-                     transform_on: str) -> FollowSettings | None:  # fmt: skip
+                     transform_on: str, arrivals: str) -> FollowSettings | None:  # fmt: skip
     """The settings of follow mode, checked; None without ``follow``."""
+    check_order(arrivals)
     if not follow:
+        if arrivals != "names":
+            raise ConfigError(f"arrivals={arrivals!r} is an arrival order: it goes with follow=True")
         return None
     if not poll_interval > 0 or (idle_flush is not None and not idle_flush >= 0):
         raise ConfigError(f"poll_interval must be > 0 and idle_flush >= 0, got poll_interval={poll_interval}, idle_flush={idle_flush}")
     if num_workers < 1 or transform_on != "host":
         raise ConfigError(f"follow=True needs num_workers >= 1 and transform_on='host', got num_workers={num_workers}, transform_on={transform_on!r}")
-    return FollowSettings(poll_interval, poll_interval if idle_flush is None else idle_flush, drop_last)
+    return FollowSettings(poll_interval, poll_interval if idle_flush is None else idle_flush, drop_last, arrivals)
 
 
 def _open_followed(source: str | Location | list[str | Location], pipeline: str | Path | None, artifacts: str | Location | None,

@@ -1,4 +1,4 @@
-"""Arrivals: the complete shards of a followed directory, in name order, once each."""
+"""Arrivals: the complete shards of a followed directory, in name order or a producer manifest's order, once each."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from etl.errors import InputError
+from etl.errors import ConfigError, InputError
 from etl.io.arrivals import Arrivals
+from etl.io.arrivals_manifest import ARRIVALS, write_arrivals
 
 
 def touch(d: Path, *names: str) -> None:
@@ -50,3 +51,33 @@ def test_check_before_finds_the_saved_shard_at_its_place(tmp_path: Path) -> None
 
 def test_check_before_an_empty_start(tmp_path: Path) -> None:
     Arrivals(tmp_path).check_before(0, None)
+
+
+def test_manifest_order_is_the_listing_order_and_only_listed_shards_count(tmp_path: Path) -> None:
+    arrivals = Arrivals(tmp_path, "manifest")
+    touch(tmp_path, "c.parquet", "a.parquet")
+    assert arrivals.poll() == []  # no manifest yet: nothing has arrived
+    write_arrivals(tmp_path, ["c.parquet"])
+    assert [p.name for p in arrivals.poll()] == ["c.parquet"]  # a.parquet is not listed: not complete
+    touch(tmp_path, "b.parquet")
+    write_arrivals(tmp_path, ["c.parquet", "a.parquet", "b.parquet"])
+    assert [p.name for p in arrivals.poll()] == ["a.parquet", "b.parquet"]
+    assert arrivals.poll() == []
+    arrivals.check_before(1, "a.parquet")
+    with pytest.raises(InputError, match="shard 2 \\(from 0\\) in the producer manifest's order"):
+        arrivals.check_before(2, "a.parquet")
+    write_arrivals(tmp_path, ["c.parquet", "b.parquet"])
+    with pytest.raises(InputError, match=ARRIVALS):
+        arrivals.poll()
+
+
+def test_name_order_refuses_a_directory_with_a_producer_manifest(tmp_path: Path) -> None:
+    touch(tmp_path, "a.parquet")
+    write_arrivals(tmp_path, ["a.parquet"])
+    with pytest.raises(InputError, match=f"{ARRIVALS}: a producer manifest lists this directory's shards.*arrivals='manifest'"):
+        Arrivals(tmp_path).poll()
+
+
+def test_an_unknown_order_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="arrivals must be one of 'names', 'manifest', got 'mtime'"):
+        Arrivals(tmp_path, "mtime")

@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from etl.errors import ConfigError, InputError
+from etl.io.arrivals_manifest import read_arrivals, write_arrivals
 from etl.loader import Loader
 from etl.loader.follow import FollowPosition
 
@@ -30,12 +31,21 @@ def stream(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def shard_table(first: int, rows: int) -> pa.Table:
+    return pa.table({"label": pa.array(np.zeros(rows, np.int64)), "rid": pa.array(np.arange(first, first + rows, dtype=np.int64))})
+
+
 def add_shard(stream: Path, index: int, first: int, rows: int, row_group: int = 128) -> None:
     """Shard ``index`` with row ids ``first ..``, written under a temporary name and renamed."""
-    t = pa.table({"label": pa.array(np.zeros(rows, np.int64)), "rid": pa.array(np.arange(first, first + rows, dtype=np.int64))})
     tmp = stream / "raw" / f".part-{index:05d}.parquet.0-0.tmp"
-    pq.write_table(t, tmp, row_group_size=row_group)
+    pq.write_table(shard_table(first, rows), tmp, row_group_size=row_group)
     tmp.rename(stream / "raw" / f"part-{index:05d}.parquet")
+
+
+def list_shard(stream: Path, name: str, first: int, rows: int) -> None:
+    """A shard with row ids ``first ..`` written in place as ``name``, then appended to the producer manifest."""
+    pq.write_table(shard_table(first, rows), stream / "raw" / name, row_group_size=128)
+    write_arrivals(stream / "raw", (read_arrivals(stream / "raw") or []) + [name])
 
 
 def loader(stream: Path, **kw) -> Loader:
@@ -188,6 +198,13 @@ def test_settings_that_cannot_follow_are_config_errors(stream: Path) -> None:
         fixed.load_state_dict(loader(stream).state_dict())
     with pytest.raises(ConfigError, match="state_dict mismatch on batch_size"):
         loader(stream, batch_size=8).load_state_dict(loader(stream).state_dict())
+    with pytest.raises(ConfigError, match="arrivals must be one of"):
+        loader(stream, arrivals="mtime")
+    with pytest.raises(ConfigError, match="goes with follow=True"):
+        Loader(stream / "raw", pipeline=stream / "pipeline.yaml", arrivals="manifest")
+    older = loader(stream).state_dict()
+    del older["arrivals"]  # saved before arrival orders existed: name order
+    loader(stream).load_state_dict(older)
 
 
 def test_position_from_dict_refuses_what_to_dict_cannot_make() -> None:
@@ -196,6 +213,51 @@ def test_position_from_dict_refuses_what_to_dict_cannot_make() -> None:
     for bad in ({"shard": 3}, {"row": -1}, {"delivered": 5}, {"buffer_rows": 4, "delivered": 5}, {"other": 1}):
         with pytest.raises(ConfigError):
             FollowPosition.from_dict(bad)
+
+
+def test_manifest_order_delivers_the_listed_shards_in_the_listed_order(stream: Path) -> None:
+    list_shard(stream, "zz.parquet", 0, 150)
+    pq.write_table(shard_table(10_000, 50), stream / "raw" / "aa.parquet")  # not listed: not complete, never read
+    ld = loader(stream, arrivals="manifest", shuffle=False)
+    it = iter(ld)
+    got = rows(it, 150)
+    list_shard(stream, "mm.parquet", 150, 100)
+    list_shard(stream, "bb.parquet", 250, 70)
+    got += rows(it, 170)
+    ld.close()
+    assert got == list(range(320))  # zz, mm, bb: the manifest's order, not name order
+
+
+def test_manifest_order_resumes_from_state_dict_exactly_once(stream: Path) -> None:
+    list_shard(stream, "s9.parquet", 0, 230)
+    list_shard(stream, "s1.parquet", 230, 170)
+    first = loader(stream, arrivals="manifest")
+    it = iter(first)
+    got = rows(it, 64) + rows(it, 64) + rows(it, 64)
+    state = first.state_dict()
+    first.close()
+    assert state["arrivals"] == "manifest" and state["follow"]["shard"] == "s9.parquet"
+    with pytest.raises(ConfigError, match="state_dict mismatch on arrivals: saved 'manifest', this loader 'names'"):
+        loader(stream).load_state_dict(state)
+    list_shard(stream, "s5.parquet", 400, 250)
+    again = loader(stream, arrivals="manifest")
+    again.load_state_dict(state)
+    got += rows(iter(again), 650 - len(got))
+    again.close()
+    assert sorted(got) == list(range(650))
+
+
+def test_manifest_order_waits_for_the_manifest_and_is_stopped_by_a_broken_one(stream: Path) -> None:
+    pq.write_table(shard_table(0, 100), stream / "raw" / "b.parquet")
+    ld = loader(stream, arrivals="manifest")
+    it = iter(ld)
+    time.sleep(0.1)  # a few polls without a manifest
+    list_shard(stream, "a.parquet", 100, 100)
+    assert sorted(rows(it, 100)) == list(range(100, 200))
+    write_arrivals(stream / "raw", ["b.parquet"])  # a.parquet removed from the listing
+    with pytest.raises(InputError, match=r"_arrivals\.json: shards\[0\] is now 'b.parquet', and was 'a.parquet'"):
+        rows(it, 1)
+    ld.close()
 
 
 def test_follows_a_prefix_in_object_storage(stream: Path, s3: str) -> None:
@@ -214,3 +276,22 @@ def test_follows_a_prefix_in_object_storage(stream: Path, s3: str) -> None:
     got += rows(it, 300)
     ld.close()
     assert sorted(got) == list(range(600))
+
+
+def test_follows_a_producer_manifest_in_object_storage(stream: Path, s3: str) -> None:
+    from etl.io.fs import location
+
+    prefix = location(f"{s3}/raw")
+    list_shard(stream, "b.parquet", 0, 200)
+    list_shard(stream, "a.parquet", 200, 100)
+    fs = prefix.fs
+    fs.put_file(str(stream / "raw/b.parquet"), f"{prefix.key}/b.parquet")
+    fs.put_file(str(stream / "raw/a.parquet"), f"{prefix.key}/a.parquet")  # in place, not listed yet
+    write_arrivals(prefix, ["b.parquet"])
+    ld = Loader(str(prefix), pipeline=stream / "pipeline.yaml", follow=True, arrivals="manifest", batch_size=50, poll_interval=0.05, idle_flush=0.2)
+    it = iter(ld)
+    got = rows(it, 200)
+    write_arrivals(prefix, ["b.parquet", "a.parquet"])  # one upload replaces the manifest
+    got += rows(it, 100)
+    ld.close()
+    assert got == list(range(300))

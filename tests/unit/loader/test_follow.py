@@ -228,6 +228,19 @@ def test_manifest_order_delivers_the_listed_shards_in_the_listed_order(stream: P
     assert got == list(range(320))  # zz, mm, bb: the manifest's order, not name order
 
 
+def test_a_manifest_listing_the_shards_in_name_order_gives_the_batches_of_name_order(stream: Path) -> None:
+    for i in range(3):
+        add_shard(stream, i, 300 * i, 300, row_group=70)
+    batches = {}
+    for order in ("names", "manifest"):
+        if order == "manifest":
+            write_arrivals(stream / "raw", [f"part-{i:05d}.parquet" for i in range(3)])
+        ld = loader(stream, arrivals=order, idle_flush=30)
+        batches[order] = [(b.dense.clone(), b.label.clone()) for _, b in zip(range(12), ld)]  # 768 rows: from full shuffle buffers only
+        ld.close()
+    assert all(a[0].equal(b[0]) and a[1].equal(b[1]) for a, b in zip(batches["names"], batches["manifest"], strict=True))
+
+
 def test_manifest_order_resumes_from_state_dict_exactly_once(stream: Path) -> None:
     list_shard(stream, "s9.parquet", 0, 230)
     list_shard(stream, "s1.parquet", 230, 170)

@@ -18,6 +18,13 @@ since a producer's manifest written a moment after the consumer starts would oth
   in the directory, replaced atomically, each version extending the one before). A shard counts once listed; other
   files of the directory are not looked at. Until the producer writes the manifest, no shard has arrived.
 
+The output of ``etl preprocess --follow`` (a processed output, ``etl.io.processed``) is followed in its own order,
+``PROCESSED``, which its directory decides (its manifest.json marks it), not the consumer: output file ``i`` holds
+the rows of the ``i``-th input shard to arrive, and counts once manifest.json lists it and every file before it (a
+following run may commit a file before the one ahead of it); each is checked as ``open_processed`` checks the files
+it reads (``etl.io.processed.committed_parts``). A file once counted must stay listed with the same sha256 (a rerun
+of ``etl preprocess --follow`` with other artifacts rewrites its files: ``InputError``).
+
 Shards are never expected to disappear: a consumer that restarts from a saved position finds the shards before it
 by counting them (``Arrivals.check_before``).
 """
@@ -28,9 +35,12 @@ from etl.errors import ConfigError, InputError
 from etl.io.arrivals_manifest import ARRIVALS, arrived_since
 from etl.io.files import is_temporary
 from etl.io.fs import Location
+from etl.io.processed import MANIFEST, committed_parts, read_manifest
 
-#: The arrival orders a consumer may follow a directory in (see the module docstring).
+#: The arrival orders a consumer may follow a directory of raw shards in (see the module docstring).
 ORDERS = ("names", "manifest")
+#: The order of the files of a processed output (see the module docstring).
+PROCESSED = "processed"
 
 
 def check_order(order: str) -> None:
@@ -44,19 +54,40 @@ class Arrivals:
     that arrived since the previous call (all of them, on the first)."""
 
     def __init__(self, directory: Location, order: str = "names"):
-        check_order(order)
+        if order != PROCESSED:
+            check_order(order)
         self.directory, self.order = directory, order
         self.names: list[str] = []  # every shard seen, in arrival order
         self._seen: set[str] = set()  # the same, in name order only
+        self._sha256: dict[str, str | None] = {}  # the same, in the processed order only, with their checksums
         self._polled = False
 
     def poll(self) -> list[Location]:
         """The shards that arrived since the last poll, in arrival order. ``InputError`` for a directory that cannot
         be listed, and for a breach of the order's rules (see the module docstring)."""
-        new = self._by_name() if self.order == "names" else arrived_since(self.directory, self.names)
+        if self.order == "names":
+            new = self._by_name()
+        elif self.order == "manifest":
+            new = arrived_since(self.directory, self.names)
+        else:
+            new = self._committed()
         self._polled = True
         self.names.extend(new)
         return [self.directory / name for name in new]
+
+    def _committed(self) -> list[str]:
+        """The files of a processed output committed since the last poll and after every file before them; the
+        files counted before must stand as they were."""
+        manifest = read_manifest(self.directory)
+        listed = {e.output: e.sha256 for e in manifest.files}
+        for name, sha256 in self._sha256.items():
+            if listed.get(name, "") != sha256:
+                now = "rewritten" if name in listed else "gone"
+                raise InputError(str(self.directory / MANIFEST), f"{name}: its rows were counted, and it is now {now}: a file of a followed "
+                                 "output must stay as it was (was etl preprocess --follow run again with other artifacts?)")  # fmt: skip
+        new = committed_parts(self.directory, manifest, len(self.names))
+        self._sha256.update((path.name, entry.sha256) for path, entry in new)
+        return [path.name for path, _ in new]
 
     def _by_name(self) -> list[str]:
         """The complete shards not seen before, in name order; each must sort after every shard seen before."""

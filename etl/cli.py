@@ -501,6 +501,8 @@ def bench(
     shard_rows: int = typer.Option(131_072, min=1, help="--follow: rows per shard."),
     duration: float = typer.Option(20.0, min=0.0, help="--follow: seconds the producer writes for (one shard at start, then rate per second)."),
     poll_interval: float = typer.Option(0.5, min=0.0, help="--follow: the loader's poll interval and idle flush, seconds."),
+    arrivals: str = typer.Option("names", help="--follow: the arrival order: names, or manifest (the producer lists its shards in "
+                                 "_arrivals.json)."),  # fmt: skip
 ) -> None:
     """Measure read floor, every stage, fit, preprocess (also as a whole process), the loader, data wait and baselines
     in one run; with --follow, the lag, rows/s and stall of a following loader instead."""
@@ -514,7 +516,8 @@ def bench(
     if follow:
         from etl.bench.freshness import FreshnessSettings
 
-        _bench_follow(pipeline, FreshnessSettings(rate, shard_rows, duration, poll_interval, batch_size, workers, step_factor), json_out)
+        settings = FreshnessSettings(rate, shard_rows, duration, poll_interval, batch_size, workers, step_factor, arrivals=arrivals)
+        _bench_follow(pipeline, settings, json_out)
         return
     device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
     with user_errors(), err.status("benchmark") as status:
@@ -579,10 +582,11 @@ def _print_report(report) -> None:
         console.print(t)
         if rep.freshness is not None:
             f = rep.freshness
-            console.print(f"freshness: {f.shards} shards of {f.shard_rows:,} rows at {f.rate:g}/s, poll {f.poll_interval:g} s, step "
-                          f"{1000 * f.step_seconds:.1f} ms: lag p50 {1000 * f.lag_p50:.0f} ms, p99 {1000 * f.lag_p99:.0f} ms, max "
-                          f"{1000 * f.lag_max:.0f} ms; must hold p99 < 2 x poll + shard transform = {1000 * f.bound:.0f} ms: "
-                          f"{'holds' if f.holds else 'MISSED'}; stall {100 * rep.data_wait:.1f} % (waiting for the producer included)")  # fmt: skip
+            console.print(f"freshness: {f.shards} shards of {f.shard_rows:,} rows at {f.rate:g}/s (arrivals: {f.arrivals}), poll "
+                          f"{f.poll_interval:g} s, step {1000 * f.step_seconds:.1f} ms: lag p50 {1000 * f.lag_p50:.0f} ms, p99 "
+                          f"{1000 * f.lag_p99:.0f} ms, max {1000 * f.lag_max:.0f} ms; must hold p99 < 2 x poll + shard transform = "
+                          f"{1000 * f.bound:.0f} ms: {'holds' if f.holds else 'MISSED'}; stall {100 * rep.data_wait:.1f} % (waiting for the "
+                          "producer included)")  # fmt: skip
             continue
         console.print(f"data wait with the simulated step: {100 * rep.data_wait:.2f} % (first epoch {100 * rep.data_wait_first_epoch:.2f} %)"
                       + (f"; with the DLRM step: {100 * rep.model_data_wait:.2f} %" if rep.model_data_wait is not None else "")

@@ -50,8 +50,9 @@ def check_order(order: str) -> None:
 
 
 class Arrivals:
-    """The complete shards of ``directory`` in arrival order (``order``: one of ``ORDERS``): ``poll`` returns those
-    that arrived since the previous call (all of them, on the first)."""
+    """The complete shards of ``directory`` in arrival order (``order``: one of ``ORDERS``, or ``PROCESSED`` for the
+    files of a processed output): ``poll`` returns those that arrived since the previous call (all of them, on the
+    first)."""
 
     def __init__(self, directory: Location, order: str = "names"):
         if order != PROCESSED:
@@ -115,6 +116,6 @@ class Arrivals:
             return
         if count >= len(self.names) or self.names[count] != name:
             at = self.names[count] if count < len(self.names) else "nothing"
-            order = "name order" if self.order == "names" else "the producer manifest's order"
+            order = {"names": "name order", "manifest": "the producer manifest's order"}.get(self.order, "output order")
             raise InputError(str(self.directory / name), f"a saved position names it as shard {count} (from 0) in {order}, but "
                              f"the directory has {at} there: a shard was removed, or added out of order while the consumer was stopped")  # fmt: skip

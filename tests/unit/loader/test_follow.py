@@ -133,12 +133,15 @@ def test_resume_after_an_idle_flush_delivers_the_rest_exactly_once(stream: Path)
     assert sorted(got) == list(range(470))
 
 
-def test_ranks_split_each_shard_and_together_deliver_every_row(stream: Path) -> None:
+@pytest.mark.parametrize("arrivals", ["names", "manifest"])
+def test_ranks_split_each_shard_and_together_deliver_every_row(stream: Path, arrivals: str) -> None:
     add_shard(stream, 0, 0, 301)
     add_shard(stream, 1, 301, 5)
+    if arrivals == "manifest":
+        write_arrivals(stream / "raw", ["part-00000.parquet", "part-00001.parquet"])
     got = []
     for rank in (0, 1):
-        ld = loader(stream, rank=rank, world_size=2)
+        ld = loader(stream, rank=rank, world_size=2, arrivals=arrivals)
         got.append(rows(iter(ld), 152 if rank == 0 else 154))  # 150 + 2 rows, 151 + 3 rows
         ld.close()
     assert sorted(got[0] + got[1]) == list(range(306))

@@ -11,9 +11,11 @@ since a producer's manifest written a moment after the consumer starts would oth
   directory are the candidates: ``*.parquet`` regular files, no temporaries, no subdirectories. A shard that appears
   with a name sorting before a shard already seen broke the rule: it would land in the middle of rows already
   delivered, so ``Arrivals.poll`` raises ``InputError`` naming it rather than skip it or deliver it out of order.
-  A directory that holds a producer manifest is refused in this order (``InputError`` at the first poll): its
-  producer lists its shards, and may write them in place, so their names say neither their order nor whether they
-  are complete.
+  A directory that holds a producer manifest is refused in this order (``InputError`` at the first poll, and at
+  every poll that finds new shards): its producer lists its shards, and may write them in place, so their names say
+  neither their order nor whether they are complete; so is one that holds the manifest.json of a processed output
+  (a following loader started on an output directory before ``etl preprocess --follow`` wrote its manifest.json
+  would otherwise take its files for raw shards).
 - ``"manifest"``: the order the producer's manifest lists them in (``etl.io.arrivals_manifest``: ``_arrivals.json``
   in the directory, replaced atomically, each version extending the one before). A shard counts once listed; other
   files of the directory are not looked at. Until the producer writes the manifest, no shard has arrived.
@@ -93,11 +95,10 @@ class Arrivals:
     def _by_name(self) -> list[str]:
         """The complete shards not seen before, in name order; each must sort after every shard seen before."""
         try:
-            if not self._polled and (self.directory / ARRIVALS).is_file():
-                raise InputError(str(self.directory / ARRIVALS), "a producer manifest lists this directory's shards: follow it in the "
-                                 "order it lists them (arrivals='manifest', or --arrivals manifest)")  # fmt: skip
             found = sorted(p.name for p in self.directory.glob("*.parquet") if not is_temporary(p.name) and p.name not in self._seen)
             new = [name for name in found if not (self.directory / name).is_dir()]
+            if new or not self._polled:
+                self._check_unmarked()
         except OSError as e:
             raise InputError(str(self.directory), f"cannot list: {e}") from None
         if new and self.names and new[0] < self.names[-1]:
@@ -105,6 +106,16 @@ class Arrivals:
                              "arrive in name order (write each one under a temporary name and rename it once complete)")  # fmt: skip
         self._seen.update(new)
         return new
+
+    def _check_unmarked(self) -> None:
+        """``InputError`` when the directory holds a producer manifest or the manifest of a processed output: its
+        ``*.parquet`` files are then not raw shards that count in name order."""
+        if (self.directory / ARRIVALS).is_file():
+            raise InputError(str(self.directory / ARRIVALS), "a producer manifest lists this directory's shards: follow it in the "
+                             "order it lists them (arrivals='manifest', or --arrivals manifest)")  # fmt: skip
+        if (self.directory / MANIFEST).is_file():
+            raise InputError(str(self.directory / MANIFEST), "this directory is the output of etl preprocess, not raw shards: a following "
+                             "loader reads it as such when it holds its manifest.json at start")  # fmt: skip
 
     def check_before(self, count: int, name: str | None) -> None:
         """Check that the ``count``-th shard (from 0) seen so far is ``name`` (None: no shard at all was seen when

@@ -77,11 +77,19 @@ def test_manifest_order_is_the_listing_order_and_only_listed_shards_count(tmp_pa
         arrivals.poll()
 
 
-def test_name_order_refuses_a_directory_with_a_producer_manifest(tmp_path: Path) -> None:
+def test_name_order_refuses_a_directory_with_a_producer_manifest_or_a_processed_output(tmp_path: Path) -> None:
     touch(tmp_path, "a.parquet")
     write_arrivals(tmp_path, ["a.parquet"])
     with pytest.raises(InputError, match=f"{ARRIVALS}: a producer manifest lists this directory's shards.*arrivals='manifest'"):
         Arrivals(tmp_path).poll()
+    (tmp_path / ARRIVALS).unlink()
+    arrivals = Arrivals(tmp_path)
+    arrivals.poll()
+    write_manifest(tmp_path, Manifest.of("s", [], complete=False))  # etl preprocess --follow starts writing here
+    assert arrivals.poll() == []
+    touch(tmp_path, "part-00000.parquet")
+    with pytest.raises(InputError, match="manifest.json: this directory is the output of etl preprocess, not raw shards"):
+        arrivals.poll()
 
 
 def test_an_unknown_order_is_a_config_error(tmp_path: Path) -> None:

@@ -328,11 +328,13 @@ def preprocess(
     ),
     follow: bool = typer.Option(
         False,
-        help="Follow one input directory: transform each shard as it arrives (renamed onto its .parquet name, in name order), "
+        help="Follow one input directory: transform each shard as it arrives (in the --arrivals order), "
         "appending to --out, until Ctrl-C / SIGTERM or --stop-after-idle. Needs --artifacts or a pipeline with nothing to fit.",
     ),
     poll_interval: float = typer.Option(1.0, min=0.001, help="With --follow: seconds between listings of the input directory."),
     stop_after_idle: float | None = typer.Option(None, min=0, help="With --follow: stop once no shard has arrived for this many seconds."),
+    arrivals: str = typer.Option("names", help="With --follow: the arrival order. names: name order, each shard once renamed onto its "
+                                 ".parquet name; manifest: the order the producer lists them in _arrivals.json (etl.io.arrivals_manifest)."),
 ) -> None:
     """Fit (when no artifacts are given) and transform every shard, reading each shard once (the fit keeps what the
     transform needs, see --memory-budget); resumable after an interruption. With --cluster, both run on the
@@ -344,11 +346,11 @@ def preprocess(
                 raise ConfigError("--follow fits nothing: it takes no --memory-budget nor --partitions")
             if format != "parquet" or npy_chunk_rows != 65536:
                 raise ConfigError("--follow writes Parquet files: it takes no --format nor --npy-chunk-rows")
-        _preprocess_follow(pipeline, input, out, artifacts, workers, on_error, compression, cluster, poll_interval, stop_after_idle)
+        _preprocess_follow(pipeline, input, out, artifacts, workers, on_error, compression, cluster, poll_interval, stop_after_idle, arrivals)
         return
-    if poll_interval != 1.0 or stop_after_idle is not None:
+    if poll_interval != 1.0 or stop_after_idle is not None or arrivals != "names":
         with user_errors():
-            raise ConfigError("--poll-interval and --stop-after-idle go with --follow")
+            raise ConfigError("--poll-interval, --stop-after-idle and --arrivals go with --follow")
     from etl.cluster import connecting
 
     # a local cluster starts in the background while the pipeline is imported and read (or loaded from --artifacts)
@@ -391,18 +393,20 @@ def preprocess(
 
 
 def _preprocess_follow(pipeline: Path, inputs: list[str], out: str, artifacts: str | None, workers: int, on_error: str, compression: str,
-                       cluster: str | None, poll_interval: float, stop_after_idle: float | None) -> None:  # fmt: skip
+                       cluster: str | None, poll_interval: float, stop_after_idle: float | None, arrivals: str) -> None:  # fmt: skip
     """``etl preprocess --follow``: SIGINT and SIGTERM stop the run cleanly (exit 0, the manifest listing what was
     committed)."""
     import signal
 
     with user_errors():
+        from etl.io.arrivals import ORDERS
         from etl.pipeline import Pipeline, check_match
         from etl.preprocess import COMPRESSIONS
         from etl.preprocess_follow import preprocess_follow
 
         _check_choice("--on-error", on_error, ("raise", "quarantine"))
         _check_choice("--compression", compression, COMPRESSIONS)
+        _check_choice("--arrivals", arrivals, ORDERS)
         if cluster is not None:
             raise ConfigError("--follow runs in threads: it takes no --cluster")
         if len(inputs) != 1:
@@ -420,7 +424,8 @@ def _preprocess_follow(pipeline: Path, inputs: list[str], out: str, artifacts: s
         try:
             console.print(f"following {directory} → {out} (Ctrl-C stops)")
             summary = preprocess_follow(p, directory, location(out), stop=stop, poll_interval=poll_interval, stop_after_idle=stop_after_idle,
-                                        workers=workers, on_error=cast("OnError", on_error), compression=compression)  # fmt: skip
+                                        workers=workers, on_error=cast("OnError", on_error), compression=compression,
+                                        arrivals=arrivals)  # fmt: skip
         finally:
             for sig, handler in handlers.items():
                 signal.signal(sig, handler)
@@ -496,6 +501,8 @@ def bench(
     shard_rows: int = typer.Option(131_072, min=1, help="--follow: rows per shard."),
     duration: float = typer.Option(20.0, min=0.0, help="--follow: seconds the producer writes for (one shard at start, then rate per second)."),
     poll_interval: float = typer.Option(0.5, min=0.0, help="--follow: the loader's poll interval and idle flush, seconds."),
+    arrivals: str = typer.Option("names", help="--follow: the arrival order: names, or manifest (the producer lists its shards in "
+                                 "_arrivals.json)."),  # fmt: skip
 ) -> None:
     """Measure read floor, every stage, fit, preprocess (also as a whole process), the loader, data wait and baselines
     in one run; with --follow, the lag, rows/s and stall of a following loader instead."""
@@ -509,7 +516,8 @@ def bench(
     if follow:
         from etl.bench.freshness import FreshnessSettings
 
-        _bench_follow(pipeline, FreshnessSettings(rate, shard_rows, duration, poll_interval, batch_size, workers, step_factor), json_out)
+        settings = FreshnessSettings(rate, shard_rows, duration, poll_interval, batch_size, workers, step_factor, arrivals=arrivals)
+        _bench_follow(pipeline, settings, json_out)
         return
     device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
     with user_errors(), err.status("benchmark") as status:
@@ -574,10 +582,11 @@ def _print_report(report) -> None:
         console.print(t)
         if rep.freshness is not None:
             f = rep.freshness
-            console.print(f"freshness: {f.shards} shards of {f.shard_rows:,} rows at {f.rate:g}/s, poll {f.poll_interval:g} s, step "
-                          f"{1000 * f.step_seconds:.1f} ms: lag p50 {1000 * f.lag_p50:.0f} ms, p99 {1000 * f.lag_p99:.0f} ms, max "
-                          f"{1000 * f.lag_max:.0f} ms; must hold p99 < 2 x poll + shard transform = {1000 * f.bound:.0f} ms: "
-                          f"{'holds' if f.holds else 'MISSED'}; stall {100 * rep.data_wait:.1f} % (waiting for the producer included)")  # fmt: skip
+            console.print(f"freshness: {f.shards} shards of {f.shard_rows:,} rows at {f.rate:g}/s (arrivals: {f.arrivals}), poll "
+                          f"{f.poll_interval:g} s, step {1000 * f.step_seconds:.1f} ms: lag p50 {1000 * f.lag_p50:.0f} ms, p99 "
+                          f"{1000 * f.lag_p99:.0f} ms, max {1000 * f.lag_max:.0f} ms; must hold p99 < 2 x poll + shard transform = "
+                          f"{1000 * f.bound:.0f} ms: {'holds' if f.holds else 'MISSED'}; stall {100 * rep.data_wait:.1f} % (waiting for the "
+                          "producer included)")  # fmt: skip
             continue
         console.print(f"data wait with the simulated step: {100 * rep.data_wait:.2f} % (first epoch {100 * rep.data_wait_first_epoch:.2f} %)"
                       + (f"; with the DLRM step: {100 * rep.model_data_wait:.2f} %" if rep.model_data_wait is not None else "")

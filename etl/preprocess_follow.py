@@ -1,7 +1,8 @@
 """``etl preprocess --follow``: preprocess the shards of a directory as a producer adds them, appending to the output.
 
 The input is one directory followed as the loader follows it (``etl.io.arrivals``: shards in name order, each once
-complete, i.e. renamed onto its ``*.parquet`` name). The ``i``-th shard to arrive becomes output file ``i``, written
+complete, i.e. renamed onto its ``*.parquet`` name; or, with ``arrivals="manifest"``, in the order the producer's
+manifest lists them, each once listed). The ``i``-th shard to arrive becomes output file ``i``, written
 and committed by the rules of ``etl.preprocess`` (``process_shard``, ``commit_shard``; a temporary name, then the
 rename, then the manifest rewritten atomically), so each output file holds the same bytes as ``etl preprocess``
 makes from the same shard, and the output of a run over shards that were all present at its start is the one
@@ -56,26 +57,27 @@ class _EitherStop:
 
 def preprocess_follow(pipeline: Pipeline, directory: Location, out_dir: Location, *, stop: threading.Event, poll_interval: float = 1.0,
                       stop_after_idle: float | None = None, workers: int = 1, on_error: OnError = "raise",
-                      compression: str = "none") -> FollowSummary:  # fmt: skip
-    """Transform the shards of ``directory`` into ``out_dir`` as they arrive (see the module docstring), listing
-    the directory every ``poll_interval`` seconds, ``workers`` shards at a time, until ``stop`` is set or no shard
-    has arrived for ``stop_after_idle`` seconds. Holds ``out_dir``'s lock throughout."""
+                      compression: str = "none", arrivals: str = "names") -> FollowSummary:  # fmt: skip
+    """Transform the shards of ``directory`` into ``out_dir`` as they arrive in the ``arrivals`` order (see the
+    module docstring), listing the directory every ``poll_interval`` seconds, ``workers`` shards at a time, until
+    ``stop`` is set or no shard has arrived for ``stop_after_idle`` seconds. Holds ``out_dir``'s lock throughout."""
     if not pipeline.is_fitted:
         raise ConfigError(f"{pipeline.name}: following needs a fitted pipeline (--artifacts from etl fit) or one with nothing to fit")
     if not poll_interval > 0:
         raise ConfigError(f"poll_interval must be > 0, got {poll_interval}")
+    shards = Arrivals(directory, arrivals)
     check_apart(out_dir, [directory])
     out_dir.mkdir(parents=True, exist_ok=True)
     with locked(out_dir):
-        return _Follower(pipeline, directory, out_dir, on_error, compression).run(stop, poll_interval, stop_after_idle, workers)
+        return _Follower(pipeline, shards, out_dir, on_error, compression).run(stop, poll_interval, stop_after_idle, workers)
 
 
 class _Follower:
     """The state of a following run: the manifest's entries, the shards seen, the artifacts' checksum."""
 
-    def __init__(self, pipeline: Pipeline, directory: Location, out_dir: Location, on_error: OnError, compression: str):
+    def __init__(self, pipeline: Pipeline, arrivals: Arrivals, out_dir: Location, on_error: OnError, compression: str):
         self.pipeline, self.out_dir, self.on_error, self.compression = pipeline, out_dir, on_error, compression
-        self.arrivals = Arrivals(directory)
+        self.arrivals = arrivals
         self.entries: dict[str, ManifestEntry] = {}
         self.kept = self.committed = 0
         self.lock = threading.Lock()

@@ -18,6 +18,9 @@ Continuous training (``--follow``): the loader follows a directory of raw shards
     python scripts/train_dlrm.py --data /tmp/stream --pipeline pipelines/criteo_hash.yaml --follow --steps 0 \\
         --checkpoint /tmp/ckpt/train.pt --resume
 
+(``produce_shards.py --manifest`` and ``train_dlrm.py --arrivals manifest``: the shards in the order the producer
+lists them in ``_arrivals.json``.)
+
 Checkpoints (``--checkpoint FILE``): every ``--checkpoint-every`` steps, and after a short batch (the stream went
 quiet), the model, the optimizer and the loader's ``state_dict`` are saved together in one file, written under a
 temporary name and renamed, so a checkpoint is whole or absent. ``--resume`` starts from it: the loader continues
@@ -84,6 +87,8 @@ def main() -> None:
     ap.add_argument("--log-every", type=int, default=20)
     ap.add_argument("--follow", action="store_true", help="follow a directory of raw shards that a producer keeps filling")
     ap.add_argument("--poll-interval", type=float, default=1.0, help="--follow: seconds between looks at the directory")
+    ap.add_argument("--arrivals", choices=["names", "manifest"], default="names",
+                    help="--follow: the arrival order: by name, or as the producer lists the shards in _arrivals.json")  # fmt: skip
     ap.add_argument("--checkpoint", type=Path, default=None, help="checkpoint file (model, optimizer, loader state)")
     ap.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints")
     ap.add_argument("--resume", action="store_true", help="start from --checkpoint when it exists")
@@ -91,12 +96,14 @@ def main() -> None:
     args = ap.parse_args()
     if (args.resume or args.trace_column) and args.checkpoint is None:
         ap.error("--resume and --trace-column need --checkpoint")
+    if args.arrivals != "names" and not args.follow:
+        ap.error("--arrivals goes with --follow")
     if args.checkpoint is not None:
         args.checkpoint.parent.mkdir(parents=True, exist_ok=True)
 
     loader = etl.Loader(args.data, pipeline=args.pipeline, artifacts=args.artifacts, batch_size=args.batch_size,
                         shuffle=True, seed=0, device=args.device, num_workers=args.workers,
-                        transform_on=args.transform_on, follow=args.follow, poll_interval=args.poll_interval)  # fmt: skip
+                        transform_on=args.transform_on, follow=args.follow, poll_interval=args.poll_interval, arrivals=args.arrivals)  # fmt: skip
     cards = loader.pipeline.cardinalities()
     sparse_names = list(loader.layout.sparse)
     model = DLRM(len(loader.layout.dense), [min(cards[c], args.max_emb_rows) for c in sparse_names], args.emb_dim).to(args.device)

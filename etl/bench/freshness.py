@@ -1,13 +1,15 @@
 """`etl bench --follow`: how fresh the batches of a following loader are (``Loader(follow=True)``).
 
 A producer thread (``Producer``) writes shards into an empty directory at a set rate (``rate`` shards per second),
-each under a temporary name then renamed, as ``etl.io.arrivals`` requires; a consumer reads the directory with a
-following loader and sleeps a simulated training step after each batch. Measured, in the same run:
+each under a temporary name then renamed, as ``etl.io.arrivals`` requires (with ``arrivals="manifest"``, each also
+listed in the producer manifest once renamed, ``etl.io.arrivals_manifest``); a consumer reads the directory with a
+following loader in that arrival order and sleeps a simulated training step after each batch. Measured, in the same
+run:
 
 - ``shard transform``: the seconds to read and transform one shard in one thread (``Pipeline.transform``), the best
   of three;
-- ``lag`` of each shard: from the moment the producer renames it to the moment the consumer gets the first batch
-  holding one of its rows (p50, p99, max over the shards);
+- ``lag`` of each shard: from the moment the producer renames it (with the manifest: lists it) to the moment the
+  consumer gets the first batch holding one of its rows (p50, p99, max over the shards);
 - rows/s of the consumer loop and its stall (the share of the loop spent waiting for a batch; a consumer faster
   than the producer waits for shards that do not exist yet, so the stall is high by design when the producer
   is the bottleneck).
@@ -40,6 +42,8 @@ import pyarrow.parquet as pq
 
 from etl.bench.report import Freshness, PipelineReport, Report, Stage
 from etl.errors import ConfigError, LoaderError
+from etl.io.arrivals import check_order
+from etl.io.arrivals_manifest import write_arrivals
 from etl.io.files import temporary_path
 from etl.io.parquet import batch_from_arrow
 from etl.loader import Loader
@@ -52,7 +56,8 @@ from etl.synth import generate
 class FreshnessSettings:
     """A freshness run: ``rate`` shards per second of ``shard_rows`` rows each for ``duration`` seconds, a loader
     polling every ``poll_interval`` seconds (``idle_flush`` the same) with ``workers`` threads and ``batch_size``,
-    a simulated step of ``step_factor`` × the transform time of one batch's rows."""
+    a simulated step of ``step_factor`` × the transform time of one batch's rows; ``arrivals``: the arrival order
+    (``etl.io.arrivals.ORDERS``; ``"manifest"``: the producer lists its shards in a producer manifest)."""
 
     rate: float = 1.0
     shard_rows: int = 131_072
@@ -62,6 +67,7 @@ class FreshnessSettings:
     workers: int = 2
     step_factor: float = 1.25
     seed: int = 0
+    arrivals: str = "names"
 
     @property
     def shards(self) -> int:
@@ -72,6 +78,7 @@ class FreshnessSettings:
         """``ConfigError`` for a setting out of range."""
         if not (self.rate > 0 and self.duration >= 0 and self.poll_interval > 0 and self.shard_rows >= 1 and self.step_factor >= 0):
             raise ConfigError(f"freshness bench: rate and poll_interval must be > 0, duration and step_factor >= 0, shard_rows >= 1; got {self}")
+        check_order(self.arrivals)
 
 
 def trace_columns(schema: Schema) -> tuple[str, str]:
@@ -136,15 +143,17 @@ def shard_transform_seconds(pipeline: Pipeline, path: Path, repeats: int = 3) ->
 class Producer(threading.Thread):
     """Writes ``shards`` traced shards (``traced_shard`` of ``template``) into ``directory``: shard 0 at once, then
     one every ``1 / rate`` seconds, on schedule (a late write is not made up by a burst: the next one is due
-    ``1 / rate`` after the schedule). ``renamed[k]``: ``time.monotonic()`` just before shard ``k``'s rename.
+    ``1 / rate`` after the schedule); with ``manifest``, lists each one, once renamed, in the producer manifest.
+    ``renamed[k]``: ``time.monotonic()`` just before shard ``k``'s rename (with ``manifest``: its listing).
     ``stop()`` ends it early; whoever starts it stops and joins it. An error while writing is kept in ``error``,
     then ``on_error`` is called (the bench closes its loader there, so that a consumer waiting for the shards that
     will not come stops waiting)."""
 
     def __init__(self, directory: Path, template: pa.Table, schema: Schema, shards: int, rate: float,
-                 on_error: Callable[[], None] = lambda: None):  # fmt: skip
+                 on_error: Callable[[], None] = lambda: None, manifest: bool = False):  # fmt: skip
         super().__init__(name="etl-bench-producer", daemon=True)
         self.directory, self.template, self.schema, self.shards, self.rate = directory, template, schema, shards, rate
+        self.manifest = manifest
         self.on_error = on_error
         self.renamed: list[float] = []
         self.error: BaseException | None = None
@@ -153,10 +162,17 @@ class Producer(threading.Thread):
     def run(self) -> None:
         try:
             due = time.monotonic()
+            listed: list[str] = []
             for k in range(self.shards):
                 if self._stop_event.wait(max(0.0, due - time.monotonic())):
                     return
-                write_shard(self.directory, k, traced_shard(self.template, self.schema, k), lambda: self.renamed.append(time.monotonic()))
+                table = traced_shard(self.template, self.schema, k)
+                if self.manifest:
+                    listed.append(write_shard(self.directory, k, table).name)
+                    self.renamed.append(time.monotonic())
+                    write_arrivals(self.directory, listed)
+                else:
+                    write_shard(self.directory, k, table, lambda: self.renamed.append(time.monotonic()))
                 due += 1.0 / self.rate
         except BaseException as e:  # reported by the consumer, which owns this thread
             self.error = e
@@ -187,8 +203,10 @@ def measure_freshness(pipeline_path: Path, settings: FreshnessSettings, work: Pa
     stream = work / "stream"
     stream.mkdir()
     loader = Loader(stream, pipeline=pipeline_path, batch_size=settings.batch_size, shuffle=True, seed=settings.seed, follow=True,
-                    poll_interval=settings.poll_interval, idle_flush=settings.poll_interval, num_workers=settings.workers)  # fmt: skip
-    producer = Producer(stream, template, pipeline.schema, settings.shards, settings.rate, on_error=loader.close)
+                    poll_interval=settings.poll_interval, idle_flush=settings.poll_interval, num_workers=settings.workers,
+                    arrivals=settings.arrivals)  # fmt: skip
+    producer = Producer(stream, template, pipeline.schema, settings.shards, settings.rate, on_error=loader.close,
+                        manifest=settings.arrivals == "manifest")  # fmt: skip
     shard_col = loader.layout.dense.index(trace_columns(pipeline.schema)[1])
     total, rows = settings.shards * settings.shard_rows, 0
     first_seen: dict[int, float] = {}  # shard number -> when its first row came in a batch
@@ -217,7 +235,7 @@ def measure_freshness(pipeline_path: Path, settings: FreshnessSettings, work: Pa
     lags = [first_seen[k] - producer.renamed[k] for k in range(settings.shards)]
     fresh = Freshness(rate=settings.rate, shard_rows=settings.shard_rows, shards=settings.shards, poll_interval=settings.poll_interval,
                       step_seconds=step_s, shard_transform_seconds=transform_s, lag_p50=_percentile(lags, 50),
-                      lag_p99=_percentile(lags, 99), lag_max=max(lags), lags=lags)  # fmt: skip
+                      lag_p99=_percentile(lags, 99), lag_max=max(lags), lags=lags, arrivals=settings.arrivals)  # fmt: skip
     note = (f"lag p50 {1000 * fresh.lag_p50:.0f} ms, p99 {1000 * fresh.lag_p99:.0f} ms, max {1000 * fresh.lag_max:.0f} ms; "
             f"bound {1000 * fresh.bound:.0f} ms: {'holds' if fresh.holds else 'MISSED'}")  # fmt: skip
     report = PipelineReport(pipeline=str(pipeline_path), data_wait=loader.stats.data_wait_fraction, freshness=fresh)

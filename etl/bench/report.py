@@ -30,8 +30,9 @@ class Stage:
 class Freshness:
     """A following loader fed by a producer (``etl.bench.freshness``): ``shards`` of ``shard_rows`` rows written at
     ``rate`` per second, polled every ``poll_interval`` seconds, a simulated step of ``step_seconds``; the read and
-    transform time of one shard; the lag of each shard, from its rename to its first row in a batch (seconds,
-    ``lags`` in shard order) and their p50, p99 and max."""
+    transform time of one shard; the lag of each shard, from its rename (or its listing in the producer manifest,
+    with ``arrivals`` "manifest") to its first row in a batch (seconds, ``lags`` in shard order) and their p50, p99
+    and max."""
 
     rate: float
     shard_rows: int
@@ -43,6 +44,7 @@ class Freshness:
     lag_p99: float
     lag_max: float
     lags: list[float] = field(default_factory=list)
+    arrivals: str = "names"
 
     @property
     def bound(self) -> float:

@@ -1,48 +1,121 @@
 """The shards of a directory that a producer keeps filling, in arrival order (follow mode).
 
-Arrival order is name order: a producer names its shards so that each new one sorts after every earlier one
-(``part-00000.parquet``, ``part-00001.parquet``, ... or a zero-padded timestamp). A shard counts once it is
-complete, which the producer signals by writing it under a temporary name that does not end in ``.parquet``
-(``etl.io.files.temporary_path`` makes one) and renaming it onto its final name (in object storage, the object
-appears whole once its upload or copy completes). The entries ``etl.io.parquet.list_shards`` takes from a
-directory are the candidates: ``*.parquet`` regular files, no temporaries, no subdirectories.
+There are two arrival orders, which the consumer chooses (``ORDERS``; never guessed from what the directory holds,
+since a producer's manifest written a moment after the consumer starts would otherwise change the order):
 
-A shard that appears with a name sorting before a shard already seen broke the rule: it would land in the middle of
-rows already delivered, so ``Arrivals.poll`` raises ``InputError`` naming it rather than skip it or deliver it out
-of order. Shards are never expected to disappear: a consumer that restarts from a saved position finds the shards
-before it by counting them (``Arrivals.check_before``).
+- ``"names"``: name order. A producer names its shards so that each new one sorts after every earlier one
+  (``part-00000.parquet``, ``part-00001.parquet``, ... or a zero-padded timestamp). A shard counts once it is
+  complete, which the producer signals by writing it under a temporary name that does not end in ``.parquet``
+  (``etl.io.files.temporary_path`` makes one) and renaming it onto its final name (in object storage, the object
+  appears whole once its upload or copy completes). The entries ``etl.io.parquet.list_shards`` takes from a
+  directory are the candidates: ``*.parquet`` regular files, no temporaries, no subdirectories. A shard that appears
+  with a name sorting before a shard already seen broke the rule: it would land in the middle of rows already
+  delivered, so ``Arrivals.poll`` raises ``InputError`` naming it rather than skip it or deliver it out of order.
+  A directory that holds a producer manifest is refused in this order (``InputError`` at the first poll, and at
+  every poll that finds new shards): its producer lists its shards, and may write them in place, so their names say
+  neither their order nor whether they are complete; so is one that holds the manifest.json of a processed output
+  (a following loader started on an output directory before ``etl preprocess --follow`` wrote its manifest.json
+  would otherwise take its files for raw shards).
+- ``"manifest"``: the order the producer's manifest lists them in (``etl.io.arrivals_manifest``: ``_arrivals.json``
+  in the directory, replaced atomically, each version extending the one before). A shard counts once listed; other
+  files of the directory are not looked at. Until the producer writes the manifest, no shard has arrived.
+
+The output of ``etl preprocess --follow`` (a processed output, ``etl.io.processed``) is followed in its own order,
+``PROCESSED``, which its directory decides (its manifest.json marks it), not the consumer: output file ``i`` holds
+the rows of the ``i``-th input shard to arrive, and counts once manifest.json lists it and every file before it (a
+following run may commit a file before the one ahead of it); each is checked as ``open_processed`` checks the files
+it reads (``etl.io.processed.committed_parts``). A file once counted must stay listed with the same sha256 (a rerun
+of ``etl preprocess --follow`` with other artifacts rewrites its files: ``InputError``).
+
+Shards are never expected to disappear: a consumer that restarts from a saved position finds the shards before it
+by counting them (``Arrivals.check_before``).
 """
 
 from __future__ import annotations
 
-from etl.errors import InputError
+from etl.errors import ConfigError, InputError
+from etl.io.arrivals_manifest import ARRIVALS, arrived_since
 from etl.io.files import is_temporary
 from etl.io.fs import Location
+from etl.io.processed import MANIFEST, committed_parts, read_manifest
+
+#: The arrival orders a consumer may follow a directory of raw shards in (see the module docstring).
+ORDERS = ("names", "manifest")
+#: The order of the files of a processed output (see the module docstring).
+PROCESSED = "processed"
+
+
+def check_order(order: str) -> None:
+    """``ConfigError`` unless ``order`` is one of ``ORDERS``."""
+    if order not in ORDERS:
+        raise ConfigError(f"arrivals must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
 
 
 class Arrivals:
-    """The complete shards of ``directory`` in arrival order: ``poll`` returns those that arrived since the previous
-    call (all of them, on the first)."""
+    """The complete shards of ``directory`` in arrival order (``order``: one of ``ORDERS``, or ``PROCESSED`` for the
+    files of a processed output): ``poll`` returns those that arrived since the previous call (all of them, on the
+    first)."""
 
-    def __init__(self, directory: Location):
-        self.directory = directory
+    def __init__(self, directory: Location, order: str = "names"):
+        if order != PROCESSED:
+            check_order(order)
+        self.directory, self.order = directory, order
         self.names: list[str] = []  # every shard seen, in arrival order
-        self._seen: set[str] = set()
+        self._seen: set[str] = set()  # the same, in name order only
+        self._sha256: dict[str, str | None] = {}  # the same, in the processed order only, with their checksums
+        self._polled = False
 
     def poll(self) -> list[Location]:
-        """The shards that appeared since the last poll, in name order. ``InputError`` for a directory that cannot
-        be listed, and for a new shard whose name sorts before one seen earlier (it arrived out of order)."""
+        """The shards that arrived since the last poll, in arrival order. ``InputError`` for a directory that cannot
+        be listed, and for a breach of the order's rules (see the module docstring)."""
+        if self.order == "names":
+            new = self._by_name()
+        elif self.order == "manifest":
+            new = arrived_since(self.directory, self.names)
+        else:
+            new = self._committed()
+        self._polled = True
+        self.names.extend(new)
+        return [self.directory / name for name in new]
+
+    def _committed(self) -> list[str]:
+        """The files of a processed output committed since the last poll and after every file before them; the
+        files counted before must stand as they were."""
+        manifest = read_manifest(self.directory)
+        listed = {e.output: e.sha256 for e in manifest.files}
+        for name, sha256 in self._sha256.items():
+            if listed.get(name, "") != sha256:
+                now = "rewritten" if name in listed else "gone"
+                raise InputError(str(self.directory / MANIFEST), f"{name}: its rows were counted, and it is now {now}: a file of a followed "
+                                 "output must stay as it was (was etl preprocess --follow run again with other artifacts?)")  # fmt: skip
+        new = committed_parts(self.directory, manifest, len(self.names))
+        self._sha256.update((path.name, entry.sha256) for path, entry in new)
+        return [path.name for path, _ in new]
+
+    def _by_name(self) -> list[str]:
+        """The complete shards not seen before, in name order; each must sort after every shard seen before."""
         try:
             found = sorted(p.name for p in self.directory.glob("*.parquet") if not is_temporary(p.name) and p.name not in self._seen)
             new = [name for name in found if not (self.directory / name).is_dir()]
+            if new or not self._polled:
+                self._check_unmarked()
         except OSError as e:
             raise InputError(str(self.directory), f"cannot list: {e}") from None
         if new and self.names and new[0] < self.names[-1]:
             raise InputError(str(self.directory / new[0]), f"arrived after {self.names[-1]} although its name sorts before it: shards must "
                              "arrive in name order (write each one under a temporary name and rename it once complete)")  # fmt: skip
-        self.names.extend(new)
         self._seen.update(new)
-        return [self.directory / name for name in new]
+        return new
+
+    def _check_unmarked(self) -> None:
+        """``InputError`` when the directory holds a producer manifest or the manifest of a processed output: its
+        ``*.parquet`` files are then not raw shards that count in name order."""
+        if (self.directory / ARRIVALS).is_file():
+            raise InputError(str(self.directory / ARRIVALS), "a producer manifest lists this directory's shards: follow it in the "
+                             "order it lists them (arrivals='manifest', or --arrivals manifest)")  # fmt: skip
+        if (self.directory / MANIFEST).is_file():
+            raise InputError(str(self.directory / MANIFEST), "this directory is the output of etl preprocess, not raw shards: a following "
+                             "loader reads it as such when it holds its manifest.json at start")  # fmt: skip
 
     def check_before(self, count: int, name: str | None) -> None:
         """Check that the ``count``-th shard (from 0) seen so far is ``name`` (None: no shard at all was seen when
@@ -54,5 +127,6 @@ class Arrivals:
             return
         if count >= len(self.names) or self.names[count] != name:
             at = self.names[count] if count < len(self.names) else "nothing"
-            raise InputError(str(self.directory / name), f"a saved position names it as shard {count} (from 0) in name order, but the directory "
-                             f"has {at} there: a shard was removed, or added out of order while the consumer was stopped")  # fmt: skip
+            order = {"names": "name order", "manifest": "the producer manifest's order"}.get(self.order, "output order")
+            raise InputError(str(self.directory / name), f"a saved position names it as shard {count} (from 0) in {order}, but "
+                             f"the directory has {at} there: a shard was removed, or added out of order while the consumer was stopped")  # fmt: skip

@@ -281,40 +281,67 @@ def _unreadable(output: ProcessedOutput, entry: ManifestEntry, e: OSError) -> In
 def _readable_parts(directory: Location, manifest: Manifest) -> list[Location]:
     """The output files of ``manifest``, in its order: the one place where a processed output is checked before
     its files are read as a data set. Each entry must name a shard file (``etl.io.files.is_shard_name``) that no
-    other entry names, which resolves (following symlinks) to a file inside ``directory``, whose Parquet footer
-    holds ``rows_out`` rows, and whose quarantine file, if any, is the one ``quarantine_name`` gives."""
+    other entry names, and pass ``_readable_part``."""
     path = directory / MANIFEST
     root = directory.resolve()
     seen: set[str] = set()
     parts = []
     for i, e in enumerate(manifest.files):
-        where = f"files[{i}] ({json.dumps(e.output)})"
-        if not is_shard_name(e.output):
-            raise InputError(str(path), f"{where}: output is not a shard file name such as {shard_name(0)}")
         if e.output in seen:
-            raise InputError(str(path), f"{where}: the file is listed twice")
+            raise InputError(str(path), f"files[{i}] ({json.dumps(e.output)}): the file is listed twice")
         seen.add(e.output)
-        if e.quarantine is not None and e.quarantine != quarantine_name(e.output):
-            raise InputError(str(path), f"{where}: quarantine {json.dumps(e.quarantine)}, expected {quarantine_name(e.output)!r}")
-        if min(e.rows_in, e.rows_out, e.rows_quarantined) < 0 or e.rows_in != e.rows_out + e.rows_quarantined:
-            raise InputError(str(path), f"{where}: rows_in {e.rows_in} is not rows_out {e.rows_out} + rows_quarantined {e.rows_quarantined}")
-        part = directory / e.output
-        try:
-            resolved = part.resolve()
-        except (OSError, RuntimeError) as err:  # a symlink loop
-            raise InputError(str(path), f"{where}: the file cannot be resolved: {err}") from None
-        if not is_within(resolved, root):
-            raise InputError(str(path), f"{where}: the file resolves to {resolved}, outside {root}")
-        if "parquet" in manifest.formats:
-            if e.sha256 is None:
-                raise InputError(str(path), f"{where}: sha256 is null, but the Parquet file is one of the formats")
-            rows = _footer_rows(part, path, where)
-            if rows != e.rows_out:
-                raise InputError(str(path), f"{where}: the file holds {rows} rows, the manifest says rows_out {e.rows_out}")
-        if manifest.npy is not None:
-            _check_chunks(directory, manifest.npy, e, where)
-        parts.append(part)
+        parts.append(_readable_part(directory, root, manifest, i, e))
     return parts
+
+
+def committed_parts(directory: Location, manifest: Manifest, start: int) -> list[tuple[Location, ManifestEntry]]:
+    """The Parquet files ``start``, ``start + 1``, ... of the output in ``directory`` whose ``manifest`` (read
+    now) lists them, in output order (file ``i`` is the output of the ``i``-th input shard, ``part_path``), up to
+    the first one it does not list yet (a following run, ``etl.preprocess_follow``, may commit a file before the
+    one ahead of it), each with its entry, checked as ``open_processed`` checks the files it reads. ``InputError``
+    naming manifest.json for an output without Parquet files, a file listed twice, or an entry that fails a check."""
+    path = directory / MANIFEST
+    if "parquet" not in manifest.formats:
+        raise InputError(str(path), f"the output has no Parquet files (formats {', '.join(manifest.formats)})")
+    listed = {e.output: (i, e) for i, e in enumerate(manifest.files)}
+    if len(listed) != len(manifest.files):
+        raise InputError(str(path), "a file is listed twice")
+    root = directory.resolve()
+    out: list[tuple[Location, ManifestEntry]] = []
+    while (name := shard_name(start + len(out))) in listed:
+        i, e = listed[name]
+        out.append((_readable_part(directory, root, manifest, i, e), e))
+    return out
+
+
+def _readable_part(directory: Location, root: Location, manifest: Manifest, i: int, e: ManifestEntry) -> Location:
+    """The file of entry ``e`` (``files[i]`` of ``manifest``), checked: it must be a shard file name, resolve
+    (following symlinks) to a file inside ``directory`` (``root``: resolved), whose Parquet footer holds
+    ``rows_out`` rows, and whose quarantine file, if any, is the one ``quarantine_name`` gives."""
+    path = directory / MANIFEST
+    where = f"files[{i}] ({json.dumps(e.output)})"
+    if not is_shard_name(e.output):
+        raise InputError(str(path), f"{where}: output is not a shard file name such as {shard_name(0)}")
+    if e.quarantine is not None and e.quarantine != quarantine_name(e.output):
+        raise InputError(str(path), f"{where}: quarantine {json.dumps(e.quarantine)}, expected {quarantine_name(e.output)!r}")
+    if min(e.rows_in, e.rows_out, e.rows_quarantined) < 0 or e.rows_in != e.rows_out + e.rows_quarantined:
+        raise InputError(str(path), f"{where}: rows_in {e.rows_in} is not rows_out {e.rows_out} + rows_quarantined {e.rows_quarantined}")
+    part = directory / e.output
+    try:
+        resolved = part.resolve()
+    except (OSError, RuntimeError) as err:  # a symlink loop
+        raise InputError(str(path), f"{where}: the file cannot be resolved: {err}") from None
+    if not is_within(resolved, root):
+        raise InputError(str(path), f"{where}: the file resolves to {resolved}, outside {root}")
+    if "parquet" in manifest.formats:
+        if e.sha256 is None:
+            raise InputError(str(path), f"{where}: sha256 is null, but the Parquet file is one of the formats")
+        rows = _footer_rows(part, path, where)
+        if rows != e.rows_out:
+            raise InputError(str(path), f"{where}: the file holds {rows} rows, the manifest says rows_out {e.rows_out}")
+    if manifest.npy is not None:
+        _check_chunks(directory, manifest.npy, e, where)
+    return part
 
 
 def _check_chunks(directory: Location, spec: NpySpec, e: ManifestEntry, where: str) -> None:

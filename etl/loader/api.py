@@ -40,7 +40,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,7 @@ import torch
 
 from etl.allocator import tune_allocator
 from etl.errors import ArtifactError, ConfigError
+from etl.io.arrivals import PROCESSED, check_order
 from etl.io.fs import Location, Url, location, locations
 from etl.io.parquet import list_shards
 from etl.io.processed import ProcessedOutput, is_processed, open_processed
@@ -139,14 +140,20 @@ class Loader:
     request's latency is the training loop's).
 
     ``follow=True``: follow a directory of raw shards that a producer keeps filling (``etl.loader.follow``): the
-    shards present at start, then each new one once complete (renamed onto its ``*.parquet`` name), in name order;
-    the directory is listed every ``poll_interval`` seconds, and when no shard has arrived for ``idle_flush``
-    seconds (default: ``poll_interval``) the rows held in the shuffle buffer are delivered. Iteration never ends
-    by itself (until ``close()`` or ``break``); ``state_dict`` then saves the position in the stream, and a loader
-    given it with ``load_state_dict`` delivers every row not delivered before it exactly once. Needs
-    ``num_workers >= 1`` and ``transform_on="host"``; ``len()`` and ``set_epoch`` have no meaning there. Online
-    vocabularies grow over the stream as over an epoch, their state saved with the position (and by
-    ``save_vocabulary``): a restarted loader gives the rows not yet delivered the ids and events of an
+    shards present at start, then each new one once complete, in arrival order (``etl.io.arrivals``): with
+    ``arrivals="names"`` (the default), in name order, each shard once renamed onto its ``*.parquet`` name; with
+    ``arrivals="manifest"``, in the order the producer's manifest ``_arrivals.json`` lists them, each once listed
+    (``etl.io.arrivals_manifest``; no shard before the producer writes it). The output directory of
+    ``etl preprocess --follow`` (detected by its manifest.json, as without ``follow``) is followed in its own order:
+    output file ``i`` (the ``i``-th input shard's rows, read as is and checked against its sha256) once its manifest
+    lists it and every file before it; its batches are those of a loader following the input directory with the
+    same settings. The directory is listed (the manifest read) every ``poll_interval`` seconds, and when no shard
+    has arrived for ``idle_flush`` seconds (default: ``poll_interval``) the rows held in the shuffle buffer are
+    delivered. Iteration never ends by itself (until ``close()`` or ``break``); ``state_dict`` then saves the
+    position in the stream, and a loader given it with ``load_state_dict`` delivers every row not delivered before
+    it exactly once. Needs ``num_workers >= 1`` and ``transform_on="host"``; ``len()`` and ``set_epoch`` have no
+    meaning there. Online vocabularies grow over the stream as over an epoch, their state saved with the position
+    (and by ``save_vocabulary``): a restarted loader gives the rows not yet delivered the ids and events of an
     uninterrupted one.
 
     ``engine="dali"`` reads the npy chunks of a processed output with NVIDIA DALI instead
@@ -186,6 +193,7 @@ class Loader:
         follow: bool = False,
         poll_interval: float = 1.0,
         idle_flush: float | None = None,
+        arrivals: str = "names",
         engine: str = "default",
     ):
         tune_allocator()
@@ -195,11 +203,11 @@ class Loader:
             raise ConfigError(f"num_workers must be >= 0 (0: no worker threads), got {num_workers}")
         if transform_on not in ("host", "device"):
             raise ConfigError(f"transform_on must be 'host' or 'device', got {transform_on!r}")
-        self._follow = _follow_settings(follow, poll_interval, idle_flush, drop_last, num_workers, transform_on)
+        self._follow = _follow_settings(follow, poll_interval, idle_flush, drop_last, num_workers, transform_on, arrivals)
         self._directory: Location | None = None  # follow mode: the directory followed
         shards: list[Location] = []
         if self._follow is not None:
-            (self.pipeline, self._directory), output, shards = _open_followed(source, pipeline, artifacts, storage_options), None, shards
+            self.pipeline, self._directory, output, self._follow = _open_followed(source, pipeline, artifacts, storage_options, self._follow)
         else:
             self.pipeline, output, shards = _open_source(source, pipeline, artifacts, allow_partial, storage_options)
         self.processed = output is not None
@@ -257,13 +265,14 @@ class Loader:
         """The loader's position and the settings it depends on; with online vocabularies, their state at this
         position under ``online_vocab`` (``OnlineVocabularies.to_dict``: ints and bytes, no pickled objects). In follow
         mode, ``follow`` (the position in the stream after the last batch handed out, see
-        ``etl.loader.follow.FollowPosition``) replaces epoch, position and total_rows: save it together with what the
-        training did with that batch (a model checkpoint), never ahead of it, so that a restart neither loses nor
-        repeats a row."""
+        ``etl.loader.follow.FollowPosition``) and ``arrivals`` (the arrival order) replace epoch, position and
+        total_rows: save it together with what the training did with that batch (a model checkpoint), never ahead of
+        it, so that a restart neither loses nor repeats a row."""
         state: dict[str, Any] = {"seed": self.seed, "rank": self.rank, "world_size": self.world_size, "batch_size": self.batch_size,
                                  "shuffle": self.shuffle, "shuffle_buffer": self.shuffle_buffer, "drop_last": self.drop_last}  # fmt: skip
         if self._follow is not None:
             state["follow"] = self._cursor.position.to_dict()
+            state["arrivals"] = self._follow.arrivals
         else:
             state |= {"epoch": self.epoch, "position": self.position, "total_rows": self.total_rows}
         if self.vocabularies is not None:
@@ -276,9 +285,10 @@ class Loader:
         if ("follow" in state) != ("follow" in mine):
             raise ConfigError("state_dict mismatch: " + ("a following loader's state given to a loader without follow=True" if "follow" in state
                               else "the state of a loader without follow=True given to a following loader"))  # fmt: skip
-        for k in ("seed", "rank", "world_size", "batch_size", "shuffle", "shuffle_buffer", "drop_last", "total_rows"):
-            if k in mine and state[k] != mine[k]:
-                raise ConfigError(f"state_dict mismatch on {k}: saved {state[k]!r}, this loader {mine[k]!r}")
+        saved = {"arrivals": "names"} | state if "follow" in state else state  # a state saved before arrival orders: name order
+        for k in ("seed", "rank", "world_size", "batch_size", "shuffle", "shuffle_buffer", "drop_last", "total_rows", "arrivals"):
+            if k in mine and saved[k] != mine[k]:
+                raise ConfigError(f"state_dict mismatch on {k}: saved {saved[k]!r}, this loader {mine[k]!r}")
         self.close()
         position = FollowPosition.from_dict(state["follow"]) if "follow" in state else None
         if self.vocabularies is not None:
@@ -472,14 +482,22 @@ def _open_source(
     if artifacts is not None:
         artifacts = location(artifacts, storage_options)
     if len(items) == 1 and is_processed(items[0]):
-        processed = open_processed(items[0], allow_partial=allow_partial)
-        fitted = Pipeline.load(processed.artifacts)
-        if pipeline is not None:
-            check_match(fitted, Pipeline.from_file(pipeline), processed.artifacts)
-        if artifacts is not None and _read_bytes(artifacts / "pipeline.json") != _read_bytes(processed.artifacts / "pipeline.json"):
-            raise ArtifactError(f"{artifacts}: not the artifacts {items[0]} was made with ({processed.artifacts})")
+        fitted, processed = _open_processed(items[0], pipeline, artifacts, allow_partial)
         return fitted, processed, processed.parts
     return _raw_pipeline(pipeline, artifacts), None, list_shards(items)
+
+
+def _open_processed(directory: Location, pipeline: str | Path | None, artifacts: Location | None,
+                    allow_partial: bool) -> tuple[Pipeline, ProcessedOutput]:  # fmt: skip
+    """The processed output in ``directory`` and the fitted pipeline it was made with, which ``pipeline`` and
+    ``artifacts``, when given, must match (``ArtifactError``)."""
+    processed = open_processed(directory, allow_partial=allow_partial)
+    fitted = Pipeline.load(processed.artifacts)
+    if pipeline is not None:
+        check_match(fitted, Pipeline.from_file(pipeline), processed.artifacts)
+    if artifacts is not None and _read_bytes(artifacts / "pipeline.json") != _read_bytes(processed.artifacts / "pipeline.json"):
+        raise ArtifactError(f"{artifacts}: not the artifacts {directory} was made with ({processed.artifacts})")
+    return fitted, processed
 
 
 def _raw_pipeline(pipeline: str | Path | None, artifacts: Location | None) -> Pipeline:
@@ -496,30 +514,42 @@ def _raw_pipeline(pipeline: str | Path | None, artifacts: Location | None) -> Pi
 
 
 def _follow_settings(follow: bool, poll_interval: float, idle_flush: float | None, drop_last: bool, num_workers: int,
-                     transform_on: str) -> FollowSettings | None:  # fmt: skip
+                     transform_on: str, arrivals: str) -> FollowSettings | None:  # fmt: skip
     """The settings of follow mode, checked; None without ``follow``."""
+    check_order(arrivals)
     if not follow:
+        if arrivals != "names":
+            raise ConfigError(f"arrivals={arrivals!r} is an arrival order: it goes with follow=True")
         return None
     if not poll_interval > 0 or (idle_flush is not None and not idle_flush >= 0):
         raise ConfigError(f"poll_interval must be > 0 and idle_flush >= 0, got poll_interval={poll_interval}, idle_flush={idle_flush}")
     if num_workers < 1 or transform_on != "host":
         raise ConfigError(f"follow=True needs num_workers >= 1 and transform_on='host', got num_workers={num_workers}, transform_on={transform_on!r}")
-    return FollowSettings(poll_interval, poll_interval if idle_flush is None else idle_flush, drop_last)
+    return FollowSettings(poll_interval, poll_interval if idle_flush is None else idle_flush, drop_last, arrivals)
 
 
 def _open_followed(source: str | Location | list[str | Location], pipeline: str | Path | None, artifacts: str | Location | None,
-                   storage_options: dict[str, Any] | None) -> tuple[Pipeline, Location]:  # fmt: skip
-    """The pipeline and the directory of a following loader: ``source`` must be one directory of raw shards (it
-    may hold no shard yet; in object storage, a prefix that may hold no object yet)."""
+                   storage_options: dict[str, Any] | None,
+                   follow: FollowSettings) -> tuple[Pipeline, Location, ProcessedOutput | None, FollowSettings]:  # fmt: skip
+    """The pipeline, the directory, the processed output (when the directory is one) and the settings of a
+    following loader: ``source`` must be one directory of raw shards (it may hold no shard yet; in object storage,
+    a prefix that may hold no object yet) or the output of ``etl preprocess`` (``etl preprocess --follow`` writes
+    its manifest.json when it starts), followed in its own order (``etl.io.arrivals.PROCESSED``)."""
     items = locations(source if isinstance(source, list) else [source], storage_options)
     if len(items) != 1:
-        raise ConfigError(f"follow=True follows one directory of raw shards, got {len(items)} sources")
+        raise ConfigError(f"follow=True follows one directory, got {len(items)} sources")
     directory = items[0]
     if directory.is_file() or (isinstance(directory, Path) and not directory.is_dir()):  # an empty prefix is no "directory" in a store
-        raise ConfigError(f"{directory}: follow=True follows a directory of raw shards, and this is not one")
-    if is_processed(directory):
-        raise ConfigError(f"{directory}: follow=True reads raw shards; this is the output of etl preprocess")
-    return _raw_pipeline(pipeline, location(artifacts, storage_options) if artifacts is not None else None), directory
+        raise ConfigError(f"{directory}: follow=True follows a directory of raw shards or the output of etl preprocess, and this is not one")
+    saved = location(artifacts, storage_options) if artifacts is not None else None
+    if not is_processed(directory):
+        return _raw_pipeline(pipeline, saved), directory, None, follow
+    if follow.arrivals != "names":
+        raise ConfigError(f"{directory}: the output of etl preprocess is followed in its own order; arrivals={follow.arrivals!r} is for raw shards")
+    fitted, processed = _open_processed(directory, pipeline, saved, allow_partial=True)
+    if "parquet" not in processed.manifest.formats:
+        raise ConfigError(f"{directory}: follow=True reads the Parquet files of an etl preprocess output, and this one has none")
+    return fitted, directory, processed, replace(follow, arrivals=PROCESSED)
 
 
 def _read_bytes(path: Location) -> bytes:

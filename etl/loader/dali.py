@@ -98,11 +98,12 @@ class DaliLoader(Loader):
         follow: bool = False,
         poll_interval: float = 1.0,
         idle_flush: float | None = None,
+        arrivals: str = "names",
         engine: str = "dali",
     ):
-        if reader != "cpu" or follow:
-            raise ConfigError("engine='dali' reads a finished preprocessed output with DALI's own reader: reader= and follow=True "
-                              "do not apply")  # fmt: skip
+        if reader != "cpu" or follow or arrivals != "names":
+            raise ConfigError("engine='dali' reads a finished preprocessed output with DALI's own reader: reader=, follow=True and "
+                              "arrivals= do not apply")  # fmt: skip
         self._dali = import_dali()
         tune_allocator()
         if batch_size < 1 or prefetch < 1:

@@ -1,10 +1,10 @@
 """Follow mode: a pass that never ends, over the shards of a directory as they arrive (``Loader(follow=True)``).
 
-Rows: the shards are taken in arrival order (``etl.io.arrivals``: name order, each shard once it is complete), the
-ones present at start first. Each shard's rows are split between ranks by the rule of ``etl.loader.order`` applied
-to that shard alone (rank ``r`` of ``w`` takes rows ``[r * N // w, (r + 1) * N // w)`` of its ``N``), so every rank
-gets its share of every shard and the ranks' row counts differ by at most one per shard. A rank's rows, in arrival
-order, form its stream.
+Rows: the shards are taken in arrival order (``etl.io.arrivals``: name order, or the order a producer's manifest
+lists them in; each shard once it is complete), the ones present at start first. Each shard's rows are split between
+ranks by the rule of ``etl.loader.order`` applied to that shard alone (rank ``r`` of ``w`` takes rows
+``[r * N // w, (r + 1) * N // w)`` of its ``N``), so every rank gets its share of every shard and the ranks' row
+counts differ by at most one per shard. A rank's rows, in arrival order, form its stream.
 
 Batches: the stream fills shuffle buffers of ``shuffle_buffer`` rows, each permuted (with ``shuffle``) by a
 generator drawn from (seed, rank, buffer number), and batches are cut from them as in ``etl.loader.assembler``: a
@@ -39,7 +39,7 @@ snapshots are those between the consumer and the assembler (bounded by the ring 
 read ahead are ``num_workers + prefetch``, and the pieces of known shards not yet read are a few objects a row
 group (at start, those of every shard present). What grows with the shards seen is ``Arrivals``' record of their
 names (about 120 bytes a shard with names like ``part-00000.parquet``: 12 MB per 100 000 shards), as each poll's
-listing of the directory does.
+listing of the directory (or reading of the producer's manifest, which lists every shard) does.
 """
 
 from __future__ import annotations
@@ -102,11 +102,13 @@ class FollowPosition:
 @dataclass(frozen=True)
 class FollowSettings:
     """How a following pass polls: ``poll_interval`` seconds between listings of the directory; ``idle_flush``
-    seconds without a new shard before the buffered rows are delivered; ``drop_last``: no short batches."""
+    seconds without a new shard before the buffered rows are delivered; ``drop_last``: no short batches;
+    ``arrivals``: the arrival order (``etl.io.arrivals.ORDERS``)."""
 
     poll_interval: float
     idle_flush: float
     drop_last: bool
+    arrivals: str = "names"
 
 
 #: Where rows start in a rank's stream: (shards before, shard name, row within the shard's slice).
@@ -255,7 +257,7 @@ class FollowPass:
         self.stop = threading.Event()
         self.ready: queue.Queue = queue.Queue(maxsize=prefetch + 1)
         self.pool = ThreadPoolExecutor(num_workers + prefetch if io_bound else num_workers, thread_name_prefix="etl-loader")
-        assembler = FollowAssembler(settings, follow, Arrivals(directory), start, read, self.pool, ring, stats,
+        assembler = FollowAssembler(settings, follow, Arrivals(directory, follow.arrivals), start, read, self.pool, ring, stats,
                                     read_ahead=num_workers + prefetch, stop=self.stop, empty=empty, online=online)  # fmt: skip
         self.thread = threading.Thread(target=_assemble, args=(assembler, self.ready, self.assembled), daemon=True, name="etl-follow")
         self.thread.start()

@@ -27,12 +27,12 @@ import pyarrow as pa
 import torch
 
 from etl.batch import Batch
-from etl.errors import EtlError, LoaderError
+from etl.errors import EtlError, InputError, LoaderError
 from etl.io.fs import Location, Url, fingerprint
 from etl.io.npy import FIELDS, NpySpec, field_file
 from etl.io.npy import read_rows as read_npy_rows
 from etl.io.parquet import batch_from_arrow, read_rows
-from etl.io.processed import ManifestEntry, ProcessedOutput, check_npy_layout, fetch_part, verify_chunk, verify_part
+from etl.io.processed import MANIFEST, ManifestEntry, ProcessedOutput, check_npy_layout, fetch_part, read_manifest, verify_chunk, verify_part
 from etl.loader.chunk import Chunk, Layout
 from etl.loader.device_columns import DeviceColumnReader, ReadColumns
 from etl.loader.device_stage import DeviceStage
@@ -71,7 +71,8 @@ class ProcessedReader(PieceReader):
     """A shard of ``etl preprocess`` output: its columns already are the layout's. Before its first rows are
     read, each file is checked against the sha256 its manifest entry records: once per file and reader. Files are
     verified concurrently (one lock per file), so that from object storage the download of one does not hold up
-    the others.
+    the others. A file the manifest opened did not list yet (one a following loader saw committed since) is
+    checked against its entry in manifest.json as it is when its first rows are read.
 
     A file in object storage is downloaded once: into a local spool directory, hashed as it arrives
     (``etl.io.processed.fetch_part``), and its rows are then read from that verified copy, in this epoch and the
@@ -86,19 +87,29 @@ class ProcessedReader(PieceReader):
         super().__init__(layout.columns, stats)
         self.layout, self.output = layout, output
         self._unverified = dict(zip(output.parts, output.manifest.files))
-        self._verify_locks = {path: threading.Lock() for path in output.parts}
+        self._verify_locks: dict[Location, threading.Lock] = {}
+        self._locks_lock = threading.Lock()
         self._verified: dict[Location, Location] = {}  # where each verified file's rows are read from
         self._spool: Path | None = None
         self._spool_lock = threading.Lock()
 
     def __call__(self, piece: Piece) -> Chunk:
         path = piece.group.path
-        with self._verify_locks[path]:  # the file's other pieces wait until it is verified
-            entry = self._unverified.get(path)
-            if entry is not None:
+        with self._locks_lock:
+            lock = self._verify_locks.setdefault(path, threading.Lock())
+        with lock:  # the file's other pieces wait until it is verified
+            if path not in self._verified:
+                entry = self._unverified.pop(path) if path in self._unverified else self._listed(path)
                 self._verified[path] = self._verify(path, entry)
-                del self._unverified[path]
         return self.read(piece, self._verified[path])
+
+    def _listed(self, path: Location) -> ManifestEntry:
+        """The entry of the file at ``path`` in manifest.json as it is now; ``InputError`` when it lists none."""
+        manifest = read_manifest(self.output.directory)
+        entry = next((e for e in manifest.files if self.output.directory / e.output == path), None)
+        if entry is None:
+            raise InputError(str(self.output.directory / MANIFEST), f"lists no entry for {path}")
+        return entry
 
     def _verify(self, path: Location, entry: ManifestEntry) -> Location:
         """Check the file of ``entry`` at ``path``; returns where to read its rows from."""

@@ -1,7 +1,9 @@
-"""Continuous training survives kill -9: ``scripts/produce_shards.py`` fills a directory with traced shards while
-``scripts/train_dlrm.py --follow --resume`` trains on it, checkpointing model, optimizer and loader together, and is
-SIGKILLed and restarted several times. The rows the last checkpoint counts as trained (its committed trace) are,
-as a multiset, exactly the rows the producer wrote: none lost, none trained twice."""
+"""Continuous training survives kill -9: ``scripts/produce_shards.py --manifest`` fills a directory with traced
+shards, listing each in its producer manifest, while ``scripts/train_dlrm.py --follow --arrivals manifest --resume``
+trains on it, checkpointing model, optimizer and loader together, and is SIGKILLed and restarted several times. The
+rows the last checkpoint counts as trained (its committed trace) are, as a multiset, exactly the rows the producer
+wrote: none lost, none trained twice. (A consumer in name order is killed the same way in
+test_follow_exactly_once.py.)"""
 
 from __future__ import annotations
 
@@ -17,14 +19,15 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import torch
 
+from etl.io.arrivals_manifest import read_arrivals
 from etl.pipeline import Pipeline
 from tests.conftest import REPO
 
 SHARDS, SHARD_ROWS = 6, 250
 KILLS = 2
 TRAIN = [sys.executable, str(REPO / "scripts/train_dlrm.py"), "--pipeline", str(REPO / "pipelines/criteo_hash.yaml"), "--follow",
-         "--poll-interval", "0.05", "--steps", "0", "--batch-size", "64", "--checkpoint-every", "3", "--resume", "--trace-column", "I1",
-         "--device", "cpu", "--workers", "1", "--max-emb-rows", "100", "--emb-dim", "4", "--log-every", "1000"]  # fmt: skip
+         "--arrivals", "manifest", "--poll-interval", "0.05", "--steps", "0", "--batch-size", "64", "--checkpoint-every", "3", "--resume",
+         "--trace-column", "I1", "--device", "cpu", "--workers", "1", "--max-emb-rows", "100", "--emb-dim", "4", "--log-every", "1000"]  # fmt: skip
 
 
 def committed(ckpt: Path) -> list[float]:
@@ -43,7 +46,7 @@ def test_training_killed_and_restarted_trains_every_row_once(tmp_path: Path) -> 
     raw.mkdir()  # the trainer starts while the producer does: it follows an empty directory at first
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     producer = subprocess.Popen([sys.executable, str(REPO / "scripts/produce_shards.py"), "--out", str(raw), "--shards", str(SHARDS),
-                                 "--shard-rows", str(SHARD_ROWS), "--rate", "4"], env=env, stdout=subprocess.DEVNULL)  # fmt: skip
+                                 "--shard-rows", str(SHARD_ROWS), "--rate", "4", "--manifest"], env=env, stdout=subprocess.DEVNULL)  # fmt: skip
     argv = TRAIN + ["--data", str(raw), "--checkpoint", str(ckpt)]
     total, kills = SHARDS * SHARD_ROWS, 0
     try:
@@ -75,6 +78,7 @@ def test_training_killed_and_restarted_trains_every_row_once(tmp_path: Path) -> 
         producer.kill()
         producer.wait()
     pipeline = Pipeline.from_file(REPO / "pipelines/criteo_hash.yaml")
+    assert read_arrivals(raw) == sorted(p.name for p in raw.glob("*.parquet"))
     written = [v for p in sorted(raw.glob("*.parquet")) for v in pipeline.transform_table(pq.read_table(p)).column("I1").to_pylist()]
     assert kills == KILLS and len(written) == total and len(set(written)) == total  # every row id traceable
     assert Counter(committed(ckpt)) == Counter(written)

@@ -45,11 +45,12 @@ def test_bench_on_given_input_without_baselines(tmp_path: Path) -> None:
     assert all("preprocess:process" in [s["name"] for s in rep["stages"]] for rep in doc["pipelines"])
 
 
-def test_bench_follow_reports_lags_of_every_shard(tmp_path: Path) -> None:
+def test_bench_follow_reports_lags_of_every_shard_listed_in_a_producer_manifest(tmp_path: Path) -> None:
     js = tmp_path / "follow.json"
     proc = run_etl("bench", "--follow", "--rate", 10, "--shard-rows", 3000, "--duration", 0.5, "--poll-interval", 0.05,
-                   "--batch-size", 1000, "--json", js)  # fmt: skip
-    assert "freshness: 6 shards of 3,000 rows" in proc.stdout and "must hold p99 < 2 x poll + shard transform" in proc.stdout
+                   "--batch-size", 1000, "--arrivals", "manifest", "--json", js)  # fmt: skip
+    assert "freshness: 6 shards of 3,000 rows at 10/s (arrivals: manifest)" in proc.stdout
+    assert "must hold p99 < 2 x poll + shard transform" in proc.stdout
     doc = json.loads(js.read_text())
     assert doc["rows"] == 18_000 and doc["files"] == 6
     (rep,) = doc["pipelines"]
@@ -57,4 +58,5 @@ def test_bench_follow_reports_lags_of_every_shard(tmp_path: Path) -> None:
     assert [s["name"] for s in rep["stages"]] == ["shard transform", "follow"] and rep["stages"][1]["rows"] == 18_000
     f = rep["freshness"]
     assert len(f["lags"]) == 6 and all(lag >= 0 for lag in f["lags"]) and f["lag_p50"] <= f["lag_p99"] <= f["lag_max"]
+    assert f["arrivals"] == "manifest"
     assert f["bound"] == 2 * 0.05 + f["shard_transform_seconds"] and f["holds"] == (f["lag_p99"] < f["bound"])

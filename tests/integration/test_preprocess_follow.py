@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from etl.io.arrivals_manifest import write_arrivals
 from etl.io.parquet import list_shards
 from etl.io.processed import open_processed, verify_part
 from etl.pipeline import Pipeline
@@ -106,6 +108,28 @@ def test_sigint_at_any_point_leaves_a_consistent_output_and_a_rerun_completes_it
     assert tree_bytes(out) == reference(raw, ref)
 
 
+def test_manifest_order_transforms_the_shards_in_the_order_the_producer_lists_them(staged: Path, tmp_path: Path) -> None:
+    raw, out, ref = tmp_path / "raw", tmp_path / "out", tmp_path / "ref"
+    raw.mkdir()
+    names = sorted((p.name for p in staged.glob("*.parquet")), reverse=True)  # listed against name order
+    for name in names:
+        shutil.copyfile(staged / name, raw / name)  # written in place: complete once listed
+    (raw / "zz-partial.parquet").write_bytes(b"PAR1 half written")  # never listed, never read
+    proc = follow(raw, out, "--arrivals", "manifest")
+    wait_for(lambda: (out / "manifest.json").exists(), proc)
+    assert listed(out) == 0  # no producer manifest yet: nothing has arrived
+    write_arrivals(raw, names[:2])
+    wait_for(lambda: listed(out) == 2, proc)
+    write_arrivals(raw, names)
+    wait_for(lambda: listed(out) == 4, proc)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    assert "4 transformed now" in stdout
+    preprocess(Pipeline.from_file(HASH), [raw / name for name in names], ref)  # output file i: the i-th shard listed
+    assert tree_bytes(out) == tree_bytes(ref)
+
+
 def test_follow_takes_one_input_directory(tmp_path: Path) -> None:
     (tmp_path / "raw").mkdir()
     raw = tmp_path / "raw"
@@ -118,6 +142,10 @@ def test_options_of_follow_mode_alone_are_refused(tmp_path: Path) -> None:
     raw.mkdir()
     proc = run_etl("preprocess", "--stop-after-idle", "1", "--pipeline", HASH, "--input", raw, "--out", tmp_path / "o", check=False)
     assert proc.returncode == 2 and "go with --follow" in proc.stderr
+    proc = run_etl("preprocess", "--arrivals", "manifest", "--pipeline", HASH, "--input", raw, "--out", tmp_path / "o", check=False)
+    assert proc.returncode == 2 and "go with --follow" in proc.stderr
+    proc = run_etl("preprocess", "--follow", "--arrivals", "mtime", "--pipeline", HASH, "--input", raw, "--out", tmp_path / "o", check=False)
+    assert proc.returncode == 2 and "--arrivals" in proc.stderr and "mtime" in proc.stderr
 
 
 def test_follow_writes_parquet_only(tmp_path: Path) -> None:

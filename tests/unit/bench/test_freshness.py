@@ -12,6 +12,7 @@ import pytest
 from etl.bench import freshness
 from etl.bench.freshness import FreshnessSettings, Producer, measure_freshness, shard_codes, template_shard, traced_shard, write_shard
 from etl.errors import ConfigError
+from etl.io.arrivals_manifest import read_arrivals
 from etl.pipeline import Pipeline
 from etl.schema import Schema, parse_schema
 from tests.conftest import REPO
@@ -62,6 +63,10 @@ def test_producer_writes_every_shard_and_stops_early_when_asked(pipeline: Pipeli
     done.join()
     assert done.error is None and len(done.renamed) == 3 and done.renamed == sorted(done.renamed)
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [f"part-00000{k}.parquet" for k in range(3)]
+    listing = Producer(tmp_path / "a", template, pipeline.schema, 2, rate=100.0, manifest=True)
+    listing.start()
+    listing.join()
+    assert listing.error is None and len(listing.renamed) == 2 and read_arrivals(tmp_path / "a") == ["part-000000.parquet", "part-000001.parquet"]
     (tmp_path / "b").mkdir()
     slow = Producer(tmp_path / "b", template, pipeline.schema, 100, rate=0.01)
     slow.start()
@@ -76,11 +81,12 @@ def test_settings_out_of_range_are_refused() -> None:
         FreshnessSettings(rate=0).check()
 
 
-def test_a_small_run_sees_every_shard_once(tmp_path: Path) -> None:
-    settings = FreshnessSettings(rate=20, shard_rows=1000, duration=0.2, poll_interval=0.05, batch_size=500, step_factor=0.5)
+@pytest.mark.parametrize("arrivals", ["names", "manifest"])
+def test_a_small_run_sees_every_shard_once(tmp_path: Path, arrivals: str) -> None:
+    settings = FreshnessSettings(rate=20, shard_rows=1000, duration=0.2, poll_interval=0.05, batch_size=500, step_factor=0.5, arrivals=arrivals)
     report, mbytes = measure_freshness(HASH, settings, tmp_path)
     f = report.freshness
-    assert f is not None and f.shards == 5 and len(f.lags) == 5 and all(lag >= 0 for lag in f.lags)
+    assert f is not None and f.shards == 5 and len(f.lags) == 5 and all(lag >= 0 for lag in f.lags) and f.arrivals == arrivals
     assert [s.name for s in report.stages] == ["shard transform", "follow"] and report.stages[1].rows == 5000
     assert mbytes > 0 and 0 <= report.data_wait <= 1
 

@@ -1,13 +1,20 @@
-"""Arrivals: the complete shards of a followed directory, in name order, once each."""
+"""Arrivals: the complete shards of a followed directory, in name order or a producer manifest's order, once each."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
-from etl.errors import InputError
-from etl.io.arrivals import Arrivals
+from etl.errors import ConfigError, InputError
+from etl.io.arrivals import PROCESSED, Arrivals
+from etl.io.arrivals_manifest import ARRIVALS, write_arrivals
+from etl.io.processed import Manifest, read_manifest, write_manifest
+from etl.pipeline import Pipeline
+from etl.preprocess import preprocess
 
 
 def touch(d: Path, *names: str) -> None:
@@ -50,3 +57,65 @@ def test_check_before_finds_the_saved_shard_at_its_place(tmp_path: Path) -> None
 
 def test_check_before_an_empty_start(tmp_path: Path) -> None:
     Arrivals(tmp_path).check_before(0, None)
+
+
+def test_manifest_order_is_the_listing_order_and_only_listed_shards_count(tmp_path: Path) -> None:
+    arrivals = Arrivals(tmp_path, "manifest")
+    touch(tmp_path, "c.parquet", "a.parquet")
+    assert arrivals.poll() == []  # no manifest yet: nothing has arrived
+    write_arrivals(tmp_path, ["c.parquet"])
+    assert [p.name for p in arrivals.poll()] == ["c.parquet"]  # a.parquet is not listed: not complete
+    touch(tmp_path, "b.parquet")
+    write_arrivals(tmp_path, ["c.parquet", "a.parquet", "b.parquet"])
+    assert [p.name for p in arrivals.poll()] == ["a.parquet", "b.parquet"]
+    assert arrivals.poll() == []
+    arrivals.check_before(1, "a.parquet")
+    with pytest.raises(InputError, match="shard 2 \\(from 0\\) in the producer manifest's order"):
+        arrivals.check_before(2, "a.parquet")
+    write_arrivals(tmp_path, ["c.parquet", "b.parquet"])
+    with pytest.raises(InputError, match=ARRIVALS):
+        arrivals.poll()
+
+
+def test_name_order_refuses_a_directory_with_a_producer_manifest_or_a_processed_output(tmp_path: Path) -> None:
+    touch(tmp_path, "a.parquet")
+    write_arrivals(tmp_path, ["a.parquet"])
+    with pytest.raises(InputError, match=f"{ARRIVALS}: a producer manifest lists this directory's shards.*arrivals='manifest'"):
+        Arrivals(tmp_path).poll()
+    (tmp_path / ARRIVALS).unlink()
+    arrivals = Arrivals(tmp_path)
+    arrivals.poll()
+    write_manifest(tmp_path, Manifest.of("s", [], complete=False))  # etl preprocess --follow starts writing here
+    assert arrivals.poll() == []
+    touch(tmp_path, "part-00000.parquet")
+    with pytest.raises(InputError, match="manifest.json: this directory is the output of etl preprocess, not raw shards"):
+        arrivals.poll()
+
+
+def test_an_unknown_order_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="arrivals must be one of 'names', 'manifest', got 'mtime'"):
+        Arrivals(tmp_path, "mtime")
+
+
+def test_processed_order_counts_each_output_file_once_it_and_those_before_it_are_committed(tmp_path: Path) -> None:
+    raw, out = tmp_path / "raw", tmp_path / "out"
+    raw.mkdir()
+    for i in range(3):
+        pq.write_table(pa.table({"label": [0] * (i + 2), "rid": list(range(i + 2))}), raw / f"s{i}.parquet")
+    (tmp_path / "schema.yaml").write_text("name: s\ncolumns:\n  - {name: label, role: label, dtype: int64}\n"
+                                          "  - {name: rid, role: dense, dtype: int64}\n")  # fmt: skip
+    (tmp_path / "pipeline.yaml").write_text("name: s\nschema: schema.yaml\nops:\n  - {op: FillMissing, columns: [rid], value: 0}\n")
+    preprocess(Pipeline.from_file(tmp_path / "pipeline.yaml"), sorted(raw.iterdir()), out)
+    whole = read_manifest(out)
+    part = whole.files
+    write_manifest(out, Manifest.of("s", [part[0], part[2]], complete=False))  # part 1 not committed yet
+    arrivals = Arrivals(out, PROCESSED)
+    assert [p.name for p in arrivals.poll()] == ["part-00000.parquet"]
+    write_manifest(out, whole)
+    assert [p.name for p in arrivals.poll()] == ["part-00001.parquet", "part-00002.parquet"]
+    write_manifest(out, Manifest.of("s", [replace(part[0], sha256="0" * 64), *part[1:]], complete=True))
+    with pytest.raises(InputError, match="part-00000.parquet: its rows were counted, and it is now rewritten"):
+        arrivals.poll()
+    write_manifest(out, Manifest.of("s", part[1:], complete=False))
+    with pytest.raises(InputError, match="part-00000.parquet: its rows were counted, and it is now gone"):
+        arrivals.poll()

@@ -22,6 +22,7 @@ from etl.io.processed import (
     ProcessedOutput,
     Totals,
     check_npy_layout,
+    committed_parts,
     is_processed,
     open_processed,
     part_path,
@@ -136,6 +137,21 @@ def test_open_processed_paths(tmp_path: Path, manifest: Manifest) -> None:
     assert out.artifacts == tmp_path / ARTIFACTS == tmp_path / "artifacts"
     assert out.parts == [tmp_path / "part-00001.parquet", tmp_path / "part-00000.parquet"]  # manifest order
     assert out.manifest == swapped
+
+
+def test_committed_parts_are_the_listed_files_in_output_order_up_to_the_first_gap(tmp_path: Path) -> None:
+    entries = [entry(i, 3 + i) for i in range(4)]
+    for e in entries:
+        pq.write_table(pa.table({"x": list(range(e.rows_out))}), tmp_path / e.output)
+    listed = Manifest.of("criteo", [entries[3], entries[1], entries[0]], complete=False)  # part 2 not committed yet
+    assert committed_parts(tmp_path, listed, 0) == [(tmp_path / e.output, e) for e in entries[:2]]
+    assert committed_parts(tmp_path, listed, 2) == []
+    assert committed_parts(tmp_path, Manifest.of("criteo", entries, complete=True), 2) == [(tmp_path / e.output, e) for e in entries[2:]]
+    wrong = Manifest.of("criteo", [replace(entries[0], rows_out=9, rows_in=9)], complete=False)
+    with pytest.raises(InputError, match=r'files\[0\] \("part-00000.parquet"\): the file holds 3 rows, the manifest says rows_out 9'):
+        committed_parts(tmp_path, wrong, 0)
+    with pytest.raises(InputError, match="listed twice"):
+        committed_parts(tmp_path, Manifest.of("criteo", [entries[0], entries[0]], complete=False), 0)
 
 
 def test_part_and_quarantine_names(tmp_path: Path) -> None:

@@ -151,6 +151,6 @@ def test_object_storage_and_device_transforms_are_refused(processed: Path) -> No
 
 
 def test_the_cudf_reader_and_follow_mode_are_refused(processed: Path) -> None:
-    for kw in ({"reader": "cudf"}, {"follow": True}):
+    for kw in ({"reader": "cudf"}, {"follow": True}, {"arrivals": "manifest"}):
         with pytest.raises(ConfigError, match="do not apply"):
             Loader(processed, engine="dali", **kw)

@@ -4,6 +4,7 @@ positions and resuming, ranks, and shutdown. Row ids ride in a dense column, num
 from __future__ import annotations
 
 import gc
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from etl.errors import ConfigError, InputError
+from etl.io.arrivals_manifest import read_arrivals, write_arrivals
 from etl.loader import Loader
 from etl.loader.follow import FollowPosition
 
@@ -30,17 +32,33 @@ def stream(tmp_path: Path) -> Path:
     return tmp_path
 
 
+def shard_table(first: int, rows: int) -> pa.Table:
+    return pa.table({"label": pa.array(np.zeros(rows, np.int64)), "rid": pa.array(np.arange(first, first + rows, dtype=np.int64))})
+
+
 def add_shard(stream: Path, index: int, first: int, rows: int, row_group: int = 128) -> None:
     """Shard ``index`` with row ids ``first ..``, written under a temporary name and renamed."""
-    t = pa.table({"label": pa.array(np.zeros(rows, np.int64)), "rid": pa.array(np.arange(first, first + rows, dtype=np.int64))})
     tmp = stream / "raw" / f".part-{index:05d}.parquet.0-0.tmp"
-    pq.write_table(t, tmp, row_group_size=row_group)
+    pq.write_table(shard_table(first, rows), tmp, row_group_size=row_group)
     tmp.rename(stream / "raw" / f"part-{index:05d}.parquet")
 
 
-def loader(stream: Path, **kw) -> Loader:
+def list_shard(stream: Path, name: str, first: int, rows: int) -> None:
+    """A shard with row ids ``first ..`` written in place as ``name``, then appended to the producer manifest."""
+    pq.write_table(shard_table(first, rows), stream / "raw" / name, row_group_size=128)
+    write_arrivals(stream / "raw", (read_arrivals(stream / "raw") or []) + [name])
+
+
+def loader(stream: Path, source: str = "raw", **kw) -> Loader:
     settings = {"batch_size": 64, "shuffle": True, "shuffle_buffer": 200, "seed": 3, "poll_interval": 0.02, "idle_flush": 0.2, "prefetch": 2} | kw
-    return Loader(stream / "raw", pipeline=stream / "pipeline.yaml", follow=True, **settings)
+    return Loader(stream / source, pipeline=stream / "pipeline.yaml", follow=True, **settings)
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def rows(batches: Iterator, n: int) -> list[int]:
@@ -115,12 +133,15 @@ def test_resume_after_an_idle_flush_delivers_the_rest_exactly_once(stream: Path)
     assert sorted(got) == list(range(470))
 
 
-def test_ranks_split_each_shard_and_together_deliver_every_row(stream: Path) -> None:
+@pytest.mark.parametrize("arrivals", ["names", "manifest"])
+def test_ranks_split_each_shard_and_together_deliver_every_row(stream: Path, arrivals: str) -> None:
     add_shard(stream, 0, 0, 301)
     add_shard(stream, 1, 301, 5)
+    if arrivals == "manifest":
+        write_arrivals(stream / "raw", ["part-00000.parquet", "part-00001.parquet"])
     got = []
     for rank in (0, 1):
-        ld = loader(stream, rank=rank, world_size=2)
+        ld = loader(stream, rank=rank, world_size=2, arrivals=arrivals)
         got.append(rows(iter(ld), 152 if rank == 0 else 154))  # 150 + 2 rows, 151 + 3 rows
         ld.close()
     assert sorted(got[0] + got[1]) == list(range(306))
@@ -188,6 +209,13 @@ def test_settings_that_cannot_follow_are_config_errors(stream: Path) -> None:
         fixed.load_state_dict(loader(stream).state_dict())
     with pytest.raises(ConfigError, match="state_dict mismatch on batch_size"):
         loader(stream, batch_size=8).load_state_dict(loader(stream).state_dict())
+    with pytest.raises(ConfigError, match="arrivals must be one of"):
+        loader(stream, arrivals="mtime")
+    with pytest.raises(ConfigError, match="goes with follow=True"):
+        Loader(stream / "raw", pipeline=stream / "pipeline.yaml", arrivals="manifest")
+    older = loader(stream).state_dict()
+    del older["arrivals"]  # saved before arrival orders existed: name order
+    loader(stream).load_state_dict(older)
 
 
 def test_position_from_dict_refuses_what_to_dict_cannot_make() -> None:
@@ -196,6 +224,64 @@ def test_position_from_dict_refuses_what_to_dict_cannot_make() -> None:
     for bad in ({"shard": 3}, {"row": -1}, {"delivered": 5}, {"buffer_rows": 4, "delivered": 5}, {"other": 1}):
         with pytest.raises(ConfigError):
             FollowPosition.from_dict(bad)
+
+
+def test_manifest_order_delivers_the_listed_shards_in_the_listed_order(stream: Path) -> None:
+    list_shard(stream, "zz.parquet", 0, 150)
+    pq.write_table(shard_table(10_000, 50), stream / "raw" / "aa.parquet")  # not listed: not complete, never read
+    ld = loader(stream, arrivals="manifest", shuffle=False)
+    it = iter(ld)
+    got = rows(it, 150)
+    list_shard(stream, "mm.parquet", 150, 100)
+    list_shard(stream, "bb.parquet", 250, 70)
+    got += rows(it, 170)
+    ld.close()
+    assert got == list(range(320))  # zz, mm, bb: the manifest's order, not name order
+
+
+def test_a_manifest_listing_the_shards_in_name_order_gives_the_batches_of_name_order(stream: Path) -> None:
+    for i in range(3):
+        add_shard(stream, i, 300 * i, 300, row_group=70)
+    batches = {}
+    for order in ("names", "manifest"):
+        if order == "manifest":
+            write_arrivals(stream / "raw", [f"part-{i:05d}.parquet" for i in range(3)])
+        ld = loader(stream, arrivals=order, idle_flush=30)
+        batches[order] = [(b.dense.clone(), b.label.clone()) for _, b in zip(range(12), ld)]  # 768 rows: from full shuffle buffers only
+        ld.close()
+    assert all(a[0].equal(b[0]) and a[1].equal(b[1]) for a, b in zip(batches["names"], batches["manifest"], strict=True))
+
+
+def test_manifest_order_resumes_from_state_dict_exactly_once(stream: Path) -> None:
+    list_shard(stream, "s9.parquet", 0, 230)
+    list_shard(stream, "s1.parquet", 230, 170)
+    first = loader(stream, arrivals="manifest")
+    it = iter(first)
+    got = rows(it, 64) + rows(it, 64) + rows(it, 64)
+    state = first.state_dict()
+    first.close()
+    assert state["arrivals"] == "manifest" and state["follow"]["shard"] == "s9.parquet"
+    with pytest.raises(ConfigError, match="state_dict mismatch on arrivals: saved 'manifest', this loader 'names'"):
+        loader(stream).load_state_dict(state)
+    list_shard(stream, "s5.parquet", 400, 250)
+    again = loader(stream, arrivals="manifest")
+    again.load_state_dict(state)
+    got += rows(iter(again), 650 - len(got))
+    again.close()
+    assert sorted(got) == list(range(650))
+
+
+def test_manifest_order_waits_for_the_manifest_and_is_stopped_by_a_broken_one(stream: Path) -> None:
+    pq.write_table(shard_table(0, 100), stream / "raw" / "b.parquet")
+    ld = loader(stream, arrivals="manifest")
+    it = iter(ld)
+    time.sleep(0.1)  # a few polls without a manifest
+    list_shard(stream, "a.parquet", 100, 100)
+    assert sorted(rows(it, 100)) == list(range(100, 200))
+    write_arrivals(stream / "raw", ["b.parquet"])  # a.parquet removed from the listing
+    with pytest.raises(InputError, match=r"_arrivals\.json: shards\[0\] is now 'b.parquet', and was 'a.parquet'"):
+        rows(it, 1)
+    ld.close()
 
 
 def test_follows_a_prefix_in_object_storage(stream: Path, s3: str) -> None:
@@ -214,3 +300,63 @@ def test_follows_a_prefix_in_object_storage(stream: Path, s3: str) -> None:
     got += rows(it, 300)
     ld.close()
     assert sorted(got) == list(range(600))
+
+
+def test_follows_a_producer_manifest_in_object_storage(stream: Path, s3: str) -> None:
+    from etl.io.fs import location
+
+    prefix = location(f"{s3}/raw")
+    list_shard(stream, "b.parquet", 0, 200)
+    list_shard(stream, "a.parquet", 200, 100)
+    fs = prefix.fs
+    fs.put_file(str(stream / "raw/b.parquet"), f"{prefix.key}/b.parquet")
+    fs.put_file(str(stream / "raw/a.parquet"), f"{prefix.key}/a.parquet")  # in place, not listed yet
+    write_arrivals(prefix, ["b.parquet"])
+    ld = Loader(str(prefix), pipeline=stream / "pipeline.yaml", follow=True, arrivals="manifest", batch_size=50, poll_interval=0.05, idle_flush=0.2)
+    it = iter(ld)
+    got = rows(it, 200)
+    write_arrivals(prefix, ["b.parquet", "a.parquet"])  # one upload replaces the manifest
+    got += rows(it, 100)
+    ld.close()
+    assert got == list(range(300))
+
+
+def test_follows_the_output_of_preprocess_follow_in_output_order(stream: Path) -> None:
+    """The output of ``etl preprocess --follow`` followed as it grows: the batches of its input followed the same
+    way, then the rows of a shard committed later, and a restart from ``state_dict`` delivers the rest exactly once."""
+    from etl.pipeline import Pipeline
+    from etl.preprocess_follow import preprocess_follow
+
+    for i in range(3):
+        add_shard(stream, i, 300 * i, 300, row_group=70)
+    out, stop = stream / "out", threading.Event()
+    producer = threading.Thread(target=preprocess_follow, args=(Pipeline.from_file(stream / "pipeline.yaml"), stream / "raw", out),
+                                kwargs={"stop": stop, "poll_interval": 0.02})  # fmt: skip
+    producer.start()
+    try:
+        deadline = time.monotonic() + 30
+        while len((read_json(out / "manifest.json") or {}).get("files", [])) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        batches = {}
+        for source in ("raw", "out"):
+            ld = loader(stream, source=source, idle_flush=30)
+            batches[source] = [b.dense[:, 0].long().tolist() for _, b in zip(range(12), ld)]  # from full shuffle buffers only
+            ld.close()
+        assert batches["out"] == batches["raw"]
+        with pytest.raises(ConfigError, match="followed in its own order; arrivals='manifest' is for raw shards"):
+            loader(stream, source="out", arrivals="manifest")
+        first = loader(stream, source="out")
+        it = iter(first)
+        got = rows(it, 64) + rows(it, 64)
+        state = first.state_dict()
+        first.close()
+        assert state["arrivals"] == "processed" and state["follow"]["shard"] == "part-00000.parquet"
+        add_shard(stream, 3, 900, 150)
+        again = loader(stream, source="out")
+        again.load_state_dict(state)
+        got += rows(iter(again), 1050 - len(got))
+        again.close()
+        assert sorted(got) == list(range(1050))
+    finally:
+        stop.set()
+        producer.join()

@@ -182,7 +182,8 @@ class OnlineVocab:
         # heaps of rows (count, last, entry): count and last as they were when the row was placed (see _fresh_top)
         self._admitted = np.zeros((c, 3), np.int64)  # admitted keys, in eviction order
         self._cands = np.zeros((k, 3), np.int64)  # candidates seen more than once, by (count, last)
-        self._queue = np.zeros((2 * k, 2), np.int64)  # ring of (entry, last) of candidates seen once, oldest first
+        # a ring of (entry, last) of the candidates seen once, oldest first: at least twice the candidates, a power of two
+        self._queue = np.zeros((1 << int(2 * k - 1).bit_length(), 2), np.int64)
         self._free_ids = np.arange(c, dtype=np.int64)  # heap of ids (sorted: a valid heap)
         self._cooling = np.zeros(c, np.int64)  # ids evicted in the current batch, free from the next one
         size = 1 << max(4, int(2 * e - 1).bit_length())
@@ -486,13 +487,14 @@ def _once(ent, f, t):
 
 @_kernel
 def _queue_push(queue, meta, e, t, ent):
-    """Append (entry, last) to the queue of count-1 candidates (a ring of twice the candidates: full, it is first
-    compacted to its valid records, at most half of it)."""
+    """Append (entry, last) to the queue of count-1 candidates (a ring of at least twice the candidates: full, it
+    is first compacted to its valid records, at most half of it)."""
     size = len(queue)
+    mask = size - 1
     if meta[_QUEUE_SIZE] == size:
         kept = 0
         for i in range(size):
-            j = (meta[_QUEUE_HEAD] + i) % size
+            j = (meta[_QUEUE_HEAD] + i) & mask
             f = queue[j, 0]
             if _once(ent, f, queue[j, 1]):
                 queue[kept, 0] = f
@@ -500,7 +502,7 @@ def _queue_push(queue, meta, e, t, ent):
                 kept += 1
         meta[_QUEUE_HEAD] = 0
         meta[_QUEUE_SIZE] = kept
-    j = (meta[_QUEUE_HEAD] + meta[_QUEUE_SIZE]) % size
+    j = (meta[_QUEUE_HEAD] + meta[_QUEUE_SIZE]) & mask
     queue[j, 0] = e
     queue[j, 1] = t
     meta[_QUEUE_SIZE] += 1
@@ -510,10 +512,10 @@ def _queue_push(queue, meta, e, t, ent):
 def _queue_pop(queue, meta, ent):
     """The oldest count-1 candidate, taken off the queue (records of entries seen again, admitted or gone are
     skipped); -1 when there is none."""
-    size = len(queue)
+    mask = len(queue) - 1
     while meta[_QUEUE_SIZE] > 0:
         j = meta[_QUEUE_HEAD]
-        meta[_QUEUE_HEAD] = (j + 1) % size
+        meta[_QUEUE_HEAD] = (j + 1) & mask
         meta[_QUEUE_SIZE] -= 1
         f = queue[j, 0]
         if _once(ent, f, queue[j, 1]):
@@ -535,9 +537,9 @@ def _prefetch_ahead(r, hashes, ent, slots, queue, meta):
         if slots[s, 1] >= 0 and slots[s, 0] == h:
             _prefetch(ent, (slots[s, 1], 0))
     if meta[_QUEUE_SIZE] > _AHEAD:
-        size = len(queue)
-        _prefetch(ent, (queue[(meta[_QUEUE_HEAD] + _AHEAD) % size, 0], 0))
-        _prefetch(slots, (ent[queue[(meta[_QUEUE_HEAD] + _AHEAD // 2) % size, 0], _HASH] & mask, 0))
+        ring = len(queue) - 1
+        _prefetch(ent, (queue[(meta[_QUEUE_HEAD] + _AHEAD) & ring, 0], 0))
+        _prefetch(slots, (ent[queue[(meta[_QUEUE_HEAD] + _AHEAD // 2) & ring, 0], _HASH] & mask, 0))
 
 
 @_kernel

@@ -21,7 +21,8 @@ until the consumer is past the batch; the state at a position is the current one
 after it laid over it, newest first, made only when asked for. The loader's state (``state_dict``,
 ``save_vocabulary``) is the state at the consumer's position: the state a resumed pass starts from, which then
 gives the remaining batches the ids and events of an uninterrupted run. A pass closed early leaves the
-vocabularies at that same state (batches assembled but never delivered do not count).
+vocabularies at that same state (batches assembled but never delivered do not count). A pass restores ``base``
+into the vocabularies only when they do not hold it already (they do after a pass that ran to its end).
 
 Memory: ``base`` (one state: at most ``2 * capacity`` entries of 32 bytes per column), and per batch assembled and
 not yet consumed (each holds a ring slot: at most ``prefetch + 2``) 40 bytes per entry it changed and per column:
@@ -89,6 +90,7 @@ class OnlineVocabularies:
         self.base: State = self._export()
         self._floor: Key | None = None  # the oldest position of the current pass whose state can be produced
         self._steps: list[_Step] = []  # the batches applied after it, oldest first
+        self._at_base = True  # the vocabularies hold base (a pass starts without restoring it)
         self._lock = threading.Lock()  # the vocabularies and the steps change together
 
     def _export(self, undo: list[_Step] | None = None) -> State:
@@ -103,16 +105,19 @@ class OnlineVocabularies:
 
     # ------------------------------------------------------------------ the assembler's side
     def start_pass(self, key: Key) -> OnlinePass:
-        """Set the vocabularies to ``base`` for a pass starting at ``key``."""
+        """Set the vocabularies to ``base`` for a pass starting at ``key`` (restoring it unless they hold it: a
+        restored vocabulary behaves as the one exported, see ``etl.ops.online_vocab``)."""
         with self._lock:
-            for c, v in self.vocabs.items():
-                v.restore(self.base[c])
-            self._floor, self._steps = key, []
+            if not self._at_base:
+                for c, v in self.vocabs.items():
+                    v.restore(self.base[c])
+            self._floor, self._steps, self._at_base = key, [], True
         return OnlinePass(self)
 
     def _apply(self, update: Callable[[], dict[str, Undo]]) -> None:
         """Run ``update`` (one batch through the vocabularies, returning its undo records) as one step."""
         with self._lock:
+            self._at_base = False
             self._steps.append(_Step(None, update()))
 
     def _name(self, key: Key) -> None:
@@ -149,6 +154,7 @@ class OnlineVocabularies:
             undo = self._back_to(key)
             if undo is not None:
                 self.base = self._export(undo)
+                self._at_base = not undo  # the state at key is the current one
             self._floor, self._steps = None, []
 
     def prune(self, key: Key) -> None:
@@ -181,15 +187,16 @@ class OnlineVocabularies:
         self._take(state, lambda c, e: ConfigError(f"state_dict: online vocabulary of '{c}': {e}"))
 
     def _take(self, state: State, error: Callable[[str, Exception], Exception]) -> None:
-        """Check ``state`` against the vocabularies (restoring each) and make it ``base``."""
-        for c, v in self.vocabs.items():
-            try:
-                v.restore(state[c])
-            except InvalidState as e:
-                raise error(c, e) from None
+        """Check ``state`` against the vocabularies (restoring each) and make it ``base``; refused, ``base`` stays
+        (the next pass restores it)."""
         with self._lock:
-            self.base = self._export()
-            self._floor, self._steps = None, []
+            self._floor, self._steps, self._at_base = None, [], False
+            for c, v in self.vocabs.items():
+                try:
+                    v.restore(state[c])
+                except InvalidState as e:
+                    raise error(c, e) from None
+            self.base, self._at_base = self._export(), True
 
     def save(self, state: State, directory: str | Location) -> None:
         """Write ``state`` as artifacts (``etl.pipeline.artifacts.save_online``): JSON + one Parquet table per column."""

@@ -192,6 +192,22 @@ def test_load_state_dict_checks_the_online_state(data: Path) -> None:
         loader(data).load_state_dict({k: v for k, v in state.items() if k != "online_vocab"})
 
 
+def test_a_refused_state_leaves_the_loader_where_it_was(data: Path) -> None:
+    """A state whose C2 is broken, after C1's was taken: the loader still starts from its own state."""
+    whole = list(batches(loader(data), range(1)))
+    ahead = loader(data)
+    it = iter(ahead)
+    for _ in range(5):
+        next(it)
+    state = ahead.state_dict()
+    ahead.close()
+    state["online_vocab"]["C2"]["id"] = state["online_vocab"]["C2"]["id"][:8]
+    ld = loader(data)
+    with pytest.raises(ConfigError, match="online vocabulary of 'C2'"):
+        ld.load_state_dict(state)
+    assert same(list(batches(ld, range(1))), whole)
+
+
 def test_settings_an_online_vocabulary_cannot_follow_are_refused(data: Path) -> None:
     with pytest.raises(ConfigError, match="world_size"):
         loader(data, rank=0, world_size=2)

@@ -129,18 +129,18 @@ class VocabEvents:
 
 @dataclass(frozen=True)
 class Undo:
-    """What one update changed, enough to go back to the state before it: ``rows``, the clock before it, and for
-    each entry of the table it changed, ``entries`` [m] (int64) its place in the table and ``records`` [m, 4]
-    (int64: key bits, count, last, id) what it held before (count 0: it was free). ``m`` is at most the distinct keys
-    of the update's rows plus those they evicted or dropped, and at most the table's ``2 * capacity`` entries."""
+    """What one update changed, enough to go back to the state before it: ``rows``, the clock before it, and
+    ``records`` [m, 5] (int64), one per entry of the table it changed: the entry's place in the table, then what it
+    held before: key bits, count, last, id (count 0: it was free). A row changes its key's entry and at most one
+    other (a candidate it drops, a key it evicts), so ``m`` is at most twice the update's rows, and at most the
+    table's ``2 * capacity`` entries."""
 
     rows: int
-    entries: np.ndarray
     records: np.ndarray
 
     @property
     def nbytes(self) -> int:
-        return self.entries.nbytes + self.records.nbytes
+        return self.records.nbytes
 
 
 class OnlineVocab:
@@ -212,15 +212,14 @@ class OnlineVocab:
         out = np.empty(n, np.int64)
         events = np.empty((4, n), np.int64)
         counts = np.zeros(2, np.int64)
-        # a row changes at most two entries (its key's, and an evicted key's or a dropped candidate's that it reuses)
-        undo = np.empty((min(2 * n, len(self._ent)) if record else 0, 5), np.int64)
+        undo = np.empty((min(2 * n, len(self._ent)) if record else 0, 5), np.int64)  # see Undo
         _update(keys, hashes, valid, out, events, counts, self._ent, self._free_entries, self._admitted, self._cands, self._queue,
                 self._free_ids, self._cooling, self._slots, undo, self._meta, self.admit_after, self.evict == "lfu", self.ttl_rows,
                 self.first_id, self.oov_buckets)  # fmt: skip
         a, v = int(counts[0]), int(counts[1])
         ev = VocabEvents(events[0, :a].copy(), events[1, :a].copy().view(np.uint64), events[2, :v].copy(), events[3, :v].copy().view(np.uint64))
         m = int(self._meta[_N_UNDO]) if record else 0
-        return out, ev, Undo(rows, undo[:m, 0].copy(), undo[:m, 1:].copy())
+        return out, ev, Undo(rows, undo[:m].copy())
 
     # ------------------------------------------------------------------ state
     def export(self, canonical: bool = True, undo: Sequence[Undo] = ()) -> dict[str, np.ndarray | int]:
@@ -231,7 +230,7 @@ class OnlineVocab:
         table = self._ent[:, :_POS].copy()  # key, count, last, id
         rows = self.rows
         for u in undo:
-            table[u.entries] = u.records
+            table[u.records[:, 0]] = u.records[:, 1:]
             rows = u.rows
         table = table[table[:, _COUNT] > 0]
         state: dict[str, np.ndarray | int] = {"rows": rows, "key": table[:, _KEY].view(np.uint64).copy()}

@@ -259,7 +259,7 @@ def test_undo_records_give_the_state_before_each_update(evict: str, ttl: int | N
         ids, ev, undo = v.update_with_undo(part)
         want_ids, want_ev = twin.update(part)
         assert np.array_equal(ids, want_ids) and _events(ev) == _events(want_ev)
-        assert len(undo.entries) <= min(2 * len(part), 40_000) and undo.rows == states[-1]["rows"]
+        assert len(undo.records) <= min(2 * len(part), 40_000) and undo.rows == states[-1]["rows"]
         undos.append(undo)
     assert len(states[-1]["key"]) > 1 << 14  # above _FAR: the kernel prefetches
     for i, state in enumerate(states):

@@ -239,11 +239,10 @@ class OnlinePass:
         v = self.vocabs
         if not parts:
             return {c: VocabEvents.none() for c in v.columns}
+        fields = _gather_keys(parts, v.columns)
 
         def update(c: str) -> tuple[np.ndarray, VocabEvents, Undo]:
-            keys = np.concatenate([buf.take_fixed(f"online_keys:{c}", rows) for buf, rows in parts])
-            valid = np.concatenate([buf.take_fixed(f"online_valid:{c}", rows) for buf, rows in parts])
-            return v.vocabs[c].update_with_undo(keys, valid)
+            return v.vocabs[c].update_with_undo(fields[f"online_keys:{c}"], fields[f"online_valid:{c}"])
 
         results: list[tuple[np.ndarray, VocabEvents, Undo]] = []
 
@@ -265,3 +264,15 @@ class OnlinePass:
     def snapshot(self, key: Hashable) -> None:
         """The state after the batches applied so far is the state at ``key``."""
         self.vocabs._name(key)
+
+
+def _gather_keys(parts: list[tuple[ChunkRun, np.ndarray]], columns: list[str]) -> dict[str, np.ndarray]:
+    """The fields ``online_keys:<column>`` and ``online_valid:<column>`` of every column for the rows of ``parts``,
+    in order: one gather of each part's rows for all the fields."""
+    n = sum(len(rows) for _, rows in parts)
+    out = {f"online_{what}:{c}": np.empty(n, dtype) for c in columns for what, dtype in (("keys", np.uint64), ("valid", np.bool_))}
+    row = 0
+    for buf, rows in parts:
+        buf.gather(rows, {name: a[row : row + len(rows)] for name, a in out.items()})
+        row += len(rows)
+    return out

@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from etl.errors import ArtifactError, ConfigError
+from etl.errors import ArtifactError, ConfigError, LoaderError
 from etl.io.arrow import from_numpy, to_numpy
 from etl.io.fs import Location
 from etl.loader.chunk import ChunkRun
@@ -60,7 +60,8 @@ from etl.pipeline import Pipeline, artifacts
 
 #: The state of every online column: ``OnlineVocab.export`` by column name.
 State = dict[str, dict[str, Any]]
-#: A snapshot's place: a batch position (epoch, batches before it), or in follow mode a ``FollowPosition``.
+#: A position whose state the vocabularies keep: a batch position (epoch, batches before it), or in follow mode a
+#: ``FollowPosition``.
 Key = Hashable
 
 #: The columns and types of an online vocabulary table (an artifact), sorted by key; ``id`` -1: a candidate.
@@ -91,6 +92,7 @@ class OnlineVocabularies:
         self._floor: Key | None = None  # the oldest position of the current pass whose state can be produced
         self._steps: list[_Step] = []  # the batches applied after it, oldest first
         self._at_base = True  # the vocabularies hold base (a pass starts without restoring it)
+        self._lost = False  # an update failed midway: no state of the current pass can be made
         self._lock = threading.Lock()  # the vocabularies and the steps change together
 
     def _export(self, undo: list[_Step] | None = None) -> State:
@@ -114,13 +116,17 @@ class OnlineVocabularies:
             self._floor, self._steps, self._at_base = key, [], True
         return OnlinePass(self)
 
-    def _apply(self, update: Callable[[], dict[str, Undo]]) -> None:
+    def apply_step(self, update: Callable[[], dict[str, Undo]]) -> None:
         """Run ``update`` (one batch through the vocabularies, returning its undo records) as one step."""
         with self._lock:
             self._at_base = False
-            self._steps.append(_Step(None, update()))
+            try:
+                self._steps.append(_Step(None, update()))
+            except BaseException:
+                self._lost = True
+                raise
 
-    def _name(self, key: Key) -> None:
+    def name_step(self, key: Key) -> None:
         """The state after the steps so far is the state at ``key``."""
         with self._lock:
             if self._steps and self._steps[-1].key is None:
@@ -131,7 +137,10 @@ class OnlineVocabularies:
     # ------------------------------------------------------------------ the consumer's side
     def _back_to(self, key: Key) -> list[_Step] | None:
         """The steps to undo (newest first) to reach the state at ``key``; None when the current pass does not hold
-        it (held under the lock)."""
+        it (held under the lock). ``LoaderError`` after an update failed midway (until a state is loaded)."""
+        if self._lost:
+            raise LoaderError("the online vocabularies' state is unknown after an update failed: load a saved state "
+                              "(load_state_dict, load_vocabulary) to continue")  # fmt: skip
         if self._floor is None:
             return None
         if key == self._floor:
@@ -190,7 +199,7 @@ class OnlineVocabularies:
         """Check ``state`` against the vocabularies (restoring each) and make it ``base``; refused, ``base`` stays
         (the next pass restores it)."""
         with self._lock:
-            self._floor, self._steps, self._at_base = None, [], False
+            self._floor, self._steps, self._at_base, self._lost = None, [], False, False
             for c, v in self.vocabs.items():
                 try:
                     v.restore(state[c])
@@ -254,7 +263,7 @@ class OnlinePass:
                     results.extend(pool.map(update, v.columns))
             return {c: undo for c, (_, _, undo) in zip(v.columns, results)}
 
-        v._apply(update_all)
+        v.apply_step(update_all)
         events = {}
         for c, (ids, ev, _), j in zip(v.columns, results, v.sparse_index):
             sparse[:, j] = ids  # here, not in the threads: they would share the rows' cache lines
@@ -263,7 +272,7 @@ class OnlinePass:
 
     def snapshot(self, key: Hashable) -> None:
         """The state after the batches applied so far is the state at ``key``."""
-        self.vocabs._name(key)
+        self.vocabs.name_step(key)
 
 
 def _gather_keys(parts: list[tuple[ChunkRun, np.ndarray]], columns: list[str]) -> dict[str, np.ndarray]:

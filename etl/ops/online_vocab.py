@@ -53,7 +53,7 @@ few cache misses (its slot, the dropped candidate's entry and slot), and they ov
 
 ``update_with_undo`` also returns what the update changed (``Undo``: each entry it changed, as it was before), so
 that the state before a few updates is the state now with their undo records laid over it, newest first
-(``export(undo=...)``): the loader keeps these instead of copying the tables after every batch.
+(``export(undo=...)``): the loader keeps those of the batches in flight (``etl.loader.online``).
 """
 
 from __future__ import annotations

@@ -14,10 +14,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from etl.errors import ArtifactError, ConfigError
+from etl.errors import ArtifactError, ConfigError, LoaderError
 from etl.io.fs import locations
 from etl.io.parquet import list_shards
 from etl.loader import Loader
+from etl.ops.online_vocab import OnlineVocab
 from etl.pipeline import Pipeline
 from etl.schema import load_schema
 from etl.synth import generate
@@ -206,6 +207,36 @@ def test_a_refused_state_leaves_the_loader_where_it_was(data: Path) -> None:
     with pytest.raises(ConfigError, match="online vocabulary of 'C2'"):
         ld.load_state_dict(state)
     assert same(list(batches(ld, range(1))), whole)
+
+
+def test_after_a_failed_update_the_state_is_refused_until_one_is_loaded(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An update that fails midway leaves no state of its pass that could be trusted: state_dict and the next pass
+    raise instead of giving a wrong one, and loading a saved state continues exactly."""
+    whole = list(batches(loader(data), range(1)))
+    ld = loader(data)
+    it = iter(ld)
+    got = [next(it) for _ in range(2)]
+    state = ld.state_dict()
+    calls = iter(range(1000))
+    update = OnlineVocab.update_with_undo
+
+    def failing(self, *args):
+        if next(calls) == 5:
+            raise MemoryError("no memory")
+        return update(self, *args)
+
+    monkeypatch.setattr(OnlineVocab, "update_with_undo", failing)
+    with pytest.raises(Exception, match="no memory"):
+        for _ in it:
+            pass
+    with pytest.raises(LoaderError, match="unknown after an update failed"):
+        ld.state_dict()
+    with pytest.raises(LoaderError, match="unknown after an update failed"):
+        iter(ld)
+    monkeypatch.setattr(OnlineVocab, "update_with_undo", update)
+    ld.load_state_dict(state)
+    rest = list(batches(ld, range(1)))
+    assert len(got) == 2 and same(rest, whole[2:])
 
 
 def test_settings_an_online_vocabulary_cannot_follow_are_refused(data: Path) -> None:

@@ -81,18 +81,20 @@ _kernel = nb.njit(nogil=True, cache=True, _nrt=False)  # type: ignore[call-overl
 # meta slots
 _CLOCK, _N_ADMITTED, _N_CANDIDATES, _N_FREE_IDS, _N_FREE_ENTRIES, _N_HEAP, _QUEUE_HEAD, _QUEUE_SIZE, _N_COOLING, _BATCH, _N_UNDO = range(11)
 # the fields of an entry (one 64-byte row of the entry table): the state's four first, then the heap position, the
-# batch in which a candidate evicted a key it waits to replace, the batch in which the entry was last recorded for
-# undo, and the key's hash (see _hash)
+# batch in which a candidate evicted a key it waits to replace and the batch in which the entry was last recorded for
+# undo (both as batch + 1: 0, none), and the key's hash (see _hash). The tables start as zeros (pages the kernel
+# never touches take no memory and no time): a free entry has count 0, an empty hash slot entry 0 (slots hold the
+# entry + 1)
 _KEY, _COUNT, _LAST, _ID, _POS, _WAITS, _LOGGED, _HASH = range(8)
 _FIELDS = 8
 _AHEAD = 16  # rows ahead whose hash slot is prefetched (their entry: half as far)
 _FAR = 1 << 14  # keys in the table above which its rows no longer stay in L2 (1 MB): prefetch
 
 
-def _aligned(rows: int, fields: int, fill: int) -> np.ndarray:
-    """An int64 table [rows, fields] filled with ``fill`` whose rows start on 64-byte boundaries (a row of 8 fields
-    is one cache line)."""
-    buf = np.full(rows * fields + 8, fill, np.int64)
+def _aligned(rows: int, fields: int) -> np.ndarray:
+    """An int64 table [rows, fields] of zeros whose rows start on 64-byte boundaries (a row of 8 fields is one
+    cache line)."""
+    buf = np.zeros(rows * fields + 8, np.int64)
     skip = (-buf.ctypes.data % 64) // 8
     return buf[skip : skip + rows * fields].reshape(rows, fields)
 
@@ -174,10 +176,7 @@ class OnlineVocab:
     def _reset(self) -> None:
         c, k = self.capacity, self.candidates
         e = c + k
-        self._ent = _aligned(e, _FIELDS, 0)  # the entries, fields _KEY .. _LOGGED; count 0: a free entry
-        self._ent[:, _ID] = -1
-        self._ent[:, _WAITS] = -1
-        self._ent[:, _LOGGED] = -1
+        self._ent = _aligned(e, _FIELDS)  # the entries, fields _KEY .. _HASH
         self._free_entries = np.arange(e - 1, -1, -1, dtype=np.int64)  # a stack: entry 0 on top
         # heaps of rows (count, last, entry): count and last as they were when the row was placed (see _fresh_top)
         self._admitted = np.zeros((c, 3), np.int64)  # admitted keys, in eviction order
@@ -187,7 +186,7 @@ class OnlineVocab:
         self._free_ids = np.arange(c, dtype=np.int64)  # heap of ids (sorted: a valid heap)
         self._cooling = np.zeros(c, np.int64)  # ids evicted in the current batch, free from the next one
         size = 1 << max(4, int(2 * e - 1).bit_length())
-        self._slots = _aligned(size, 2, -1)  # the hash table: (hash, entry) per slot, entry -1: empty
+        self._slots = _aligned(size, 2)  # the hash table: (hash, entry + 1) per slot, 0: empty
         self._meta = np.array([0, 0, 0, c, e, 0, 0, 0, 0, 0, 0], np.int64)
 
     # ------------------------------------------------------------------ update
@@ -434,7 +433,7 @@ def _find(slots, h):
     mask = len(slots) - 1
     s = h & mask
     while True:
-        if slots[s, 1] < 0 or slots[s, 0] == h:
+        if slots[s, 1] == 0 or slots[s, 0] == h:
             return s
         s = (s + 1) & mask
 
@@ -446,20 +445,20 @@ def _delete(slots, s):
     j = s
     while True:
         j = (j + 1) & mask
-        if slots[j, 1] < 0:
+        if slots[j, 1] == 0:
             break
         home = slots[j, 0] & mask
         if (j > s and (home <= s or home > j)) or (j < s and (home <= s and home > j)):
             slots[s, 0] = slots[j, 0]
             slots[s, 1] = slots[j, 1]
             s = j
-    slots[s, 1] = -1
+    slots[s, 1] = 0
 
 
 @_kernel
 def _record(e, ent, undo, meta):
     """Entry ``e`` is about to change for the first time in this update: record what it holds."""
-    ent[e, _LOGGED] = meta[_BATCH]
+    ent[e, _LOGGED] = meta[_BATCH] + 1
     u = meta[_N_UNDO]
     undo[u, 0] = e
     for f in range(4):
@@ -470,7 +469,7 @@ def _record(e, ent, undo, meta):
 @_kernel
 def _free_entry(e, ent, slots, free_entries, undo, meta):
     """Take entry ``e``'s key out of the hash table and give the entry back (count 0: no queue record is valid)."""
-    if len(undo) and ent[e, _LOGGED] != meta[_BATCH]:
+    if len(undo) and ent[e, _LOGGED] != meta[_BATCH] + 1:
         _record(e, ent, undo, meta)
     _delete(slots, _find(slots, ent[e, _HASH]))
     ent[e, _COUNT] = 0
@@ -533,8 +532,8 @@ def _prefetch_ahead(r, hashes, ent, slots, queue, meta):
     if r + _AHEAD // 2 < len(hashes):
         h = hashes[r + _AHEAD // 2]
         s = h & mask
-        if slots[s, 1] >= 0 and slots[s, 0] == h:
-            _prefetch(ent, (slots[s, 1], 0))
+        if slots[s, 1] > 0 and slots[s, 0] == h:
+            _prefetch(ent, (slots[s, 1] - 1, 0))
     if meta[_QUEUE_SIZE] > _AHEAD:
         ring = len(queue) - 1
         _prefetch(ent, (queue[(meta[_QUEUE_HEAD] + _AHEAD) & ring, 0], 0))
@@ -560,9 +559,9 @@ def _update(keys, hashes, valid, out, events, counts, ent, free_entries, admitte
             continue
         h = hashes[r]
         s = _find(slots, h)
-        e = slots[s, 1]
+        e = slots[s, 1] - 1
         if e >= 0:
-            if record and ent[e, _LOGGED] != batch:
+            if record and ent[e, _LOGGED] != batch + 1:
                 _record(e, ent, undo, meta)
             ent[e, _COUNT] += 1
             ent[e, _LAST] = t
@@ -581,16 +580,16 @@ def _update(keys, hashes, valid, out, events, counts, ent, free_entries, admitte
                 s = _find(slots, h)
             meta[_N_FREE_ENTRIES] -= 1
             e = free_entries[meta[_N_FREE_ENTRIES]]
-            if record and ent[e, _LOGGED] != batch:
+            if record and ent[e, _LOGGED] != batch + 1:
                 _record(e, ent, undo, meta)
             ent[e, _KEY] = keys[r]
             ent[e, _COUNT] = 1
             ent[e, _LAST] = t
             ent[e, _ID] = -1
-            ent[e, _WAITS] = -1
+            ent[e, _WAITS] = 0
             ent[e, _HASH] = h
             slots[s, 0] = h
-            slots[s, 1] = e
+            slots[s, 1] = e + 1
             meta[_N_CANDIDATES] += 1
             _queue_push(queue, meta, e, t, ent)
             in_heap = False
@@ -600,17 +599,17 @@ def _update(keys, hashes, valid, out, events, counts, ent, free_entries, admitte
             if meta[_N_FREE_IDS] > 0:
                 new_id = _pop_id(free_ids, meta[_N_FREE_IDS])
                 meta[_N_FREE_IDS] -= 1
-            elif ent[e, _WAITS] != batch and meta[_N_ADMITTED] > 0:  # every id may be cooling
+            elif ent[e, _WAITS] != batch + 1 and meta[_N_ADMITTED] > 0:  # every id may be cooling
                 v = _fresh_top(admitted, meta[_N_ADMITTED], ent, lfu)
                 if (count > ent[v, _COUNT]) if lfu else (t - ent[v, _LAST] >= ttl_rows):
-                    if record and ent[v, _LOGGED] != batch:
+                    if record and ent[v, _LOGGED] != batch + 1:
                         _record(v, ent, undo, meta)
                     events[2, n_ev] = first_id + ent[v, _ID]
                     events[3, n_ev] = ent[v, _KEY]
                     n_ev += 1
                     cooling[meta[_N_COOLING]] = ent[v, _ID]
                     meta[_N_COOLING] += 1
-                    ent[e, _WAITS] = batch
+                    ent[e, _WAITS] = batch + 1
                     meta[_N_ADMITTED] = _heap_remove(admitted, meta[_N_ADMITTED], 0, ent, lfu)
                     ent[v, _ID] = -1
                     _free_entry(v, ent, slots, free_entries, undo, meta)
@@ -653,7 +652,7 @@ def _load(keys, hashes, counts, lasts, idv, ent, free_entries, admitted, cands, 
         ent[e, _HASH] = hashes[i]
         s = _find(slots, hashes[i])
         slots[s, 0] = hashes[i]
-        slots[s, 1] = e
+        slots[s, 1] = e + 1
         if idv[i] >= 0:
             taken[idv[i]] = True
             meta[_N_ADMITTED] = _heap_push(admitted, meta[_N_ADMITTED], e, ent, lfu)

@@ -6,7 +6,8 @@
    of each column) of CPU, per eviction policy, and ns of CPU per key by cardinality class of the column; plus
    the size and cost of a state of every column (``export(canonical=False)``, made on demand: ``state_dict``,
    start of a pass) and the size of the undo records of one update of every column (the loader keeps one per
-   batch in flight). (The loader updates the columns on parallel threads.)
+   batch in flight). (The loader updates the columns on parallel threads.) The tables start as untouched zero
+   pages, so this first pass over the stream also pays their page faults (a loader pays them in its first epoch).
 2. The Loader, one shuffled epoch, with the same pipeline with offline Categorify and with online Categorify on
    every categorical column, back to back (best of ``--repeat``): rows/s and CPU seconds of the process, and the
    most positions and undo bytes the online vocabularies held.

@@ -46,6 +46,17 @@ def _scatter_rows(src, src_rows, out, out_rows, nbytes):
     return -1
 
 
+@nb.njit(nogil=True, cache=True)
+def _scatter_items(src, src_rows, out, out_rows):
+    """``_scatter_rows`` for 1-d arrays: ``out[out_rows[r]] = src[src_rows[r]]``; the first r out of range, or -1."""
+    for r in range(len(src_rows)):
+        s, o = src_rows[r], out_rows[r]
+        if s < 0 or s >= len(src) or o < 0 or o >= len(out):
+            return r
+        out[o] = src[s]
+    return -1
+
+
 def scatter_rows(src: np.ndarray, src_rows: np.ndarray, out: np.ndarray, out_rows: np.ndarray) -> None:
     """``out[out_rows[r]] = src[src_rows[r]]`` for every r: one copy of each row, without the intermediate array
     that ``out[out_rows] = src[src_rows]`` makes. ``src`` and ``out``: 1-d or 2-d arrays of one dtype and row
@@ -61,7 +72,10 @@ def scatter_rows(src: np.ndarray, src_rows: np.ndarray, out: np.ndarray, out_row
         raise ValueError(f"cannot copy rows of {src.dtype}{list(src.shape)} into {out.dtype}{list(out.shape)} "
                          f"({len(src_rows)} source rows, {len(out_rows)} destination rows; rows must be contiguous)")  # fmt: skip
     src_rows, out_rows = src_rows.astype(np.int64, copy=False), out_rows.astype(np.int64, copy=False)
-    bad = _scatter_rows(src, src_rows, out, out_rows, row_bytes)
+    if src.shape[1] == 1:  # rows of one element: copied as elements (a memcpy call per element costs more)
+        bad = _scatter_items(src[:, 0], src_rows, out[:, 0], out_rows)
+    else:
+        bad = _scatter_rows(src, src_rows, out, out_rows, row_bytes)
     if bad >= 0:
         raise IndexError(f"row {src_rows[bad]} of {len(src)} copied to row {out_rows[bad]} of {len(out)}")
 

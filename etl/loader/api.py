@@ -268,6 +268,13 @@ class Loader:
         ``etl.loader.follow.FollowPosition``) and ``arrivals`` (the arrival order) replace epoch, position and
         total_rows: save it together with what the training did with that batch (a model checkpoint), never ahead of
         it, so that a restart neither loses nor repeats a row."""
+        state = self._position_state()
+        if self.vocabularies is not None:
+            state["online_vocab"] = self.vocabularies.to_dict(self.vocabularies.at(self._vocab_here()))
+        return state
+
+    def _position_state(self) -> dict[str, Any]:
+        """``state_dict`` without the online vocabularies."""
         state: dict[str, Any] = {"seed": self.seed, "rank": self.rank, "world_size": self.world_size, "batch_size": self.batch_size,
                                  "shuffle": self.shuffle, "shuffle_buffer": self.shuffle_buffer, "drop_last": self.drop_last}  # fmt: skip
         if self._follow is not None:
@@ -275,13 +282,11 @@ class Loader:
             state["arrivals"] = self._follow.arrivals
         else:
             state |= {"epoch": self.epoch, "position": self.position, "total_rows": self.total_rows}
-        if self.vocabularies is not None:
-            state["online_vocab"] = self.vocabularies.to_dict(self.vocabularies.at(self._vocab_here()))
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue exactly where the loader that produced ``state`` stopped (same data and settings)."""
-        mine = self.state_dict()
+        mine = self._position_state()
         if ("follow" in state) != ("follow" in mine):
             raise ConfigError("state_dict mismatch: " + ("a following loader's state given to a loader without follow=True" if "follow" in state
                               else "the state of a loader without follow=True given to a following loader"))  # fmt: skip

@@ -209,7 +209,7 @@ class Assembler:
         self.stats.add_assemble(t1 - t0, time.perf_counter() - t1)
         self.emitted += 1
         if self.online is not None:
-            self.online.snapshot(self._position_key())
+            self.online.name_step(self._position_key())
         return Item(slot, n, lists, check, events)
 
     def _position_key(self) -> Hashable:

@@ -34,8 +34,8 @@ training step make the other ranks wait for it. Idle flushes follow each rank's 
 ``world_size > 1`` a quiet stream may give ranks different numbers of short batches: use ``drop_last=True`` there
 (only full batches, so the ranks' batch counts differ only by what has not arrived yet) or a long ``idle_flush``.
 
-Memory does not grow with the stream: the buffers, their positions (``closed``) and the online vocabularies'
-snapshots are those between the consumer and the assembler (bounded by the ring and the read-ahead), the pieces
+Memory does not grow with the stream: the buffers, their positions (``closed``) and the online vocabularies' undo
+records (``etl.loader.online``) are those between the consumer and the assembler (bounded by the ring and the read-ahead), the pieces
 read ahead are ``num_workers + prefetch``, and the pieces of known shards not yet read are a few objects a row
 group (at start, those of every shard present). What grows with the shards seen is ``Arrivals``' record of their
 names (about 120 bytes a shard with names like ``part-00000.parquet``: 12 MB per 100 000 shards), as each poll's

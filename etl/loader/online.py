@@ -14,17 +14,25 @@ within a batch an id names one key, and a trainer that resets the embedding rows
 before its step is exact: no row of the evicted key uses the id in or after the batch that admits the new key.
 
 State: the state at batch position ``p`` of an epoch is the state after its first ``p`` batches (the first batch
-of a pass starts from ``base``). The assembler runs ahead of the consumer, so it snapshots the vocabularies after
-each batch it emits (key: the position after it) until the consumer is past it. The loader's state (``state_dict``,
-``save_vocabulary``) is the snapshot at the consumer's position: the state a resumed pass starts from, which then
+of a pass starts from ``base``). The assembler runs ahead of the consumer, so the state at any position between
+them must remain available. The vocabularies hold the state after the last batch assembled, and each batch also
+records what it changed (``OnlineVocab.update_with_undo``: every table entry it changed, as it was before), kept
+until the consumer is past the batch; the state at a position is the current one with the records of the batches
+after it laid over it, newest first, made only when asked for. The loader's state (``state_dict``,
+``save_vocabulary``) is the state at the consumer's position: the state a resumed pass starts from, which then
 gives the remaining batches the ids and events of an uninterrupted run. A pass closed early leaves the
-vocabularies at that same state (batches assembled but never delivered do not count). A snapshot copies the
-tables: up to 2 * capacity entries of 32 bytes per column, once per batch; those held are the one at the
-consumer's position and one per batch assembled and not yet consumed, which holds a ring slot: at most ``prefetch +
-3``.
+vocabularies at that same state (batches assembled but never delivered do not count). A pass restores ``base``
+into the vocabularies only when they do not hold it already (they do after a pass that ran to its end).
 
-Follow mode (``etl.loader.follow``) is one endless pass: its snapshots are keyed by the ``FollowPosition`` after
-each batch, and the state at a saved ``FollowPosition`` (the position after the last batch handed out) is the
+Memory: ``base`` (one state: at most ``2 * capacity`` entries of 32 bytes per column), and per batch assembled and
+not yet consumed (each holds a ring slot: at most ``prefetch + 2``) 40 bytes per entry it changed and per column:
+at most twice its rows and at most ``2 * capacity`` (about one per row on a column whose keys are mostly new, a few
+on a column of a few keys). Making a state copies each column's table once (``2 * capacity`` entries of 32 bytes)
+while the assembler waits for the copy; that happens at ``state_dict``, ``save_vocabulary`` and the start of a
+pass, not per batch.
+
+Follow mode (``etl.loader.follow``) is one endless pass: its batches are keyed by the ``FollowPosition`` after
+each, and the state at a saved ``FollowPosition`` (the position after the last batch handed out) is the
 state after that batch. A restart resumes from it; its batches are those the stream gives from that position
 (where idle flushes cut buffers depends on time, as the rows do not), each given its ids in order from that state.
 """
@@ -35,23 +43,25 @@ import os
 import threading
 from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from etl.errors import ArtifactError, ConfigError
+from etl.errors import ArtifactError, ConfigError, LoaderError
 from etl.io.arrow import from_numpy, to_numpy
 from etl.io.fs import Location
 from etl.loader.chunk import ChunkRun
 from etl.ops import Categorify
 from etl.ops.base import InvalidState
-from etl.ops.online_vocab import VocabEvents, canonical_state
+from etl.ops.online_vocab import Undo, VocabEvents, canonical_state
 from etl.pipeline import Pipeline, artifacts
 
 #: The state of every online column: ``OnlineVocab.export`` by column name.
 State = dict[str, dict[str, Any]]
-#: A snapshot's place: a batch position (epoch, batches before it), or in follow mode a ``FollowPosition``.
+#: A position whose state the vocabularies keep: a batch position (epoch, batches before it), or in follow mode a
+#: ``FollowPosition``.
 Key = Hashable
 
 #: The columns and types of an online vocabulary table (an artifact), sorted by key; ``id`` -1: a candidate.
@@ -59,9 +69,19 @@ TABLE_SCHEMA = pa.schema([("key", pa.uint64()), ("count", pa.int64()), ("last", 
 _ARRAYS = {"key": np.uint64, "count": np.int64, "last": np.int64, "id": np.int64}
 
 
+@dataclass
+class _Step:
+    """One batch applied in the current pass: the key of the position after it (None until the assembler names
+    it) and, per column, what the batch changed (``Undo``)."""
+
+    key: Key | None
+    undo: dict[str, Undo]
+
+
 class OnlineVocabularies:
     """The online vocabularies of a loader (one per online column, in ``columns`` order: the layout's
-    ``online``), their snapshots, and the state a pass starts from (``base``)."""
+    ``online``), the state a pass starts from (``base``), and the way back from the vocabularies' current state to
+    the state at any position between the consumer and the assembler (see the module docstring, State)."""
 
     def __init__(self, pipeline: Pipeline, columns: list[str], sparse: list[str]):
         by_column = {c: op for op in pipeline.ops if isinstance(op, Categorify) for c in op.columns}
@@ -69,46 +89,90 @@ class OnlineVocabularies:
         self.vocabs = {c: by_column[c].online_vocab(c) for c in columns}
         self.sparse_index = [sparse.index(c) for c in columns]
         self.base: State = self._export()
-        self._snapshots: dict[Key, State] = {}
-        self._lock = threading.Lock()
+        self._floor: Key | None = None  # the oldest position of the current pass whose state can be produced
+        self._steps: list[_Step] = []  # the batches applied after it, oldest first
+        self._at_base = True  # the vocabularies hold base (a pass starts without restoring it)
+        self._lost = False  # an update failed midway: no state of the current pass can be made
+        self._lock = threading.Lock()  # the vocabularies and the steps change together
 
-    def _export(self) -> State:
-        return {c: v.export() for c, v in self.vocabs.items()}
+    def _export(self, undo: list[_Step] | None = None) -> State:
+        """The vocabularies' state now, or before the steps ``undo`` (newest first)."""
+        return {c: v.export(canonical=undo is None, undo=[s.undo[c] for s in undo or () if c in s.undo]) for c, v in self.vocabs.items()}
+
+    def held(self) -> tuple[int, int]:
+        """The positions whose state can be produced (the consumer's and one per batch in flight), and the bytes of
+        the undo records that keeps."""
+        with self._lock:
+            return (0 if self._floor is None else 1 + len(self._steps)), sum(u.nbytes for s in self._steps for u in s.undo.values())
 
     # ------------------------------------------------------------------ the assembler's side
     def start_pass(self, key: Key) -> OnlinePass:
-        """Set the vocabularies to ``base`` for a pass starting at ``key``."""
-        for c, v in self.vocabs.items():
-            v.restore(self.base[c])
+        """Set the vocabularies to ``base`` for a pass starting at ``key`` (restoring it unless they hold it: a
+        restored vocabulary behaves as the one exported, see ``etl.ops.online_vocab``)."""
         with self._lock:
-            self._snapshots = {key: self.base}
+            if not self._at_base:
+                for c, v in self.vocabs.items():
+                    v.restore(self.base[c])
+            self._floor, self._steps, self._at_base = key, [], True
         return OnlinePass(self)
 
-    def snapshot(self, key: Key) -> None:
-        state = {c: v.export(canonical=False) for c, v in self.vocabs.items()}
+    def apply_step(self, update: Callable[[], dict[str, Undo]]) -> None:
+        """Run ``update`` (one batch through the vocabularies, returning its undo records) as one step."""
         with self._lock:
-            self._snapshots[key] = state
+            self._at_base = False
+            try:
+                self._steps.append(_Step(None, update()))
+            except BaseException:
+                self._lost = True
+                raise
+
+    def name_step(self, key: Key) -> None:
+        """The state after the steps so far is the state at ``key``."""
+        with self._lock:
+            if self._steps and self._steps[-1].key is None:
+                self._steps[-1].key = key
+            else:  # a batch that changed nothing
+                self._steps.append(_Step(key, {}))
 
     # ------------------------------------------------------------------ the consumer's side
+    def _back_to(self, key: Key) -> list[_Step] | None:
+        """The steps to undo (newest first) to reach the state at ``key``; None when the current pass does not hold
+        it (held under the lock). ``LoaderError`` after an update failed midway (until a state is loaded)."""
+        if self._lost:
+            raise LoaderError("the online vocabularies' state is unknown after an update failed: load a saved state "
+                              "(load_state_dict, load_vocabulary) to continue")  # fmt: skip
+        if self._floor is None:
+            return None
+        if key == self._floor:
+            return self._steps[::-1]
+        for i in range(len(self._steps) - 1, -1, -1):
+            if self._steps[i].key == key:
+                return self._steps[:i:-1]
+        return None
+
     def at(self, key: Key) -> State:
-        """The state at ``key``: its snapshot, or ``base`` when the current pass has none (no pass reached it)."""
+        """The state at ``key``: produced from the current state and the undo records of the batches after it, or
+        ``base`` when the current pass does not hold it (no pass reached it)."""
         with self._lock:
-            return self._snapshots.get(key, self.base)
+            undo = self._back_to(key)
+            return self.base if undo is None else self._export(undo)
 
     def commit(self, key: Key) -> None:
-        """Make the state at ``key`` the one the next pass starts from (and forget the snapshots)."""
+        """Make the state at ``key`` the one the next pass starts from (and forget the current pass's steps)."""
         with self._lock:
-            self.base = self._snapshots.get(key, self.base)
-            self._snapshots = {}
+            undo = self._back_to(key)
+            if undo is not None:
+                self.base = self._export(undo)
+                self._at_base = not undo  # the state at key is the current one
+            self._floor, self._steps = None, []
 
     def prune(self, key: Key) -> None:
-        """Forget the snapshots taken before the one at ``key`` (the consumer is past them)."""
+        """Forget the steps up to ``key`` (the consumer is past them): the state at ``key`` is the oldest held."""
         with self._lock:
-            if key in self._snapshots:
-                for k in list(self._snapshots):  # in the order they were taken
-                    if k == key:
-                        break
-                    del self._snapshots[k]
+            for i, step in enumerate(self._steps):
+                if step.key == key:
+                    self._floor, self._steps = key, self._steps[i + 1 :]
+                    return
 
     # ------------------------------------------------------------------ state
     @staticmethod
@@ -132,15 +196,16 @@ class OnlineVocabularies:
         self._take(state, lambda c, e: ConfigError(f"state_dict: online vocabulary of '{c}': {e}"))
 
     def _take(self, state: State, error: Callable[[str, Exception], Exception]) -> None:
-        """Check ``state`` against the vocabularies (restoring each) and make it ``base``."""
-        for c, v in self.vocabs.items():
-            try:
-                v.restore(state[c])
-            except InvalidState as e:
-                raise error(c, e) from None
+        """Check ``state`` against the vocabularies (restoring each) and make it ``base``; refused, ``base`` stays
+        (the next pass restores it)."""
         with self._lock:
-            self.base = self._export()
-            self._snapshots = {}
+            self._floor, self._steps, self._at_base, self._lost = None, [], False, False
+            for c, v in self.vocabs.items():
+                try:
+                    v.restore(state[c])
+                except InvalidState as e:
+                    raise error(c, e) from None
+            self.base, self._at_base = self._export(), True
 
     def save(self, state: State, directory: str | Location) -> None:
         """Write ``state`` as artifacts (``etl.pipeline.artifacts.save_online``): JSON + one Parquet table per column."""
@@ -169,7 +234,7 @@ class OnlineVocabularies:
 
 class OnlinePass:
     """One pass's use of the vocabularies, from the assembler thread: ``apply`` to each batch as it is gathered
-    into its ring slot, in the pass's batch order, then ``snapshot`` with the key of the position after it."""
+    into its ring slot, in the pass's batch order, then ``name_step`` with the key of the position after it."""
 
     def __init__(self, vocabs: OnlineVocabularies):
         self.vocabs = vocabs
@@ -183,23 +248,40 @@ class OnlinePass:
         v = self.vocabs
         if not parts:
             return {c: VocabEvents.none() for c in v.columns}
+        fields = _gather_keys(parts, v.columns)
 
-        def update(c: str) -> tuple[np.ndarray, VocabEvents]:
-            keys = np.concatenate([buf.take_fixed(f"online_keys:{c}", rows) for buf, rows in parts])
-            valid = np.concatenate([buf.take_fixed(f"online_valid:{c}", rows) for buf, rows in parts])
-            return v.vocabs[c].update(keys, valid)
+        def update(c: str) -> tuple[np.ndarray, VocabEvents, Undo]:
+            return v.vocabs[c].update_with_undo(fields[f"online_keys:{c}"], fields[f"online_valid:{c}"])
 
-        if self.threads == 1:
-            results = [update(c) for c in v.columns]
-        else:
-            with ThreadPoolExecutor(self.threads, thread_name_prefix="etl-online-vocab") as pool:
-                results = list(pool.map(update, v.columns))
+        results: list[tuple[np.ndarray, VocabEvents, Undo]] = []
+
+        def update_all() -> dict[str, Undo]:
+            if self.threads == 1:
+                results.extend(update(c) for c in v.columns)
+            else:
+                with ThreadPoolExecutor(self.threads, thread_name_prefix="etl-online-vocab") as pool:
+                    results.extend(pool.map(update, v.columns))
+            return {c: undo for c, (_, _, undo) in zip(v.columns, results)}
+
+        v.apply_step(update_all)
         events = {}
-        for c, (ids, ev), j in zip(v.columns, results, v.sparse_index):
+        for c, (ids, ev, _), j in zip(v.columns, results, v.sparse_index):
             sparse[:, j] = ids  # here, not in the threads: they would share the rows' cache lines
             events[c] = ev
         return events
 
-    def snapshot(self, key: Hashable) -> None:
+    def name_step(self, key: Hashable) -> None:
         """The state after the batches applied so far is the state at ``key``."""
-        self.vocabs.snapshot(key)
+        self.vocabs.name_step(key)
+
+
+def _gather_keys(parts: list[tuple[ChunkRun, np.ndarray]], columns: list[str]) -> dict[str, np.ndarray]:
+    """The fields ``online_keys:<column>`` and ``online_valid:<column>`` of every column for the rows of ``parts``,
+    in order: one gather of each part's rows for all the fields."""
+    n = sum(len(rows) for _, rows in parts)
+    out = {f"online_{what}:{c}": np.empty(n, dtype) for c in columns for what, dtype in (("keys", np.uint64), ("valid", np.bool_))}
+    row = 0
+    for buf, rows in parts:
+        buf.gather(rows, {name: a[row : row + len(rows)] for name, a in out.items()})
+        row += len(rows)
+    return out

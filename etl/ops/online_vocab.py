@@ -39,22 +39,32 @@ The state (``export``/``restore``) is four arrays, sorted by key (``key`` uint64
 it gives a vocabulary that behaves exactly as the one exported (the queue, heaps and hash layout are rebuilt; no
 choice depends on them). Between batches no id is cooling and no candidate waits: the state holds everything.
 
-The per-row loop is a numba kernel over a hash table (linear probing, backward-shift deletion), a queue of the
-candidates seen once (oldest first: they are the lowest (count, last) candidates, so dropping one is O(1)) and
-three binary min-heaps (admitted keys by eviction order, candidates seen more than once by (count, last), free
-ids). A sighting of a key in the table only bumps its count and ``last``; the heaps hold the priorities their
-entries had when placed, and an entry found stale on top is placed again before the top is used (priorities only
-grow, so the top is then the true minimum): admissions, evictions and drops cost O(log C) amortised.
+The per-row loop is a numba kernel over a table of entries (one 64-byte row per key: key, count, last, id and the
+kernel's bookkeeping, so a key's fields share one cache line), a hash table of (hash, entry) slots (linear probing,
+backward-shift deletion; the hash is Categorify's out-of-vocabulary hash ``fmix64(key ^ seed word)``, a bijection
+of the keys, computed once per row for both uses), a queue of the candidates seen once (oldest first: they are the
+lowest (count, last) candidates, so dropping one is O(1)) and three binary min-heaps (admitted keys by eviction
+order, candidates seen more than once by (count, last), free ids); the heaps' rows hold the (count, last) their
+entries had when placed. A sighting of a key in the table only bumps its count and ``last``; an entry found stale on
+top of a heap is placed again before the top is used (priorities only grow, so the top is then the true minimum):
+admissions, evictions and drops cost O(log C) amortised. With more keys than stay in L2, the loop prefetches the
+hash slots and entries of the rows ahead and of the candidates the queue drops next: a key not in the table costs a
+few cache misses (its slot, the dropped candidate's entry and slot), and they overlap.
+
+``update_with_undo`` also returns what the update changed (``Undo``: each entry it changed, as it was before), so
+that the state before a few updates is the state now with their undo records laid over it, newest first
+(``export(undo=...)``): the loader keeps those of the batches in flight (``etl.loader.online``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numba as nb
 import numpy as np
 
-from etl.backends.cpu import _fmix64, _reduce
+from etl.backends.cpu import _fmix64, _prefetch, _reduce
 from etl.backends.hashing import check_buckets, check_seed, seed_word
 from etl.ids import MISSING, RESERVED
 from etl.ops.base import InvalidState
@@ -63,9 +73,30 @@ from etl.ops.base import InvalidState
 EVICT = ("lfu", "ttl")
 
 _jit = nb.njit(nogil=True, cache=True)
+# The kernels of the per-row loop allocate nothing, so they run without numba's reference-counting runtime: a call
+# between them then passes its arrays as they are, where with it each call costs atomic increments and decrements
+# of every array argument (tens of ns a call, more than the work of a row whose key is in the table).
+_kernel = nb.njit(nogil=True, cache=True, _nrt=False)  # type: ignore[call-overload]
 
 # meta slots
-_CLOCK, _N_ADMITTED, _N_CANDIDATES, _N_FREE_IDS, _N_FREE_ENTRIES, _N_HEAP, _QUEUE_HEAD, _QUEUE_SIZE, _N_COOLING, _BATCH = range(10)
+_CLOCK, _N_ADMITTED, _N_CANDIDATES, _N_FREE_IDS, _N_FREE_ENTRIES, _N_HEAP, _QUEUE_HEAD, _QUEUE_SIZE, _N_COOLING, _BATCH, _N_UNDO = range(11)
+# the fields of an entry (one 64-byte row of the entry table): the state's four first, then the heap position, the
+# batch in which a candidate evicted a key it waits to replace and the batch in which the entry was last recorded for
+# undo (both as batch + 1: 0, none), and the key's hash (see _hash). The tables start as zeros (pages the kernel
+# never touches take no memory and no time): a free entry has count 0, an empty hash slot entry 0 (slots hold the
+# entry + 1)
+_KEY, _COUNT, _LAST, _ID, _POS, _WAITS, _LOGGED, _HASH = range(8)
+_FIELDS = 8
+_AHEAD = 16  # rows ahead whose hash slot is prefetched (their entry: half as far)
+_FAR = 1 << 14  # keys in the table above which its rows no longer stay in L2 (1 MB): prefetch
+
+
+def _aligned(rows: int, fields: int) -> np.ndarray:
+    """An int64 table [rows, fields] of zeros whose rows start on 64-byte boundaries (a row of 8 fields is one
+    cache line)."""
+    buf = np.zeros(rows * fields + 8, np.int64)
+    skip = (-buf.ctypes.data % 64) // 8
+    return buf[skip : skip + rows * fields].reshape(rows, fields)
 
 
 @dataclass(frozen=True)
@@ -98,6 +129,22 @@ class VocabEvents:
         return len(self.admitted_ids) + len(self.evicted_ids)
 
 
+@dataclass(frozen=True)
+class Undo:
+    """What one update changed, enough to go back to the state before it: ``rows``, the clock before it, and
+    ``records`` [m, 5] (int64), one per entry of the table it changed: the entry's place in the table, then what it
+    held before: key bits, count, last, id (count 0: it was free). A row changes its key's entry and at most one
+    other (a candidate it drops, a key it evicts), so ``m`` is at most twice the update's rows, and at most the
+    table's ``2 * capacity`` entries."""
+
+    rows: int
+    records: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        return self.records.nbytes
+
+
 class OnlineVocab:
     """One column's online vocabulary (see the module docstring). Not thread-safe: one thread updates it."""
 
@@ -109,6 +156,7 @@ class OnlineVocab:
         self.capacity, self.admit_after, self.evict, self.ttl_rows = capacity, admit_after, evict, ttl_rows or 0
         self.oov_buckets, self.seed = oov_buckets, seed
         self.first_id = RESERVED + oov_buckets
+        self._seed_word = np.uint64(seed_word(seed))
         self.candidates = capacity
         self._reset()
 
@@ -128,62 +176,75 @@ class OnlineVocab:
     def _reset(self) -> None:
         c, k = self.capacity, self.candidates
         e = c + k
-        self._key = np.zeros(e, np.uint64)
-        self._count = np.zeros(e, np.int64)
-        self._last = np.zeros(e, np.int64)
-        self._hc = np.zeros(e, np.int64)  # count and last as the entry's heap last ordered it (see _fresh_top)
-        self._hl = np.zeros(e, np.int64)
-        self._id = np.full(e, -1, np.int64)
-        self._pos = np.zeros(e, np.int64)  # position of an entry in its heap
+        self._ent = _aligned(e, _FIELDS)  # the entries, fields _KEY .. _HASH
         self._free_entries = np.arange(e - 1, -1, -1, dtype=np.int64)  # a stack: entry 0 on top
-        self._admitted = np.zeros(c, np.int64)  # heap of entries
-        self._cands = np.zeros(k, np.int64)  # heap of the entries of candidates seen more than once
-        self._queue = np.zeros((2 * k, 2), np.int64)  # ring of (entry, last) of candidates seen once, oldest first
+        # heaps of rows (count, last, entry): count and last as they were when the row was placed (see _fresh_top)
+        self._admitted = np.zeros((c, 3), np.int64)  # admitted keys, in eviction order
+        self._cands = np.zeros((k, 3), np.int64)  # candidates seen more than once, by (count, last)
+        # a ring of (entry, last) of the candidates seen once, oldest first: at least twice the candidates, a power of two
+        self._queue = np.zeros((1 << int(2 * k - 1).bit_length(), 2), np.int64)
         self._free_ids = np.arange(c, dtype=np.int64)  # heap of ids (sorted: a valid heap)
         self._cooling = np.zeros(c, np.int64)  # ids evicted in the current batch, free from the next one
-        self._waits = np.full(e, -1, np.int64)  # the batch in which a candidate evicted a key it waits to replace
         size = 1 << max(4, int(2 * e - 1).bit_length())
-        self._slots = np.full(size, -1, np.int64)
-        self._meta = np.array([0, 0, 0, c, e, 0, 0, 0, 0, 0], np.int64)
+        self._slots = _aligned(size, 2)  # the hash table: (hash, entry + 1) per slot, 0: empty
+        self._meta = np.array([0, 0, 0, c, e, 0, 0, 0, 0, 0, 0], np.int64)
 
     # ------------------------------------------------------------------ update
     def update(self, keys: np.ndarray, valid: np.ndarray | None = None) -> tuple[np.ndarray, VocabEvents]:
         """The ids (int64) of the rows of one batch, ``keys`` (uint64; ``valid`` False: missing, id 1), updating the
         vocabulary row by row, and the events of the batch. The ids it evicts become free once it returns (for the
         next batch)."""
+        ids, events, _ = self._update(keys, valid, record=False)
+        return ids, events
+
+    def update_with_undo(self, keys: np.ndarray, valid: np.ndarray | None = None) -> tuple[np.ndarray, VocabEvents, Undo]:
+        """``update``, and what it changed (``Undo``): ``export(undo=[...])`` gives the state before it."""
+        return self._update(keys, valid, record=True)
+
+    def _update(self, keys: np.ndarray, valid: np.ndarray | None, record: bool) -> tuple[np.ndarray, VocabEvents, Undo]:
         n = len(keys)
-        keys = np.ascontiguousarray(keys).view(np.uint64)
+        rows = self.rows
+        keys = np.ascontiguousarray(keys).view(np.int64)
         valid = np.ones(n, np.bool_) if valid is None else np.ascontiguousarray(valid, np.bool_)
+        hashes = np.empty(n, np.int64)
+        _hash(keys, self._seed_word, hashes)
         out = np.empty(n, np.int64)
         events = np.empty((4, n), np.int64)
         counts = np.zeros(2, np.int64)
-        _update(keys, valid, out, events, counts, self._key, self._count, self._last, self._hc, self._hl, self._id, self._pos,
-                self._free_entries, self._admitted, self._cands, self._queue, self._free_ids, self._cooling, self._waits,
-                self._slots, self._meta, self.admit_after, self.evict == "lfu", self.ttl_rows, self.first_id, self.oov_buckets,
-                np.uint64(seed_word(self.seed)))  # fmt: skip
+        undo = np.empty((min(2 * n, len(self._ent)) if record else 0, 5), np.int64)  # see Undo
+        _update(keys, hashes, valid, out, events, counts, self._ent, self._free_entries, self._admitted, self._cands, self._queue,
+                self._free_ids, self._cooling, self._slots, undo, self._meta, self.admit_after, self.evict == "lfu", self.ttl_rows,
+                self.first_id, self.oov_buckets)  # fmt: skip
         a, v = int(counts[0]), int(counts[1])
         ev = VocabEvents(events[0, :a].copy(), events[1, :a].copy().view(np.uint64), events[2, :v].copy(), events[3, :v].copy().view(np.uint64))
-        return out, ev
+        m = int(self._meta[_N_UNDO]) if record else 0
+        return out, ev, Undo(rows, undo[:m].copy())
 
     # ------------------------------------------------------------------ state
-    def export(self, canonical: bool = True) -> dict[str, np.ndarray | int]:
+    def export(self, canonical: bool = True, undo: Sequence[Undo] = ()) -> dict[str, np.ndarray | int]:
         """The state: ``rows`` (the clock) and the arrays ``key``, ``count``, ``last``, ``id`` of every key in the
         table, sorted by key (see the module docstring); ``canonical=False``: in no particular order (a quicker copy
-        that ``restore`` takes as well)."""
-        n_free = int(self._meta[_N_FREE_ENTRIES])
-        used = np.ones(len(self._key), np.bool_)
-        used[self._free_entries[:n_free]] = False
-        entries = np.flatnonzero(used)
-        state: dict[str, np.ndarray | int] = {"rows": self.rows}
-        state |= {"key": self._key[entries], "count": self._count[entries], "last": self._last[entries], "id": self._id[entries]}
+        that ``restore`` takes as well). ``undo``: what the last updates changed (``update_with_undo``), newest
+        first: the state before them."""
+        table = self._ent[:, :_POS].copy()  # key, count, last, id
+        rows = self.rows
+        for u in undo:
+            table[u.records[:, 0]] = u.records[:, 1:]
+            rows = u.rows
+        table = table[table[:, _COUNT] > 0]
+        state: dict[str, np.ndarray | int] = {"rows": rows, "key": table[:, _KEY].view(np.uint64).copy()}
+        state |= {"count": table[:, _COUNT].copy(), "last": table[:, _LAST].copy(), "id": table[:, _ID].copy()}
         return canonical_state(state) if canonical else state
 
     def restore(self, state: dict[str, np.ndarray | int]) -> None:
         """Take a state ``export`` gave (``InvalidState`` when it cannot be one of this vocabulary's)."""
         keys, counts, last, ids, rows = _checked(state, self.capacity, self.candidates)
         self._reset()
-        _load(keys, counts, last, ids, self._key, self._count, self._last, self._hc, self._hl, self._id, self._pos, self._free_entries,
-              self._admitted, self._cands, self._queue, self._free_ids, self._slots, self._meta, self.evict == "lfu")  # fmt: skip
+        keys = keys.view(np.int64)
+        hashes = np.empty(len(keys), np.int64)
+        _hash(keys, self._seed_word, hashes)
+        _load(keys, hashes, counts, last, ids, self._ent, self._free_entries, self._admitted, self._cands, self._queue,
+              self._free_ids, self._slots, self._meta, self.evict == "lfu")  # fmt: skip
         self._meta[_CLOCK] = rows
 
     def seed_from(self, keys: np.ndarray, counts: np.ndarray) -> None:
@@ -244,74 +305,87 @@ def _checked(state: dict[str, np.ndarray | int], capacity: int, candidates: int)
 # ---------------------------------------------------------------------------------------------- kernels
 
 
-@_jit
-def _less(a, b, count, last, by_count):
-    if by_count and count[a] != count[b]:
-        return count[a] < count[b]
-    return last[a] < last[b]
+@_kernel
+def _lt(count1, last1, count2, last2, by_count):
+    """(count1, last1) orders before (count2, last2): by count then last, or by last alone."""
+    if by_count and count1 != count2:
+        return count1 < count2
+    return last1 < last2
 
 
-@_jit
-def _fresh_top(heap, n, pos, count, last, hc, hl, by_count):
-    """Bring the heap's top up to date: while the top entry's (count, last) grew since it was placed, place it
-    again. Priorities only grow, so a heap ordered by the stored ones (``hc``, ``hl``) has the true minimum on top
-    once the top's stored priority is its current one."""
-    while True:
-        e = heap[0]
-        if hc[e] == count[e] and hl[e] == last[e]:
-            return e
-        hc[e] = count[e]
-        hl[e] = last[e]
-        _sift_down(heap, n, 0, pos, hc, hl, by_count)
+@_kernel
+def _set_row(heap, i, count, last, e, ent):
+    heap[i, 0] = count
+    heap[i, 1] = last
+    heap[i, 2] = e
+    ent[e, _POS] = i
 
 
-@_jit
-def _sift_up(heap, i, pos, count, last, by_count):
-    e = heap[i]
+@_kernel
+def _sift_up(heap, i, ent, by_count):
+    count, last, e = heap[i, 0], heap[i, 1], heap[i, 2]
     while i > 0:
         p = (i - 1) >> 1
-        if not _less(e, heap[p], count, last, by_count):
+        if not _lt(count, last, heap[p, 0], heap[p, 1], by_count):
             break
-        heap[i] = heap[p]
-        pos[heap[i]] = i
+        _set_row(heap, i, heap[p, 0], heap[p, 1], heap[p, 2], ent)
         i = p
-    heap[i] = e
-    pos[e] = i
+    _set_row(heap, i, count, last, e, ent)
 
 
-@_jit
-def _sift_down(heap, n, i, pos, count, last, by_count):
-    e = heap[i]
+@_kernel
+def _sift_down(heap, n, i, ent, by_count):
+    count, last, e = heap[i, 0], heap[i, 1], heap[i, 2]
     while True:
-        c = 2 * i + 1
-        if c >= n:
+        j = 2 * i + 1
+        if j >= n:
             break
-        if c + 1 < n and _less(heap[c + 1], heap[c], count, last, by_count):
-            c += 1
-        if not _less(heap[c], e, count, last, by_count):
+        if j + 1 < n and _lt(heap[j + 1, 0], heap[j + 1, 1], heap[j, 0], heap[j, 1], by_count):
+            j += 1
+        if not _lt(heap[j, 0], heap[j, 1], count, last, by_count):
             break
-        heap[i] = heap[c]
-        pos[heap[i]] = i
-        i = c
-    heap[i] = e
-    pos[e] = i
+        _set_row(heap, i, heap[j, 0], heap[j, 1], heap[j, 2], ent)
+        i = j
+    _set_row(heap, i, count, last, e, ent)
 
 
-@_jit
-def _heap_remove(heap, n, i, pos, count, last, by_count):
-    """Remove the entry at position ``i`` of a heap of ``n``; returns the new size."""
+@_kernel
+def _heap_push(heap, n, e, ent, by_count):
+    """Place entry ``e`` with its current (count, last) at the end of a heap of ``n`` and sift it up; the new size."""
+    _set_row(heap, n, ent[e, _COUNT], ent[e, _LAST], e, ent)
+    _sift_up(heap, n, ent, by_count)
+    return n + 1
+
+
+@_kernel
+def _heap_remove(heap, n, i, ent, by_count):
+    """Remove the row at position ``i`` of a heap of ``n``; returns the new size."""
     n -= 1
     if i < n:
-        heap[i] = heap[n]
-        pos[heap[i]] = i
-        if i > 0 and _less(heap[i], heap[(i - 1) >> 1], count, last, by_count):
-            _sift_up(heap, i, pos, count, last, by_count)
+        _set_row(heap, i, heap[n, 0], heap[n, 1], heap[n, 2], ent)
+        p = (i - 1) >> 1
+        if i > 0 and _lt(heap[i, 0], heap[i, 1], heap[p, 0], heap[p, 1], by_count):
+            _sift_up(heap, i, ent, by_count)
         else:
-            _sift_down(heap, n, i, pos, count, last, by_count)
+            _sift_down(heap, n, i, ent, by_count)
     return n
 
 
-@_jit
+@_kernel
+def _fresh_top(heap, n, ent, by_count):
+    """Bring the heap's top up to date: while the top entry's (count, last) grew since it was placed, place it
+    again. Priorities only grow, so a heap ordered by the stored ones has the true minimum on top once the top's
+    stored priority is its current one."""
+    while True:
+        e = heap[0, 2]
+        if heap[0, 0] == ent[e, _COUNT] and heap[0, 1] == ent[e, _LAST]:
+            return e
+        heap[0, 0] = ent[e, _COUNT]
+        heap[0, 1] = ent[e, _LAST]
+        _sift_down(heap, n, 0, ent, by_count)
+
+
+@_kernel
 def _push_id(heap, n, v):
     i = n
     while i > 0:
@@ -324,7 +398,7 @@ def _push_id(heap, n, v):
     return n + 1
 
 
-@_jit
+@_kernel
 def _pop_id(heap, n):
     top = heap[0]
     n -= 1
@@ -345,163 +419,212 @@ def _pop_id(heap, n):
     return top
 
 
-@_jit
-def _find(slots, keys, k):
+@_kernel
+def _hash(keys, seed_word, out):
+    """``out[i]``: the hash of key ``i`` (int64 bits of ``fmix64(key ^ seed_word)``, the hash of Categorify's
+    out-of-vocabulary bucket). A bijection of the keys: the hash table holds hashes, not keys."""
+    for i in range(len(keys)):
+        out[i] = np.int64(_fmix64(np.uint64(keys[i]) ^ seed_word))
+
+
+@_kernel
+def _find(slots, h):
+    """The slot of the key of hash ``h``, or the empty slot where it would go."""
     mask = len(slots) - 1
-    s = np.int64(_fmix64(k) & np.uint64(mask))
+    s = h & mask
     while True:
-        e = slots[s]
-        if e < 0 or keys[e] == k:
+        if slots[s, 1] == 0 or slots[s, 0] == h:
             return s
         s = (s + 1) & mask
 
 
-@_jit
-def _delete(slots, keys, s):
-    """Empty slot ``s``, shifting back the entries after it that probed past it (no tombstones)."""
+@_kernel
+def _delete(slots, s):
+    """Empty slot ``s``, shifting back the slots after it that probed past it (no tombstones)."""
     mask = len(slots) - 1
     j = s
     while True:
         j = (j + 1) & mask
-        e = slots[j]
-        if e < 0:
+        if slots[j, 1] == 0:
             break
-        home = np.int64(_fmix64(keys[e]) & np.uint64(mask))
+        home = slots[j, 0] & mask
         if (j > s and (home <= s or home > j)) or (j < s and (home <= s and home > j)):
-            slots[s] = e
+            slots[s, 0] = slots[j, 0]
+            slots[s, 1] = slots[j, 1]
             s = j
-    slots[s] = -1
+    slots[s, 1] = 0
 
 
-@_jit
-def _free_entry(e, key, count, slots, free_entries, meta):
+@_kernel
+def _record(e, ent, undo, meta):
+    """Entry ``e`` is about to change for the first time in this update: record what it holds."""
+    ent[e, _LOGGED] = meta[_BATCH] + 1
+    u = meta[_N_UNDO]
+    undo[u, 0] = e
+    for f in range(4):
+        undo[u, 1 + f] = ent[e, f]
+    meta[_N_UNDO] = u + 1
+
+
+@_kernel
+def _free_entry(e, ent, slots, free_entries, undo, meta):
     """Take entry ``e``'s key out of the hash table and give the entry back (count 0: no queue record is valid)."""
-    _delete(slots, key, _find(slots, key, key[e]))
-    count[e] = 0
+    if len(undo) and ent[e, _LOGGED] != meta[_BATCH] + 1:
+        _record(e, ent, undo, meta)
+    _delete(slots, _find(slots, ent[e, _HASH]))
+    ent[e, _COUNT] = 0
     free_entries[meta[_N_FREE_ENTRIES]] = e
     meta[_N_FREE_ENTRIES] += 1
 
 
-@_jit
-def _queue_push(queue, meta, e, t, count, last, ids):
-    """Append (entry, last) to the queue of count-1 candidates (a ring of twice the candidates: full, it is first
-    compacted to its valid records, at most half of it)."""
+@_kernel
+def _once(ent, f, t):
+    """Entry ``f`` is still the count-1 candidate a queue record (``f``, ``t``) was made for."""
+    return ent[f, _COUNT] == 1 and ent[f, _ID] < 0 and ent[f, _LAST] == t
+
+
+@_kernel
+def _queue_push(queue, meta, e, t, ent):
+    """Append (entry, last) to the queue of count-1 candidates (a ring of at least twice the candidates: full, it
+    is first compacted to its valid records, at most half of it)."""
     size = len(queue)
+    mask = size - 1
     if meta[_QUEUE_SIZE] == size:
         kept = 0
         for i in range(size):
-            j = (meta[_QUEUE_HEAD] + i) % size
+            j = (meta[_QUEUE_HEAD] + i) & mask
             f = queue[j, 0]
-            if count[f] == 1 and ids[f] < 0 and last[f] == queue[j, 1]:
+            if _once(ent, f, queue[j, 1]):
                 queue[kept, 0] = f
                 queue[kept, 1] = queue[j, 1]
                 kept += 1
         meta[_QUEUE_HEAD] = 0
         meta[_QUEUE_SIZE] = kept
-    j = (meta[_QUEUE_HEAD] + meta[_QUEUE_SIZE]) % size
+    j = (meta[_QUEUE_HEAD] + meta[_QUEUE_SIZE]) & mask
     queue[j, 0] = e
     queue[j, 1] = t
     meta[_QUEUE_SIZE] += 1
 
 
-@_jit
-def _queue_pop(queue, meta, count, last, ids):
+@_kernel
+def _queue_pop(queue, meta, ent):
     """The oldest count-1 candidate, taken off the queue (records of entries seen again, admitted or gone are
     skipped); -1 when there is none."""
-    size = len(queue)
+    mask = len(queue) - 1
     while meta[_QUEUE_SIZE] > 0:
         j = meta[_QUEUE_HEAD]
-        meta[_QUEUE_HEAD] = (j + 1) % size
+        meta[_QUEUE_HEAD] = (j + 1) & mask
         meta[_QUEUE_SIZE] -= 1
         f = queue[j, 0]
-        if count[f] == 1 and ids[f] < 0 and last[f] == queue[j, 1]:
+        if _once(ent, f, queue[j, 1]):
             return f
     return -1
 
 
-@_jit
-def _update(keys, valid, out, events, counts, key, count, last, hc, hl, ids, pos, free_entries, admitted, cands, queue,
-            free_ids, cooling, waits, slots, meta, admit_after, lfu, ttl_rows, first_id, oov_n, seed_word):  # fmt: skip
+@_kernel
+def _prefetch_ahead(r, hashes, ent, slots, queue, meta):
+    """Start fetching what rows ahead will touch: the hash slot of row ``r + _AHEAD``, the entry of row
+    ``r + _AHEAD // 2`` (its slot is in cache by now), and the entries and slots of the next candidates the queue
+    would drop."""
+    mask = len(slots) - 1
+    if r + _AHEAD < len(hashes):
+        _prefetch(slots, (hashes[r + _AHEAD] & mask, 0))
+    if r + _AHEAD // 2 < len(hashes):
+        h = hashes[r + _AHEAD // 2]
+        s = h & mask
+        if slots[s, 1] > 0 and slots[s, 0] == h:
+            _prefetch(ent, (slots[s, 1] - 1, 0))
+    if meta[_QUEUE_SIZE] > _AHEAD:
+        ring = len(queue) - 1
+        _prefetch(ent, (queue[(meta[_QUEUE_HEAD] + _AHEAD) & ring, 0], 0))
+        _prefetch(slots, (ent[queue[(meta[_QUEUE_HEAD] + _AHEAD // 2) & ring, 0], _HASH] & mask, 0))
+
+
+@_kernel
+def _update(keys, hashes, valid, out, events, counts, ent, free_entries, admitted, cands, queue, free_ids, cooling, slots,
+            undo, meta, admit_after, lfu, ttl_rows, first_id, oov_n):  # fmt: skip
     batch = meta[_BATCH]
+    meta[_N_UNDO] = 0
+    record = len(undo) > 0
+    far = meta[_N_ADMITTED] + meta[_N_CANDIDATES] > _FAR
     n_adm = 0
     n_ev = 0
     for r in range(len(keys)):
         t = meta[_CLOCK]
         meta[_CLOCK] = t + 1
+        if far:
+            _prefetch_ahead(r, hashes, ent, slots, queue, meta)
         if not valid[r]:
             out[r] = MISSING
             continue
-        k = keys[r]
-        s = _find(slots, key, k)
-        e = slots[s]
+        h = hashes[r]
+        s = _find(slots, h)
+        e = slots[s, 1] - 1
         if e >= 0:
-            count[e] += 1
-            last[e] = t
-            if ids[e] >= 0:
-                out[r] = first_id + ids[e]
+            if record and ent[e, _LOGGED] != batch + 1:
+                _record(e, ent, undo, meta)
+            ent[e, _COUNT] += 1
+            ent[e, _LAST] = t
+            if ent[e, _ID] >= 0:
+                out[r] = first_id + ent[e, _ID]
                 continue
-            in_heap = count[e] > 2  # candidates seen once wait in the queue, the others in the heap
+            in_heap = ent[e, _COUNT] > 2  # candidates seen once wait in the queue, the others in the heap
         else:
             if meta[_N_CANDIDATES] == len(cands):  # drop the lowest (count, last) candidate
-                d = _queue_pop(queue, meta, count, last, ids)
+                d = _queue_pop(queue, meta, ent)
                 if d < 0:
-                    d = _fresh_top(cands, meta[_N_HEAP], pos, count, last, hc, hl, True)
-                    meta[_N_HEAP] = _heap_remove(cands, meta[_N_HEAP], 0, pos, hc, hl, True)
+                    d = _fresh_top(cands, meta[_N_HEAP], ent, True)
+                    meta[_N_HEAP] = _heap_remove(cands, meta[_N_HEAP], 0, ent, True)
                 meta[_N_CANDIDATES] -= 1
-                _free_entry(d, key, count, slots, free_entries, meta)
-                s = _find(slots, key, k)
+                _free_entry(d, ent, slots, free_entries, undo, meta)
+                s = _find(slots, h)
             meta[_N_FREE_ENTRIES] -= 1
             e = free_entries[meta[_N_FREE_ENTRIES]]
-            key[e] = k
-            count[e] = 1
-            last[e] = t
-            ids[e] = -1
-            waits[e] = -1
-            slots[s] = e
+            if record and ent[e, _LOGGED] != batch + 1:
+                _record(e, ent, undo, meta)
+            ent[e, _KEY] = keys[r]
+            ent[e, _COUNT] = 1
+            ent[e, _LAST] = t
+            ent[e, _ID] = -1
+            ent[e, _WAITS] = 0
+            ent[e, _HASH] = h
+            slots[s, 0] = h
+            slots[s, 1] = e + 1
             meta[_N_CANDIDATES] += 1
-            _queue_push(queue, meta, e, t, count, last, ids)
+            _queue_push(queue, meta, e, t, ent)
             in_heap = False
+        count = ent[e, _COUNT]
         new_id = -1
-        if count[e] >= admit_after:
+        if count >= admit_after:
             if meta[_N_FREE_IDS] > 0:
                 new_id = _pop_id(free_ids, meta[_N_FREE_IDS])
                 meta[_N_FREE_IDS] -= 1
-            elif waits[e] != batch and meta[_N_ADMITTED] > 0:  # every id may be cooling
-                v = _fresh_top(admitted, meta[_N_ADMITTED], pos, count, last, hc, hl, lfu)
-                if (count[e] > count[v]) if lfu else (t - last[v] >= ttl_rows):
-                    events[2, n_ev] = first_id + ids[v]
-                    events[3, n_ev] = np.int64(key[v])
+            elif ent[e, _WAITS] != batch + 1 and meta[_N_ADMITTED] > 0:  # every id may be cooling
+                v = _fresh_top(admitted, meta[_N_ADMITTED], ent, lfu)
+                if (count > ent[v, _COUNT]) if lfu else (t - ent[v, _LAST] >= ttl_rows):
+                    if record and ent[v, _LOGGED] != batch + 1:
+                        _record(v, ent, undo, meta)
+                    events[2, n_ev] = first_id + ent[v, _ID]
+                    events[3, n_ev] = ent[v, _KEY]
                     n_ev += 1
-                    cooling[meta[_N_COOLING]] = ids[v]
+                    cooling[meta[_N_COOLING]] = ent[v, _ID]
                     meta[_N_COOLING] += 1
-                    waits[e] = batch
-                    meta[_N_ADMITTED] = _heap_remove(admitted, meta[_N_ADMITTED], 0, pos, hc, hl, lfu)
-                    ids[v] = -1
-                    _free_entry(v, key, count, slots, free_entries, meta)
+                    ent[e, _WAITS] = batch + 1
+                    meta[_N_ADMITTED] = _heap_remove(admitted, meta[_N_ADMITTED], 0, ent, lfu)
+                    ent[v, _ID] = -1
+                    _free_entry(v, ent, slots, free_entries, undo, meta)
         if new_id < 0:
-            if not in_heap and count[e] == 2:  # seen again: from the queue to the heap
-                hc[e] = count[e]
-                hl[e] = last[e]
-                nh = meta[_N_HEAP]
-                cands[nh] = e
-                pos[e] = nh
-                meta[_N_HEAP] = nh + 1
-                _sift_up(cands, nh, pos, hc, hl, True)
-            out[r] = RESERVED + _reduce(_fmix64(k ^ seed_word), oov_n)
+            if not in_heap and count == 2:  # seen again: from the queue to the heap
+                meta[_N_HEAP] = _heap_push(cands, meta[_N_HEAP], e, ent, True)
+            out[r] = RESERVED + _reduce(np.uint64(h), oov_n)
             continue
         if in_heap:
-            meta[_N_HEAP] = _heap_remove(cands, meta[_N_HEAP], pos[e], pos, hc, hl, True)
+            meta[_N_HEAP] = _heap_remove(cands, meta[_N_HEAP], ent[e, _POS], ent, True)
         meta[_N_CANDIDATES] -= 1
-        ids[e] = new_id
-        hc[e] = count[e]
-        hl[e] = last[e]
-        na = meta[_N_ADMITTED]
-        admitted[na] = e
-        pos[e] = na
-        meta[_N_ADMITTED] = na + 1
-        _sift_up(admitted, na, pos, hc, hl, lfu)
+        ent[e, _ID] = new_id
+        meta[_N_ADMITTED] = _heap_push(admitted, meta[_N_ADMITTED], e, ent, lfu)
         events[0, n_adm] = first_id + new_id
-        events[1, n_adm] = np.int64(k)
+        events[1, n_adm] = keys[r]
         n_adm += 1
         out[r] = first_id + new_id
     for i in range(meta[_N_COOLING]):  # the batch is over: its evicted ids are free
@@ -513,41 +636,36 @@ def _update(keys, valid, out, events, counts, key, count, last, hc, hl, ids, pos
 
 
 @_jit
-def _load(keys, counts, lasts, idv, key, count, last, hc, hl, ids, pos, free_entries, admitted, cands, queue, free_ids,
-          slots, meta, lfu):  # fmt: skip
+def _load(keys, hashes, counts, lasts, idv, ent, free_entries, admitted, cands, queue, free_ids, slots, meta, lfu):
     """Fill empty tables with entries sorted by key (count-1 candidates queued in ``last`` order)."""
     taken = np.zeros(len(free_ids), np.bool_)
     once = np.empty(len(keys), np.int64)
+    once_last = np.empty(len(keys), np.int64)
     n_once = 0
     for i in range(len(keys)):
         meta[_N_FREE_ENTRIES] -= 1
         e = free_entries[meta[_N_FREE_ENTRIES]]
-        key[e] = keys[i]
-        count[e] = hc[e] = counts[i]
-        last[e] = hl[e] = lasts[i]
-        ids[e] = idv[i]
-        slots[_find(slots, key, keys[i])] = e
+        ent[e, _KEY] = keys[i]
+        ent[e, _COUNT] = counts[i]
+        ent[e, _LAST] = lasts[i]
+        ent[e, _ID] = idv[i]
+        ent[e, _HASH] = hashes[i]
+        s = _find(slots, hashes[i])
+        slots[s, 0] = hashes[i]
+        slots[s, 1] = e + 1
         if idv[i] >= 0:
             taken[idv[i]] = True
-            na = meta[_N_ADMITTED]
-            admitted[na] = e
-            pos[e] = na
-            meta[_N_ADMITTED] = na + 1
-            _sift_up(admitted, na, pos, hc, hl, lfu)
+            meta[_N_ADMITTED] = _heap_push(admitted, meta[_N_ADMITTED], e, ent, lfu)
             continue
         meta[_N_CANDIDATES] += 1
         if counts[i] == 1:
             once[n_once] = e
+            once_last[n_once] = lasts[i]
             n_once += 1
         else:
-            nh = meta[_N_HEAP]
-            cands[nh] = e
-            pos[e] = nh
-            meta[_N_HEAP] = nh + 1
-            _sift_up(cands, nh, pos, hc, hl, True)
-    once = once[:n_once]
-    for e in once[np.argsort(last[once])]:
-        _queue_push(queue, meta, e, last[e], count, last, ids)
+            meta[_N_HEAP] = _heap_push(cands, meta[_N_HEAP], e, ent, True)
+    for i in np.argsort(once_last[:n_once]):
+        _queue_push(queue, meta, once[i], once_last[i], ent)
     nf = 0
     for i in range(len(free_ids)):  # ascending: a valid heap
         if not taken[i]:

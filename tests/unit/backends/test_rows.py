@@ -8,7 +8,7 @@ import pytest
 from etl.backends.rows import scatter_rows, split_rows
 
 
-@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.float32, np.uint8])
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.float32, np.uint8, np.uint64, np.bool_])
 @pytest.mark.parametrize("width", [None, 1, 3, 13, 26])
 def test_scatter_rows_copies_each_row_to_its_place(dtype: type, width: int | None) -> None:
     rng = np.random.default_rng(width or 0)
@@ -62,8 +62,10 @@ def test_split_rows_sorts_rows_by_array_keeping_their_order() -> None:
     assert [len(x) for x in empty[:2]] == [0, 0] and empty[2].tolist() == [0] * 5
 
 
-def test_row_numbers_out_of_range_raise_instead_of_reading_or_writing_past_the_arrays() -> None:
-    src, out = np.arange(12, dtype=np.int64).reshape(4, 3), np.zeros((2, 3), np.int64)
+@pytest.mark.parametrize("width", [None, 1, 3])
+def test_row_numbers_out_of_range_raise_instead_of_reading_or_writing_past_the_arrays(width: int | None) -> None:
+    shape = () if width is None else (width,)
+    src, out = np.arange(4 * (width or 1), dtype=np.int64).reshape(4, *shape), np.zeros((2, *shape), np.int64)
     for src_rows, out_rows in [([0, 4], [0, 1]), ([0, -1], [0, 1]), ([0, 1], [0, 2]), ([0, 1], [-1, 0])]:
         with pytest.raises(IndexError):
             scatter_rows(src, np.array(src_rows), out, np.array(out_rows))

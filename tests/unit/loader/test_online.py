@@ -14,10 +14,11 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from etl.errors import ArtifactError, ConfigError
+from etl.errors import ArtifactError, ConfigError, LoaderError
 from etl.io.fs import locations
 from etl.io.parquet import list_shards
 from etl.loader import Loader
+from etl.ops.online_vocab import OnlineVocab
 from etl.pipeline import Pipeline
 from etl.schema import load_schema
 from etl.synth import generate
@@ -131,14 +132,14 @@ def test_resume_gives_the_same_batches_and_events_as_an_uninterrupted_run(data: 
     assert same(got, whole)
 
 
-def test_an_epoch_holds_a_snapshot_per_batch_in_flight(data: Path) -> None:
-    """The state after each batch is kept until the consumer is past it: at most the ring's slots (prefetch + 2)
-    and the one at the consumer's position."""
+def test_an_epoch_holds_the_state_of_each_batch_in_flight(data: Path) -> None:
+    """The state after each batch can be produced until the consumer is past it: at most the ring's slots
+    (prefetch + 2) and the one at the consumer's position."""
     ld = loader(data, prefetch=1)
     held = []
     for _ in ld:
-        held.append(len(ld.vocabularies._snapshots))
-    assert max(held) <= 1 + 3 and len(held) == len(ld)
+        held.append(ld.vocabularies.held()[0])
+    assert max(held) <= 1 + 3 and min(held) >= 1 and len(held) == len(ld)
 
 
 def test_a_pass_closed_early_leaves_the_vocabulary_at_the_position(data: Path) -> None:
@@ -192,6 +193,52 @@ def test_load_state_dict_checks_the_online_state(data: Path) -> None:
         loader(data).load_state_dict({k: v for k, v in state.items() if k != "online_vocab"})
 
 
+def test_a_refused_state_leaves_the_loader_where_it_was(data: Path) -> None:
+    """A state whose C2 is broken, after C1's was taken: the loader still starts from its own state."""
+    whole = list(batches(loader(data), range(1)))
+    ahead = loader(data)
+    it = iter(ahead)
+    for _ in range(5):
+        next(it)
+    state = ahead.state_dict()
+    ahead.close()
+    state["online_vocab"]["C2"]["id"] = state["online_vocab"]["C2"]["id"][:8]
+    ld = loader(data)
+    with pytest.raises(ConfigError, match="online vocabulary of 'C2'"):
+        ld.load_state_dict(state)
+    assert same(list(batches(ld, range(1))), whole)
+
+
+def test_after_a_failed_update_the_state_is_refused_until_one_is_loaded(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An update that fails midway leaves no state of its pass that could be trusted: state_dict and the next pass
+    raise instead of giving a wrong one, and loading a saved state continues exactly."""
+    whole = list(batches(loader(data), range(1)))
+    ld = loader(data)
+    it = iter(ld)
+    got = [next(it) for _ in range(2)]
+    state = ld.state_dict()
+    calls = iter(range(1000))
+    update = OnlineVocab.update_with_undo
+
+    def failing(self, *args):
+        if next(calls) == 5:
+            raise MemoryError("no memory")
+        return update(self, *args)
+
+    monkeypatch.setattr(OnlineVocab, "update_with_undo", failing)
+    with pytest.raises(Exception, match="no memory"):
+        for _ in it:
+            pass
+    with pytest.raises(LoaderError, match="unknown after an update failed"):
+        ld.state_dict()
+    with pytest.raises(LoaderError, match="unknown after an update failed"):
+        iter(ld)
+    monkeypatch.setattr(OnlineVocab, "update_with_undo", update)
+    ld.load_state_dict(state)
+    rest = list(batches(ld, range(1)))
+    assert len(got) == 2 and same(rest, whole[2:])
+
+
 def test_settings_an_online_vocabulary_cannot_follow_are_refused(data: Path) -> None:
     with pytest.raises(ConfigError, match="world_size"):
         loader(data, rank=0, world_size=2)
@@ -242,9 +289,9 @@ def test_following_resumes_with_the_same_ids_and_events(data: Path, stop: int, t
     assert saved.state_dict()["online_vocab"] == state["online_vocab"]
 
 
-def test_following_holds_a_bounded_number_of_snapshots_while_small_shards_trickle_in(data: Path, tmp_path: Path) -> None:
+def test_following_holds_a_bounded_number_of_states_while_small_shards_trickle_in(data: Path, tmp_path: Path) -> None:
     """Shards of a few rows, each followed by an idle flush: with drop_last the rows wait in the open buffer for a
-    batch's worth (no short buffers, each with its snapshot, pile up), and the snapshots held stay a few."""
+    batch's worth (no short buffers pile up, each with its state), and the states held stay a few."""
     table = pq.read_table(next((data / "raw").glob("*.parquet")))
     raw = tmp_path / "raw"
     raw.mkdir()
@@ -261,7 +308,7 @@ def test_following_holds_a_bounded_number_of_snapshots_while_small_shards_trickl
         add(i)
         if i % 7 == 0:
             next(it)
-            held.append(len(ld.vocabularies._snapshots))
+            held.append(ld.vocabularies.held()[0])
         time.sleep(0.03)
     ld.close()
     assert len(held) == 8 and max(held) <= 4, held

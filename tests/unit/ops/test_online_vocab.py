@@ -14,7 +14,7 @@ from etl.errors import ConfigError
 from etl.ops import Categorify
 from etl.ops.base import InvalidState
 from etl.ops.counts import KeyCounts
-from etl.ops.online_vocab import OnlineVocab
+from etl.ops.online_vocab import OnlineVocab, canonical_state
 from etl.schema import ColumnSpec
 
 
@@ -222,6 +222,51 @@ def test_matches_a_plain_python_model_across_updates_and_restores() -> None:
         assert ids == want_ids, trial
         assert admitted == [(i, k) for what, i, k in want_events if what == "admitted"], trial
         assert evicted == [(i, k) for what, i, k in want_events if what == "evicted"], trial
+
+
+def _events(ev) -> list[tuple]:
+    return list(zip(ev.admitted_ids.tolist(), ev.admitted_keys.tolist())) + list(zip(ev.evicted_ids.tolist(), ev.evicted_keys.tolist()))
+
+
+@pytest.mark.parametrize("evict, ttl", [("lfu", None), ("ttl", 300)])
+def test_matches_a_plain_python_model_on_a_long_stream(evict: str, ttl: int | None) -> None:
+    """Thousands of rows of skewed keys through a table that fills, drops candidates and evicts over and over."""
+    rng = np.random.default_rng(7)
+    keys = [int(k) for k in rng.zipf(1.4, 8000) % 400]
+    cuts = np.unique(np.concatenate([[0, len(keys)], rng.integers(0, len(keys), 40)]))
+    batches = [keys[i:j] for i, j in zip(cuts, cuts[1:])]
+    want_ids, want_events = _reference(batches, 50, 2, evict, ttl, 3)
+    v = OnlineVocab(50, 2, evict, ttl, 3)
+    ids, events = [], []
+    for part in batches:
+        got, ev = v.update(np.array(part, np.uint64))
+        ids += got.tolist()
+        events += _events(ev)
+    assert ids == want_ids
+    assert sorted(events) == sorted((i, k) for _, i, k in want_events) and len(events) == len(want_events)
+
+
+@pytest.mark.parametrize("evict, ttl", [("lfu", None), ("ttl", 20_000)])
+def test_undo_records_give_the_state_before_each_update(evict: str, ttl: int | None) -> None:
+    """A table of tens of thousands of keys (the kernel prefetches ahead there): ``update_with_undo`` gives what
+    ``update`` gives, and the state laid over with the undo records of the last updates is the state before them."""
+    rng = np.random.default_rng(3)
+    batches = np.array_split((rng.zipf(1.1, 120_000) % 300_000).astype(np.uint64), 12)
+    v, twin = OnlineVocab(20_000, 3, evict, ttl), OnlineVocab(20_000, 3, evict, ttl)
+    states, undos = [], []
+    for part in batches:
+        states.append(v.export())
+        ids, ev, undo = v.update_with_undo(part)
+        want_ids, want_ev = twin.update(part)
+        assert np.array_equal(ids, want_ids) and _events(ev) == _events(want_ev)
+        assert len(undo.records) <= min(2 * len(part), 40_000) and undo.rows == states[-1]["rows"]
+        undos.append(undo)
+    assert len(states[-1]["key"]) > 1 << 14  # above _FAR: the kernel prefetches
+    for i, state in enumerate(states):
+        got = v.export(undo=undos[i:][::-1])
+        assert got.keys() == state.keys() and all(np.array_equal(got[k], state[k]) for k in state), i
+    now = v.export(canonical=False, undo=[])
+    assert all(np.array_equal(canonical_state(now)[k], twin.export()[k]) for k in now)
 
 
 # ---------------------------------------------------------------- Categorify's settings

@@ -10,15 +10,17 @@ from pathlib import Path
 
 import pytest
 
+from etl.schema import load_schema
+from etl.synth import generate
 from tests.conftest import REPO, run_etl
 
 
 @pytest.fixture(scope="module")
 def fitted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """Raw shards and the artifacts of pipelines/criteo.yaml fitted on them, made with the etl command."""
+    """20,000 synthetic raw rows in 2 shards and the artifacts `etl fit` writes for pipelines/criteo.yaml on them."""
     root = tmp_path_factory.mktemp("train")
     raw, art = root / "raw", root / "art"
-    run_etl("generate", "--schema", REPO / "schemas/criteo.yaml", "--rows", 20_000, "--files", 2, "--out", raw)
+    generate(load_schema(REPO / "schemas/criteo.yaml"), 20_000, 2, raw)
     run_etl("fit", "--pipeline", REPO / "pipelines/criteo.yaml", "--input", raw, "--artifacts", art)
     return raw, art
 

@@ -37,6 +37,25 @@ def criteo_8k() -> Path:
 
 
 @pytest.fixture(scope="session")
+def criteo_8k_shards(criteo_8k: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real Criteo sample as `etl convert` writes it from its three files named in the order train, dev, test
+    (3,000 rows a shard: 3,000, 3,000, 2,000); read-only for the tests that share it."""
+    out = tmp_path_factory.mktemp("criteo-8k") / "raw"
+    run_etl("convert", *(criteo_8k / f for f in ("train.csv", "dev.csv", "test.csv")), "--schema", REPO / "schemas/criteo.yaml",
+            "--out", out, "--rows-per-file", 3000)  # fmt: skip
+    return out
+
+
+@pytest.fixture(scope="session")
+def criteo_8k_glob_shards(criteo_8k: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real Criteo sample as `etl convert` writes it from a quoted glob pattern (expanded by etl, in name
+    order: dev, test, train), 3,000 rows a shard; read-only for the tests that share it."""
+    out = tmp_path_factory.mktemp("criteo-8k-glob") / "raw"
+    run_etl("convert", f"{criteo_8k}/*.csv", "--schema", REPO / "schemas/criteo.yaml", "--out", out, "--rows-per-file", 3000)
+    return out
+
+
+@pytest.fixture(scope="session")
 def movielens() -> Path:
     if not (MOVIELENS / "ratings.csv").is_file():
         pytest.skip(f"MovieLens sample not found at {MOVIELENS}")

@@ -12,9 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from etl.pipeline import Pipeline
-from etl.schema import load_schema
-from etl.synth import generate
 from tests.conftest import REPO, run_etl, tree_bytes
 
 CRITEO = REPO / "pipelines/criteo.yaml"
@@ -22,21 +19,9 @@ CRITEO = REPO / "pipelines/criteo.yaml"
 
 @pytest.fixture(scope="module")
 def raw(tmp_path_factory) -> Path:
-    """480,000 rows in 12 shards: a run long enough to be killed after its second shard."""
     d = tmp_path_factory.mktemp("gen") / "raw"
     run_etl("generate", "--schema", REPO / "schemas/criteo.yaml", "--rows", 480_000, "--files", 12, "--out", d, "--seed", 3)
     return d
-
-
-@pytest.fixture(scope="module")
-def small(tmp_path_factory) -> tuple[Path, Path]:
-    """12 shards of 1,000 rows and the artifacts of the pipeline fitted on them: the tests that kill nothing."""
-    root = tmp_path_factory.mktemp("small")
-    shards = generate(load_schema(REPO / "schemas/criteo.yaml"), 12_000, 12, root / "raw", seed=3)
-    pipeline = Pipeline.from_file(CRITEO)
-    pipeline.fit(shards)
-    pipeline.save(root / "artifacts")
-    return root / "raw", root / "artifacts"
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +31,7 @@ def artifacts(raw: Path, tmp_path_factory) -> Path:
     return d
 
 
-def test_worker_count_does_not_change_bytes(small: tuple[Path, Path], tmp_path: Path) -> None:
-    raw, _ = small
+def test_worker_count_does_not_change_bytes(raw: Path, tmp_path: Path) -> None:
     outs = []
     for w in (1, 2, 3):
         out = tmp_path / f"w{w}"
@@ -88,8 +72,7 @@ def test_kill_9_then_rerun_is_byte_identical(raw: Path, artifacts: Path, tmp_pat
     assert tree_bytes(out) == tree_bytes(ref)  # temporary files of the killed run are gone too
 
 
-def test_rerun_after_completion_skips_everything(small: tuple[Path, Path], tmp_path: Path) -> None:
-    raw, artifacts = small
+def test_rerun_after_completion_skips_everything(raw: Path, artifacts: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     run_etl("preprocess", "--pipeline", CRITEO, "--input", raw, "--out", out, "--artifacts", artifacts)
     again = run_etl("preprocess", "--pipeline", CRITEO, "--input", raw, "--out", out, "--artifacts", artifacts)

@@ -8,10 +8,14 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pytest
+
+if TYPE_CHECKING:
+    from distributed import Client
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("ETL_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -94,6 +98,18 @@ def criteo_table(n: int, seed: int = 0) -> pa.Table:
         keys = rng.integers(0, 50, n)
         cols[f"C{i}"] = pa.array([f"{k * 2654435761 % 2**32:08x}" for k in keys], pa.string(), mask=rng.random(n) < 0.1)
     return pa.table(cols)
+
+
+@pytest.fixture(scope="session")
+def local_cluster() -> Iterator[Client | None]:
+    """A Dask cluster of two worker processes (``etl.cluster.connect("local:2")``) for the whole session: its
+    client. Shared by the tests that only run work on such a cluster, so that it starts once; a test that kills
+    workers or changes Dask's configuration starts a cluster of its own."""
+    pytest.importorskip("distributed")
+    from etl.cluster import connect
+
+    with connect("local:2") as client:
+        yield client
 
 
 @pytest.fixture(scope="session")

@@ -593,7 +593,7 @@ def _transform(
     lock = threading.Lock()
 
     def save_manifest() -> None:
-        files = [entries[k] for k in sorted(entries)]
+        files = list(entries.values())  # Manifest.of puts them in shard order
         write_manifest(out_dir, Manifest.of(pipeline.name, files, complete=len(files) == len(shards), formats=formats.names, npy=formats.npy))
 
     transformed = None if progress is None else functools.partial(progress, "transform")

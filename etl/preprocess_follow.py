@@ -132,5 +132,5 @@ class _Follower:
             self._save_manifest()
 
     def _save_manifest(self) -> None:
-        files = [self.entries[k] for k in sorted(self.entries)]
+        files = list(self.entries.values())  # Manifest.of puts them in shard order
         write_manifest(self.out_dir, Manifest.of(self.pipeline.name, files, complete=len(files) == len(self.arrivals.names)))

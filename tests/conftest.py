@@ -8,10 +8,14 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pytest
+
+if TYPE_CHECKING:
+    from distributed import Client
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("ETL_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -34,6 +38,25 @@ def criteo_8k() -> Path:
     if not (CRITEO_8K / "train.csv").is_file():
         pytest.skip(f"real Criteo sample not found at {CRITEO_8K}")
     return CRITEO_8K
+
+
+@pytest.fixture(scope="session")
+def criteo_8k_shards(criteo_8k: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real Criteo sample as `etl convert` writes it from its three files named in the order train, dev, test
+    (3,000 rows a shard: 3,000, 3,000, 2,000); read-only for the tests that share it."""
+    out = tmp_path_factory.mktemp("criteo-8k") / "raw"
+    run_etl("convert", *(criteo_8k / f for f in ("train.csv", "dev.csv", "test.csv")), "--schema", REPO / "schemas/criteo.yaml",
+            "--out", out, "--rows-per-file", 3000)  # fmt: skip
+    return out
+
+
+@pytest.fixture(scope="session")
+def criteo_8k_glob_shards(criteo_8k: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The real Criteo sample as `etl convert` writes it from a quoted glob pattern (expanded by etl, in name
+    order: dev, test, train), 3,000 rows a shard; read-only for the tests that share it."""
+    out = tmp_path_factory.mktemp("criteo-8k-glob") / "raw"
+    run_etl("convert", f"{criteo_8k}/*.csv", "--schema", REPO / "schemas/criteo.yaml", "--out", out, "--rows-per-file", 3000)
+    return out
 
 
 @pytest.fixture(scope="session")
@@ -75,6 +98,18 @@ def criteo_table(n: int, seed: int = 0) -> pa.Table:
         keys = rng.integers(0, 50, n)
         cols[f"C{i}"] = pa.array([f"{k * 2654435761 % 2**32:08x}" for k in keys], pa.string(), mask=rng.random(n) < 0.1)
     return pa.table(cols)
+
+
+@pytest.fixture(scope="session")
+def local_cluster() -> Iterator[Client | None]:
+    """A Dask cluster of two worker processes (``etl.cluster.connect("local:2")``) for the whole session: its
+    client. Shared by the tests that only run work on such a cluster, so that it starts once; a test that kills
+    workers or changes Dask's configuration starts a cluster of its own."""
+    pytest.importorskip("distributed")
+    from etl.cluster import connect
+
+    with connect("local:2") as client:
+        yield client
 
 
 @pytest.fixture(scope="session")

@@ -39,7 +39,7 @@ import pyarrow.parquet as pq
 from etl.backends.hashing import check_buckets, hash64_array
 from etl.bench.polars_baselines import CATS, DENSE, FIRST_VOCAB_ID, LABEL, OOV_ID, PathLike
 from etl.ids import FIRST, MISSING
-from etl.io.files import is_shard_name, shard_name
+from etl.io.files import is_shard_name, shard_index, shard_name
 
 
 def _part(out_dir: Path, i: int) -> Path:
@@ -185,7 +185,7 @@ def numpy_hash(files: Sequence[PathLike], out_dir: PathLike, num_buckets: int = 
 
 
 def _parts(d: Path) -> list[str]:
-    return sorted(p.name for p in d.iterdir() if is_shard_name(p.name))
+    return sorted((p.name for p in d.iterdir() if is_shard_name(p.name)), key=shard_index)
 
 
 def first_difference(dir_a: PathLike, dir_b: PathLike) -> str | None:

@@ -1,5 +1,9 @@
 """Files we write: shard names, temporary names, atomic writes, checksums.
 
+Shard names are ``part-00000.parquet``, ``part-00001.parquet``, ...: the index zero-padded to five digits, wider
+past ``part-99999.parquet`` (``part-100000.parquet``). Their text order is therefore their index order only below
+100000: whatever orders shards orders them by ``shard_index``.
+
 Every file is written under a hidden temporary name in its final directory and renamed onto its final name once
 complete (``os.replace``: atomic on one file system), so a reader never sees a partial file under a final name.
 Temporary names are ``.<final name>.<pid>-<random>.tmp``: unique per writer, recognisable by ``is_temporary``
@@ -27,7 +31,7 @@ import pyarrow.parquet as pq
 
 from etl.io.fs import Location, Url, open_file, remove_tree, replace
 
-_SHARD_RE = re.compile(r"part-\d{5,}\.parquet")
+_SHARD_RE = re.compile(r"part-(\d{5,})\.parquet")
 _TMP_SUFFIX = ".tmp"
 
 
@@ -36,9 +40,22 @@ def shard_name(index: int) -> str:
     return f"part-{index:05d}.parquet"
 
 
+def shard_index(name: str) -> int:
+    """The index of the shard named ``name`` (``shard_name(shard_index(name)) == name``); ValueError when no index
+    has this name (``part-012345.parquet``, say: shard 12345 is ``part-12345.parquet``)."""
+    match = _SHARD_RE.fullmatch(name)
+    if match is None or shard_name(int(match[1])) != name:
+        raise ValueError(f"{name!r} is not a shard name such as {shard_name(0)!r}")
+    return int(match[1])
+
+
 def is_shard_name(name: str) -> bool:
-    """Whether ``name`` is a shard name made by ``shard_name``."""
-    return _SHARD_RE.fullmatch(name) is not None
+    """Whether ``name`` is a shard name made by ``shard_name`` (one index, one name)."""
+    try:
+        shard_index(name)
+    except ValueError:
+        return False
+    return True
 
 
 @overload

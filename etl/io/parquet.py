@@ -37,6 +37,7 @@ except ImportError:  # pragma: no cover - exercised by a test that hides polars
 
 from etl.batch import Batch, Column, InlineStrings, Strings
 from etl.errors import InputError
+from etl.io.files import is_shard_name, shard_index
 from etl.io.fs import Location, Url, open_file
 from etl.io.paths import expand_globs
 from etl.schema import ColumnSpec, Schema
@@ -45,22 +46,30 @@ from etl.schema import ColumnSpec, Schema
 def list_shards(inputs: str | Location | Sequence[str | Location], storage_options: dict[str, Any] | None = None) -> list[Location]:
     """Parquet files named by ``inputs``: glob patterns expanded first (``etl.io.paths.expand_globs``, URLs given
     ``storage_options``), then files as given, directories (URL prefixes) expanded to their ``*.parquet`` entries
-    in name order. Symlinks are followed. In a directory, only a subdirectory whose name ends in ``.parquet`` is
-    skipped (directories are not searched recursively); every other ``*.parquet`` entry is a shard, so one that is
-    not a regular file is an error rather than a shard silently left out. Raises ``InputError`` for a missing path
-    (or bucket), a directory without Parquet files, and a ``*.parquet`` entry that is a dangling symlink or not a
-    regular file."""
+    in name order, or, when every entry is a shard name (``etl.io.files.shard_name``: the shards ``etl generate``
+    and ``etl convert`` write), in shard index order (the same order up to ``part-99999.parquet``). Symlinks are
+    followed. In a directory, only a subdirectory whose name ends in ``.parquet`` is skipped (directories are not
+    searched recursively); every other ``*.parquet`` entry is a shard, so one that is not a regular file is an
+    error rather than a shard silently left out. Raises ``InputError`` for a missing path (or bucket), a directory
+    without Parquet files, and a ``*.parquet`` entry that is a dangling symlink or not a regular file."""
     items = expand_globs([inputs] if isinstance(inputs, str | Path | Url) else inputs, storage_options)
     out: list[Location] = []
     for p in items:
         if _is_dir(p):
-            found = sorted((q for q in p.glob("*.parquet") if not q.is_dir()), key=str)
+            found = _in_order([q for q in p.glob("*.parquet") if not q.is_dir()])
             if not found:
                 raise InputError(str(p), "directory holds no .parquet files")
             out.extend(_shard_file(q) for q in found)
         else:
             out.append(_shard_file(p))
     return out
+
+
+def _in_order(entries: list[Location]) -> list[Location]:
+    """The ``entries`` of one directory in shard index order when all are shard names, else in name order."""
+    if all(is_shard_name(q.name) for q in entries):
+        return sorted(entries, key=lambda q: shard_index(q.name))
+    return sorted(entries, key=str)
 
 
 def _is_dir(p: Location) -> bool:

@@ -10,7 +10,8 @@ Layout::
 
 manifest.json is JSON with the keys ``format`` (``FORMAT``), ``version`` (``VERSION``), ``pipeline`` (its name),
 ``artifacts`` (``ARTIFACTS``), ``complete`` (every input shard has its output), ``totals`` (row counts summed over
-``files``) and ``files`` (the entries, as objects with the fields of ``ManifestEntry``); when the npy format was
+``files``) and ``files`` (the entries, as objects with the fields of ``ManifestEntry``, in the order of their
+shards' indexes, which is the order readers take them in); when the npy format was
 written, also ``formats`` (the formats written, in ``FORMATS`` order; absent: Parquet only) and ``npy`` (the
 ``etl.io.npy.NpySpec``). The output of a shard is its Parquet file, its npy chunks, or both. It is written
 atomically (``write_manifest``), so a reader sees either the previous or the new manifest, never a partial one.
@@ -38,7 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from etl.errors import InputError
-from etl.io.files import HashingFile, atomic_write_bytes, is_shard_name, sha256_file, shard_name
+from etl.io.files import HashingFile, atomic_write_bytes, is_shard_name, sha256_file, shard_index, shard_name
 from etl.io.fs import Location, arrow_source, is_within, open_file
 from etl.io.npy import FIELDS, NpyChunk, NpySpec, check_header, chunk_dir, chunk_file
 
@@ -97,8 +98,8 @@ class Totals:
 @dataclass(frozen=True)
 class Manifest:
     """The content of manifest.json: the name of the ``pipeline``, whether the output is ``complete``, the
-    ``totals``, the ``files`` in output name order, the ``formats`` written and the ``npy`` spec (None unless
-    "npy" is one of the formats)."""
+    ``totals``, the ``files`` (readers take them in this order; ``of`` puts them in shard order), the ``formats``
+    written and the ``npy`` spec (None unless "npy" is one of the formats)."""
 
     pipeline: str
     complete: bool
@@ -110,8 +111,11 @@ class Manifest:
     @classmethod
     def of(cls, pipeline: str, files: list[ManifestEntry], complete: bool, formats: tuple[str, ...] = ("parquet",),
            npy: NpySpec | None = None) -> Manifest:  # fmt: skip
-        """A manifest of ``files`` with their totals."""
-        return cls(pipeline=pipeline, complete=complete, totals=Totals.of(files), files=files, formats=formats, npy=npy)
+        """A manifest of ``files`` with their totals, the files in the order of their shards' indexes
+        (``etl.io.files.shard_index``: ``part-99999.parquet`` before ``part-100000.parquet``). ValueError when an
+        output is not a shard name."""
+        ordered = sorted(files, key=lambda e: shard_index(e.output))
+        return cls(pipeline=pipeline, complete=complete, totals=Totals.of(ordered), files=ordered, formats=formats, npy=npy)
 
 
 @dataclass(frozen=True)

@@ -41,9 +41,7 @@ class Ring:
         self.cuda = device.type == "cuda"
         self.fields = fields
         pin = self.cuda and torch.cuda.is_available()
-        self.host = [
-            {f.name: torch.empty((batch_size, *f.shape), dtype=f.dtype, pin_memory=pin) for f in fields} for _ in range(slots)
-        ]
+        self.host = [{f.name: torch.empty((batch_size, *f.shape), dtype=f.dtype, pin_memory=pin) for f in fields} for _ in range(slots)]
         self.dev = [{k: torch.empty_like(v, device=device) for k, v in h.items()} for h in self.host] if self.cuda else self.host
         self.out = [{f.name: torch.empty((batch_size, *f.shape), dtype=f.dtype, device=device) for f in outputs} for _ in range(slots)]
         self.stream = torch.cuda.Stream(device=device) if self.cuda else None

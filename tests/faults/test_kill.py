@@ -61,10 +61,16 @@ class Poller(threading.Thread):
             time.sleep(0.002)
 
 
+@pytest.fixture(scope="module")
+def raw(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """400,000 raw rows in 8 shards: enough for a run to be killed at random moments while it writes."""
+    d = tmp_path_factory.mktemp("kill") / "raw"
+    generate(load_schema(REPO / "schemas/criteo.yaml"), 400_000, 8, d, seed=11)
+    return d
+
+
 @pytest.mark.parametrize("formats", [[], ["--format", "parquet,npy", "--npy-chunk-rows", "16384"]], ids=["parquet", "parquet+npy"])
-def test_kill_9_then_resume_is_byte_identical(tmp_path: Path, formats: list[str]) -> None:
-    raw = tmp_path / "raw"
-    generate(load_schema(REPO / "schemas/criteo.yaml"), 400_000, 8, raw, seed=11)
+def test_kill_9_then_resume_is_byte_identical(raw: Path, tmp_path: Path, formats: list[str]) -> None:
     reference = tmp_path / "reference"
     run_etl("preprocess", "--pipeline", PIPELINE, "--input", raw, "--out", reference, "--workers", "2", *formats)
     want = digests(reference)

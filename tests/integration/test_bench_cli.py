@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from etl.schema import load_schema
+from etl.synth import generate
 from tests.conftest import REPO, run_etl
 
 STAGES_CATEGORIFY = ["floor", "fit", "columns", "0:FillMissing", "1:Clamp", "2:Log1p", "3:Decode", "4:Categorify"]
@@ -13,17 +15,17 @@ STAGES_CATEGORIFY += ["output", "batch", "ring", "preprocess", "preprocess:proce
 
 def test_bench_small_run_writes_json_and_plot(tmp_path: Path) -> None:
     js, png = tmp_path / "bench.json", tmp_path / "bench.png"
-    proc = run_etl("bench", "--rows", 30_000, "--files", 2, "--batch-size", 4096, "--device", "cpu", "--model", "--json", js, "--plot", png)
+    proc = run_etl("bench", "--rows", 12_000, "--files", 2, "--batch-size", 4096, "--device", "cpu", "--model", "--json", js, "--plot", png)
     assert "peak memory" in proc.stdout and "output equal" in proc.stdout
     doc = json.loads(js.read_text())
-    assert doc["rows"] == 30_000 and doc["files"] == 2 and doc["peak_rss_mb"] > 0 and doc["input_mbytes"] > 0
+    assert doc["rows"] == 12_000 and doc["files"] == 2 and doc["peak_rss_mb"] > 0 and doc["input_mbytes"] > 0
     cat, hashed = doc["pipelines"]
     assert [s["name"] for s in cat["stages"]] == STAGES_CATEGORIFY
     assert "fit" not in [s["name"] for s in hashed["stages"]]
     for rep in (cat, hashed):
-        assert all(s["seconds"] > 0 and s["rows"] == 30_000 and s["rows_per_second"] > 0 for s in rep["stages"])
+        assert all(s["seconds"] > 0 and s["rows"] == 12_000 and s["rows_per_second"] > 0 for s in rep["stages"])
         assert 0 <= rep["data_wait"] <= 1 and 0 <= rep["data_wait_first_epoch"] <= 1 and 0 <= rep["model_data_wait"] <= 1
-        assert len(rep["wait_timeline"]) == 8  # ceil(30,000 / 4,096) batches
+        assert len(rep["wait_timeline"]) == 3  # ceil(12,000 / 4,096) batches
     assert cat["baselines"]["polars"]["output_equal"] is True and cat["baselines"]["numpy"]["output_equal"] is True
     assert hashed["baselines"]["numpy"]["output_equal"] is True and hashed["baselines"]["polars"]["output_equal"] is None
     assert cat["baselines"]["polars:process"]["output_equal"] is True and hashed["baselines"]["polars:process"]["output_equal"] is None
@@ -35,14 +37,19 @@ def test_bench_small_run_writes_json_and_plot(tmp_path: Path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_bench_on_given_input_without_baselines(tmp_path: Path) -> None:
+def test_bench_on_given_input_without_baselines_or_device_placement(tmp_path: Path) -> None:
+    """Both default pipelines on shards given with --input; on CPU without --device-placement there is no device
+    part: no ``dp:`` stage and no device data wait."""
     raw = tmp_path / "raw"
-    run_etl("generate", "--schema", REPO / "schemas/criteo.yaml", "--rows", 10_000, "--files", 2, "--out", raw)
+    generate(load_schema(REPO / "schemas/criteo.yaml"), 10_000, 2, raw)
     js = tmp_path / "b.json"
     run_etl("bench", "--input", raw, "--no-baselines", "--batch-size", 2048, "--device", "cpu", "--json", js)
     doc = json.loads(js.read_text())
     assert doc["rows"] == 10_000 and all(rep["baselines"] == {} for rep in doc["pipelines"])
+    assert [Path(rep["pipeline"]).name for rep in doc["pipelines"]] == ["criteo.yaml", "criteo_hash.yaml"]
     assert all("preprocess:process" in [s["name"] for s in rep["stages"]] for rep in doc["pipelines"])
+    for rep in doc["pipelines"]:
+        assert not any(s["name"].startswith("dp:") for s in rep["stages"]) and rep["device_data_wait"] is None
 
 
 def test_bench_follow_reports_lags_of_every_shard_listed_in_a_producer_manifest(tmp_path: Path) -> None:

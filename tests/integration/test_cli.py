@@ -17,12 +17,10 @@ SCHEMA = REPO / "schemas/criteo.yaml"
 COMMANDS = ["convert", "generate", "fit", "preprocess", "demo", "bench", "inspect"]
 
 
-@pytest.fixture(scope="module")
-def raw(criteo_8k: Path, tmp_path_factory) -> Path:
+@pytest.fixture
+def raw(criteo_8k_glob_shards: Path) -> Path:
     """The three files of the sample converted with a quoted glob pattern (expanded by etl, in name order)."""
-    out = tmp_path_factory.mktemp("cli") / "raw"
-    run_etl("convert", f"{criteo_8k}/*.csv", "--schema", SCHEMA, "--out", out, "--rows-per-file", 3000)
-    return out
+    return criteo_8k_glob_shards
 
 
 def test_version_comes_from_the_package_metadata() -> None:

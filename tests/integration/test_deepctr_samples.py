@@ -39,14 +39,17 @@ def vocabulary(keys: list[int], threshold: int) -> dict[int, int]:
     return {k: 3 + i for i, k in enumerate(kept)}
 
 
+#: The Avazu columns whose values are hex text (``encoding: hex`` in the schema).
+AVAZU_HEX = {c["name"] for c in yaml.safe_load((REPO / "schemas/avazu.yaml").read_text())["columns"] if c.get("encoding") == "hex"}
+
+
 def avazu_key(column: str, row: dict[str, str]) -> int:
     """The documented key of an Avazu value: hex columns → the value of 8 hex digits; ints → two's complement; the
     columns DateParts derives from ``hour`` (YYMMDDHH) → the hour of the day and the weekday (0 = Monday)."""
     if column in ("hour_hour", "hour_weekday"):
         when = datetime.strptime(row["hour"], "%y%m%d%H")
         return when.hour if column == "hour_hour" else when.weekday()
-    hexed = {c["name"] for c in yaml.safe_load((REPO / "schemas/avazu.yaml").read_text())["columns"] if c.get("encoding") == "hex"}
-    return int(row[column], 16) if column in hexed else int(row[column]) % 2**64
+    return int(row[column], 16) if column in AVAZU_HEX else int(row[column]) % 2**64
 
 
 def processed_table(out: Path):

@@ -16,14 +16,11 @@ from tests.conftest import REPO, run_etl, tree_bytes
 pytest.importorskip("distributed")
 
 CRITEO = REPO / "pipelines/criteo.yaml"
-SCHEMA = REPO / "schemas/criteo.yaml"
 
 
-@pytest.fixture(scope="module")
-def raw(criteo_8k: Path, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("fit-cluster") / "raw"
-    run_etl("convert", f"{criteo_8k}/*.csv", "--schema", SCHEMA, "--out", out, "--rows-per-file", 3000)
-    return out
+@pytest.fixture
+def raw(criteo_8k_glob_shards: Path) -> Path:
+    return criteo_8k_glob_shards
 
 
 def test_cluster_fit_writes_the_threaded_fits_bytes_and_a_worker_error_is_one_line(raw: Path, tmp_path: Path) -> None:

@@ -195,14 +195,10 @@ def test_an_invalid_rank_raises_value_error(small_raw: Path, rank: int, world_si
 
 # ---------------------------------------------------------------- (2) the real Criteo sample
 
-FILES = ("train.csv", "dev.csv", "test.csv")
-
 
 @pytest.fixture(scope="module")
-def criteo_processed(criteo_8k: Path, tmp_path_factory) -> tuple[Path, Path, dict[str, np.ndarray]]:
-    root = tmp_path_factory.mktemp("criteo-loader")
-    raw, out = root / "raw", root / "out"
-    run_etl("convert", *(criteo_8k / f for f in FILES), "--schema", REPO / "schemas/criteo.yaml", "--out", raw, "--rows-per-file", 3000)
+def criteo_processed(criteo_8k_shards: Path, tmp_path_factory) -> tuple[Path, Path, dict[str, np.ndarray]]:
+    raw, out = criteo_8k_shards, tmp_path_factory.mktemp("criteo-loader") / "out"
     run_etl("preprocess", "--pipeline", REPO / "pipelines/criteo.yaml", "--input", raw, "--out", out, "--workers", 2)
     manifest = json.loads((out / "manifest.json").read_text())
     tables = [pq.read_table(out / f["output"]) for f in manifest["files"]]

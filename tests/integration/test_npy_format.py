@@ -10,6 +10,8 @@ import pytest
 import torch
 
 from etl.loader import Loader
+from etl.schema import load_schema
+from etl.synth import generate
 from tests.conftest import REPO, run_etl
 
 PIPELINE = REPO / "pipelines/criteo.yaml"
@@ -18,7 +20,7 @@ PIPELINE = REPO / "pipelines/criteo.yaml"
 @pytest.fixture(scope="module")
 def raw(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("npy")
-    run_etl("generate", "--schema", REPO / "schemas/criteo.yaml", "--rows", "6000", "--files", "2", "--out", root / "raw")
+    generate(load_schema(REPO / "schemas/criteo.yaml"), 6000, 2, root / "raw")
     return root / "raw"
 
 

@@ -8,7 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import REPO, run_etl
+from etl.schema import load_schema
+from etl.synth import generate
+from tests.conftest import REPO
 
 STAGES = ["Parquet read", "hex decode", "counting", "count table growth", "stash put", "stash pop", "lookup table build",
           "lookup", "Parquet write + sha256", "artifact save"]  # fmt: skip
@@ -16,7 +18,7 @@ STAGES = ["Parquet read", "hex decode", "counting", "count table growth", "stash
 
 def test_profile_preprocess_reports_threads_stages_and_timeline(tmp_path: Path) -> None:
     raw = tmp_path / "raw"
-    run_etl("generate", "--schema", REPO / "schemas/criteo.yaml", "--rows", 20_000, "--files", 2, "--out", raw)
+    generate(load_schema(REPO / "schemas/criteo.yaml"), 20_000, 2, raw)
     out = tmp_path / "out"
     cmd = [sys.executable, str(REPO / "scripts/profile_preprocess.py"), "--pipeline", str(REPO / "pipelines/criteo.yaml"),
            "--input", str(raw), "--out", str(out)]  # fmt: skip

@@ -10,15 +10,24 @@ from pathlib import Path
 
 import pytest
 
+from etl.schema import load_schema
+from etl.synth import generate
 from tests.conftest import REPO, run_etl
 
 
-@pytest.mark.parametrize("transform_on", ["host", "device"])
-def test_train_dlrm_runs_and_logs(tmp_path: Path, transform_on: str) -> None:
-    raw = tmp_path / "raw"
-    run_etl("generate", "--schema", REPO / "schemas/criteo.yaml", "--rows", 20_000, "--files", 2, "--out", raw)
-    art = tmp_path / "art"
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """20,000 synthetic raw rows in 2 shards and the artifacts `etl fit` writes for pipelines/criteo.yaml on them."""
+    root = tmp_path_factory.mktemp("train")
+    raw, art = root / "raw", root / "art"
+    generate(load_schema(REPO / "schemas/criteo.yaml"), 20_000, 2, raw)
     run_etl("fit", "--pipeline", REPO / "pipelines/criteo.yaml", "--input", raw, "--artifacts", art)
+    return raw, art
+
+
+@pytest.mark.parametrize("transform_on", ["host", "device"])
+def test_train_dlrm_runs_and_logs(fitted: tuple[Path, Path], transform_on: str) -> None:
+    raw, art = fitted
     cmd = [sys.executable, str(REPO / "scripts/train_dlrm.py"), "--data", str(raw), "--pipeline", str(REPO / "pipelines/criteo.yaml"),
            "--artifacts", str(art), "--batch-size", "1024", "--steps", "12", "--log-every", "4",
            "--device", "cpu", "--transform-on", transform_on]  # fmt: skip

@@ -8,7 +8,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import dask
@@ -19,10 +19,9 @@ from etl.cluster_tasks import Stop, _RowCounter, run_tasks
 from etl.errors import ClusterError, RowError
 
 
-@pytest.fixture(scope="module")
-def client() -> Iterator:
-    with connect("local:2") as c:
-        yield c
+@pytest.fixture
+def client(local_cluster):
+    return local_cluster
 
 
 def square_in_steps(item: int, stop: Stop, progress: Callable[[int], None]) -> tuple[int, int]:

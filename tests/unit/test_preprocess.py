@@ -6,7 +6,6 @@ from __future__ import annotations
 import shutil
 import signal
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -15,7 +14,6 @@ import pytest
 import yaml
 
 from etl import preprocess as preprocess_module
-from etl.cluster import connect
 from etl.errors import ConfigError, InputError, RowError
 from etl.io import parquet
 from etl.io.files import is_temporary, sha256_file, temporary_path
@@ -39,10 +37,9 @@ def shards(tmp_path: Path) -> list[Path]:
     return [write(criteo_table(n, seed=i), tmp_path / "raw" / f"{i}.parquet") for i, n in enumerate(SIZES)]
 
 
-@pytest.fixture(scope="module")
-def client() -> Iterator:
-    with connect("local:2") as c:
-        yield c
+@pytest.fixture
+def client(local_cluster):
+    return local_cluster
 
 
 def run(shards: list[Path], out: Path, **options) -> Summary:

@@ -20,6 +20,7 @@ from etl.io.files import (
     is_temporary,
     remove_temporaries,
     sha256_file,
+    shard_index,
     shard_name,
     temporary_path,
 )
@@ -32,6 +33,18 @@ def test_shard_names() -> None:
     for name in ("part-1.parquet", "part-00000.parquet.tmp", "x-00000.parquet", "part-00000.csv", "part-0000a.parquet"):
         assert not is_shard_name(name), name
     assert not is_shard_name(temporary_path(Path(shard_name(0))).name)
+
+
+def test_shard_index_is_the_inverse_of_shard_name() -> None:
+    """One index, one name: a name with an extra leading zero (part-012345) or too few digits names no shard."""
+    for i in (0, 9, 99999, 100000, 123456, 10**7):
+        assert shard_index(shard_name(i)) == i
+    for name in ("part-012345.parquet", "part-0100000.parquet", "part-1234.parquet", "part-\u0661\u0662\u0663\u0664\u0665.parquet"):
+        assert not is_shard_name(name), name
+        with pytest.raises(ValueError, match="not a shard name"):
+            shard_index(name)
+    names = [shard_name(i) for i in (100000, 20000, 99999, 100001)]
+    assert sorted(names, key=shard_index) == ["part-20000.parquet", "part-99999.parquet", "part-100000.parquet", "part-100001.parquet"]
 
 
 def test_temporary_path_is_hidden_beside_the_target_and_unique(tmp_path: Path) -> None:

@@ -176,6 +176,19 @@ def test_list_shards_follows_symlinks_and_refuses_dangling_ones(tmp_path: Path) 
         list_shards(d)
 
 
+def test_list_shards_takes_a_directory_of_shard_names_in_index_order(tmp_path: Path) -> None:
+    """Past part-99999 a shard name is wider: part-100000.parquet comes after part-99999.parquet, not (as in
+    name order) between part-10000.parquet and part-10001.parquet. A directory with any other name is in name order."""
+    d = tmp_path / "raw"
+    d.mkdir()
+    for i in (100000, 10001, 99999, 10000, 2):
+        pq.write_table(pa.table({"x": [i]}), d / f"part-{i:05d}.parquet")
+    assert [p.name for p in list_shards(d)] == [f"part-{i:05d}.parquet" for i in (2, 10000, 10001, 99999, 100000)]
+    pq.write_table(pa.table({"x": [0]}), d / "extra.parquet")
+    names = ["extra.parquet", "part-00002.parquet", "part-10000.parquet", "part-100000.parquet", "part-10001.parquet", "part-99999.parquet"]
+    assert [p.name for p in list_shards(d)] == names
+
+
 def test_unsigned_64_bit_numbers_keep_their_value_and_keys_their_bits() -> None:
     big = [2**64 - 1, 2**63, 5, None]
     arr = pa.array(big, pa.uint64())

@@ -128,7 +128,7 @@ def test_entry_without_an_optional_field_reads_it_as_none(tmp_path: Path, key: s
 
 
 def test_open_processed_paths(tmp_path: Path, manifest: Manifest) -> None:
-    swapped = Manifest.of("criteo", manifest.files[::-1], complete=True)
+    swapped = replace(manifest, files=manifest.files[::-1], complete=True)
     for e in manifest.files:
         pq.write_table(pa.table({"x": list(range(e.rows_out))}), tmp_path / e.output)
     write_manifest(tmp_path, swapped)
@@ -152,6 +152,32 @@ def test_committed_parts_are_the_listed_files_in_output_order_up_to_the_first_ga
         committed_parts(tmp_path, wrong, 0)
     with pytest.raises(InputError, match="listed twice"):
         committed_parts(tmp_path, Manifest.of("criteo", [entries[0], entries[0]], complete=False), 0)
+
+
+def test_files_are_in_shard_index_order_past_part_99999(tmp_path: Path) -> None:
+    """``Manifest.of`` orders the files by shard index, not by name (where part-100000 would come before
+    part-20000); the order survives the round trip and is the order of ``open_processed``'s parts."""
+    indexes = [100000, 20000, 99999, 3, 100001]
+    entries = [entry(i, 2) for i in indexes]
+    manifest = Manifest.of("criteo", entries, complete=True)
+    assert [e.output for e in manifest.files] == [f"part-{i:05d}.parquet" for i in sorted(indexes)]
+    assert [e.output for e in manifest.files][-3:] == ["part-99999.parquet", "part-100000.parquet", "part-100001.parquet"]
+    for e in entries:
+        pq.write_table(pa.table({"x": [1, 2]}), tmp_path / e.output)
+    write_manifest(tmp_path, manifest)
+    assert read_manifest(tmp_path) == manifest
+    assert open_processed(tmp_path).parts == [tmp_path / f"part-{i:05d}.parquet" for i in sorted(indexes)]
+    with pytest.raises(ValueError, match="not a shard name"):
+        Manifest.of("criteo", [replace(entries[0], output="part-0100000.parquet")], complete=True)
+
+
+def test_an_output_name_no_shard_has_is_refused(tmp_path: Path) -> None:
+    """part-012345.parquet matches the shape of a shard name but is not the name of shard 12345."""
+    e = replace(entry(12345, 2), output="part-012345.parquet")
+    pq.write_table(pa.table({"x": [1, 2]}), tmp_path / e.output)
+    write_manifest(tmp_path, replace(Manifest.of("criteo", [], complete=True), files=[e], totals=Totals.of([e])))
+    with pytest.raises(InputError, match=r'files\[0\] \("part-012345.parquet"\): output is not a shard file name'):
+        open_processed(tmp_path)
 
 
 def test_part_and_quarantine_names(tmp_path: Path) -> None:

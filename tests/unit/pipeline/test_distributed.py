@@ -24,10 +24,9 @@ from tests.unit.pipeline.test_fit import tree_bytes
 pytest.importorskip("distributed")
 
 
-@pytest.fixture(scope="module")
-def local2():
-    with connect("local:2") as client:
-        yield client
+@pytest.fixture
+def local2(local_cluster):
+    return local_cluster
 
 
 @pytest.fixture(scope="module")

@@ -93,7 +93,11 @@ class OnlineVocabularies:
         self._steps: list[_Step] = []  # the batches applied after it, oldest first
         self._at_base = True  # the vocabularies hold base (a pass starts without restoring it)
         self._lost = False  # an update failed midway: no state of the current pass can be made
-        self._lock = threading.Lock()  # the vocabularies and the steps change together
+        # Two locks, always taken in this order: ``_tables`` while the vocabularies' tables are read or changed (an
+        # update runs under it), ``_lock`` while the steps change. The consumer's ``prune`` (every batch) takes only
+        # ``_lock``, so it never waits for the assembler's update of a later batch.
+        self._tables = threading.Lock()
+        self._lock = threading.Lock()
 
     def _export(self, undo: list[_Step] | None = None) -> State:
         """The vocabularies' state now, or before the steps ``undo`` (newest first)."""
@@ -109,7 +113,7 @@ class OnlineVocabularies:
     def start_pass(self, key: Key) -> OnlinePass:
         """Set the vocabularies to ``base`` for a pass starting at ``key`` (restoring it unless they hold it: a
         restored vocabulary behaves as the one exported, see ``etl.ops.online_vocab``)."""
-        with self._lock:
+        with self._tables, self._lock:
             if not self._at_base:
                 for c, v in self.vocabs.items():
                     v.restore(self.base[c])
@@ -118,13 +122,15 @@ class OnlineVocabularies:
 
     def apply_step(self, update: Callable[[], dict[str, Undo]]) -> None:
         """Run ``update`` (one batch through the vocabularies, returning its undo records) as one step."""
-        with self._lock:
+        with self._tables:
             self._at_base = False
             try:
-                self._steps.append(_Step(None, update()))
+                undo = update()
             except BaseException:
                 self._lost = True
                 raise
+            with self._lock:
+                self._steps.append(_Step(None, undo))
 
     def name_step(self, key: Key) -> None:
         """The state after the steps so far is the state at ``key``."""
@@ -137,7 +143,7 @@ class OnlineVocabularies:
     # ------------------------------------------------------------------ the consumer's side
     def _back_to(self, key: Key) -> list[_Step] | None:
         """The steps to undo (newest first) to reach the state at ``key``; None when the current pass does not hold
-        it (held under the lock). ``LoaderError`` after an update failed midway (until a state is loaded)."""
+        it (both locks held). ``LoaderError`` after an update failed midway (until a state is loaded)."""
         if self._lost:
             raise LoaderError("the online vocabularies' state is unknown after an update failed: load a saved state "
                               "(load_state_dict, load_vocabulary) to continue")  # fmt: skip
@@ -153,13 +159,13 @@ class OnlineVocabularies:
     def at(self, key: Key) -> State:
         """The state at ``key``: produced from the current state and the undo records of the batches after it, or
         ``base`` when the current pass does not hold it (no pass reached it)."""
-        with self._lock:
+        with self._tables, self._lock:
             undo = self._back_to(key)
             return self.base if undo is None else self._export(undo)
 
     def commit(self, key: Key) -> None:
         """Make the state at ``key`` the one the next pass starts from (and forget the current pass's steps)."""
-        with self._lock:
+        with self._tables, self._lock:
             undo = self._back_to(key)
             if undo is not None:
                 self.base = self._export(undo)
@@ -198,7 +204,7 @@ class OnlineVocabularies:
     def _take(self, state: State, error: Callable[[str, Exception], Exception]) -> None:
         """Check ``state`` against the vocabularies (restoring each) and make it ``base``; refused, ``base`` stays
         (the next pass restores it)."""
-        with self._lock:
+        with self._tables, self._lock:
             self._floor, self._steps, self._at_base, self._lost = None, [], False, False
             for c, v in self.vocabs.items():
                 try:

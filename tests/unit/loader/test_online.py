@@ -4,6 +4,7 @@ count, each batch with exactly its own events, state in state_dict and as artifa
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -140,6 +141,35 @@ def test_an_epoch_holds_the_state_of_each_batch_in_flight(data: Path) -> None:
     for _ in ld:
         held.append(ld.vocabularies.held()[0])
     assert max(held) <= 1 + 3 and min(held) >= 1 and len(held) == len(ld)
+
+
+def test_the_consumer_never_waits_for_the_update_of_a_later_batch(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the assembler updates the vocabularies for a batch ahead, the consumer takes the batches already
+    assembled: forgetting the states it is past does not wait for that update (state_dict does, and gets the
+    state at the consumer's position)."""
+    ld = loader(data, prefetch=2, num_workers=1)
+    it = iter(ld)
+    next(it)
+    time.sleep(0.5)  # the ring fills: the batches after the first are assembled
+    entered, release = threading.Event(), threading.Event()
+    update = OnlineVocab.update_with_undo
+
+    def blocked(self, *args):
+        entered.set()
+        release.wait(30)
+        return update(self, *args)
+
+    monkeypatch.setattr(OnlineVocab, "update_with_undo", blocked)
+    try:
+        next(it)  # frees a slot: the assembler starts the next update and blocks in it
+        assert entered.wait(10)
+        taken = threading.Event()
+        threading.Thread(target=lambda: (next(it), taken.set()), daemon=True).start()
+        assert taken.wait(10), "the consumer waited for the assembler's update of a later batch"
+    finally:
+        release.set()
+    assert ld.state_dict()["online_vocab"] == ld.vocabularies.to_dict(ld.vocabularies.at(ld._vocab_here()))
+    ld.close()
 
 
 def test_a_pass_closed_early_leaves_the_vocabulary_at_the_position(data: Path) -> None:

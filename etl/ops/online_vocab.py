@@ -486,19 +486,21 @@ def _once(ent, f, t):
 @_kernel
 def _queue_push(queue, meta, e, t, ent):
     """Append (entry, last) to the queue of count-1 candidates (a ring of at least twice the candidates: full, it
-    is first compacted to its valid records, at most half of it)."""
+    is first compacted in place to its valid records, at most half of it, in order from its head: a record moves
+    only to a place already read)."""
     size = len(queue)
     mask = size - 1
     if meta[_QUEUE_SIZE] == size:
+        head = meta[_QUEUE_HEAD]
         kept = 0
         for i in range(size):
-            j = (meta[_QUEUE_HEAD] + i) & mask
+            j = (head + i) & mask
             f = queue[j, 0]
             if _once(ent, f, queue[j, 1]):
-                queue[kept, 0] = f
-                queue[kept, 1] = queue[j, 1]
+                k = (head + kept) & mask
+                queue[k, 0] = f
+                queue[k, 1] = queue[j, 1]
                 kept += 1
-        meta[_QUEUE_HEAD] = 0
         meta[_QUEUE_SIZE] = kept
     j = (meta[_QUEUE_HEAD] + meta[_QUEUE_SIZE]) & mask
     queue[j, 0] = e

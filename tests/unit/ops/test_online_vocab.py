@@ -224,6 +224,16 @@ def test_matches_a_plain_python_model_across_updates_and_restores() -> None:
         assert evicted == [(i, k) for what, i, k in want_events if what == "evicted"], trial
 
 
+def test_candidates_seen_once_leave_oldest_first_after_their_queue_wraps() -> None:
+    """Rows one batch each, so that the ring of candidates seen once fills while its head is past its start: the
+    compaction that makes room keeps every candidate still seen once, in order."""
+    keys = [1, 2, 3, 4, 5, 2, 1, 3, 6, 4, 7, 6, 5, 7, 8, 9, 2, 1, 8, 1]
+    batches = [[k] for k in keys]
+    v = OnlineVocab(4, 2, "ttl", 6)
+    ids = [i for part in batches for i in v.update(np.array(part, np.uint64))[0].tolist()]
+    assert ids == _reference(batches, 4, 2, "ttl", 6, 1)[0]
+
+
 def _events(ev) -> list[tuple]:
     return list(zip(ev.admitted_ids.tolist(), ev.admitted_keys.tolist())) + list(zip(ev.evicted_ids.tolist(), ev.evicted_keys.tolist()))
 

@@ -236,6 +236,10 @@ class OnlineVocab:
         state |= {"count": table[:, _COUNT].copy(), "last": table[:, _LAST].copy(), "id": table[:, _ID].copy()}
         return canonical_state(state) if canonical else state
 
+    def check(self, state: dict[str, np.ndarray | int]) -> None:
+        """``InvalidState`` unless ``restore`` takes ``state``; changes nothing."""
+        _checked(state, self.capacity, self.candidates)
+
     def restore(self, state: dict[str, np.ndarray | int]) -> None:
         """Take a state ``export`` gave (``InvalidState`` when it cannot be one of this vocabulary's)."""
         keys, counts, last, ids, rows = _checked(state, self.capacity, self.candidates)

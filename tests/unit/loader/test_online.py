@@ -239,6 +239,29 @@ def test_a_refused_state_leaves_the_loader_where_it_was(data: Path) -> None:
     assert same(list(batches(ld, range(1))), whole)
 
 
+def test_a_state_refused_in_the_middle_of_a_pass_leaves_the_loader_at_its_position(data: Path, tmp_path: Path) -> None:
+    """A refused state_dict or vocabulary after a few batches: the loader's state and the batches it gives next are
+    those it had before (its vocabularies' state at the position is kept, not only the pass's starting one)."""
+    whole = list(batches(loader(data), range(1)))
+    ld = loader(data)
+    it = batches(ld, range(1))
+    got = [next(it) for _ in range(5)]
+    state = ld.state_dict()
+    bad = state | {"online_vocab": state["online_vocab"] | {"C2": state["online_vocab"]["C2"] | {"id": state["online_vocab"]["C2"]["id"][:8]}}}
+    with pytest.raises(ConfigError, match="online vocabulary of 'C2'"):
+        ld.load_state_dict(bad)
+    assert ld.state_dict() == state
+    ld.save_vocabulary(tmp_path / "vocab")
+    table = tmp_path / "vocab" / json.loads((tmp_path / "vocab/online_vocabulary.json").read_text())["columns"]["C2"]["table"]
+    t = pq.read_table(table)
+    pq.write_table(t.set_column(3, "id", pa.array(np.zeros(len(t), np.int64))), table)  # one id, many keys
+    with pytest.raises(ArtifactError, match=str(table)):
+        ld.load_vocabulary(tmp_path / "vocab")
+    assert ld.state_dict() == state
+    got += list(batches(ld, range(1)))
+    assert same(got, whole)
+
+
 def test_after_a_failed_update_the_state_is_refused_until_one_is_loaded(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """An update that fails midway leaves no state of its pass that could be trusted: state_dict and the next pass
     raise instead of giving a wrong one, and loading a saved state continues exactly."""

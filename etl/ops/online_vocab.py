@@ -89,6 +89,7 @@ _KEY, _COUNT, _LAST, _ID, _POS, _WAITS, _LOGGED, _HASH = range(8)
 _FIELDS = 8
 _AHEAD = 16  # rows ahead whose hash slot is prefetched (their entry: half as far)
 _FAR = 1 << 14  # keys in the table above which its rows no longer stay in L2 (1 MB): prefetch
+_MAX_ROWS = 2**63 - 1  # the rows clock is an int64
 
 
 def _aligned(rows: int, fields: int) -> np.ndarray:
@@ -193,7 +194,7 @@ class OnlineVocab:
     def update(self, keys: np.ndarray, valid: np.ndarray | None = None) -> tuple[np.ndarray, VocabEvents]:
         """The ids (int64) of the rows of one batch, ``keys`` (uint64; ``valid`` False: missing, id 1), updating the
         vocabulary row by row, and the events of the batch. The ids it evicts become free once it returns (for the
-        next batch)."""
+        next batch). ``OverflowError``, changing nothing, when the rows would take the clock past 2**63 - 1."""
         ids, events, _ = self._update(keys, valid, record=False)
         return ids, events
 
@@ -204,6 +205,8 @@ class OnlineVocab:
     def _update(self, keys: np.ndarray, valid: np.ndarray | None, record: bool) -> tuple[np.ndarray, VocabEvents, Undo]:
         n = len(keys)
         rows = self.rows
+        if n > _MAX_ROWS - rows:
+            raise OverflowError(f"online vocabulary: {n} more rows would take the rows clock ({rows}) past 2**63 - 1")
         keys = np.ascontiguousarray(keys).view(np.int64)
         valid = np.ones(n, np.bool_) if valid is None else np.ascontiguousarray(valid, np.bool_)
         hashes = np.empty(n, np.int64)
@@ -301,7 +304,9 @@ def _checked(state: dict[str, np.ndarray | int], capacity: int, candidates: int)
         raise InvalidState(f"online vocabulary: more than {capacity} admitted keys or {candidates} candidates")
     if len(np.unique(ids[admitted])) != admitted.sum():
         raise InvalidState("online vocabulary: an id given to two keys")
-    if rows < 0 or (len(last) and last.max() >= rows) or len(np.unique(last)) != len(last):
+    if not 0 <= rows <= _MAX_ROWS:
+        raise InvalidState(f"online vocabulary: the rows clock {rows} is outside 0 .. 2**63 - 1")
+    if (len(last) and last.max() >= rows) or len(np.unique(last)) != len(last):
         raise InvalidState("online vocabulary: 'last' rows not distinct or not before the clock")
     return keys, counts, last, ids, rows
 

@@ -140,6 +140,7 @@ def test_export_and_restore_continue_exactly() -> None:
         ({"count": np.array([0, 1])}, "count below 1"),
         ({"last": np.array([3, 3])}, "distinct"),
         ({"rows": 2}, "before the clock"),
+        ({"rows": 2**63}, "rows clock"),
         ({"id": np.array([0])}, "length"),
     ],
 )
@@ -147,6 +148,16 @@ def test_restore_refuses_a_state_it_could_not_have_exported(change: dict, proble
     state = {"rows": 5, "key": np.array([1, 2], np.uint64), "count": np.array([1, 1]), "last": np.array([0, 3]), "id": np.array([0, 1])}
     with pytest.raises(InvalidState, match=problem):
         OnlineVocab(capacity=2).restore(state | change)
+
+
+def test_an_update_that_would_pass_the_rows_clock_s_limit_is_refused_and_changes_nothing() -> None:
+    v = OnlineVocab(capacity=2)
+    v.restore({"rows": 2**63 - 3, "key": np.array([7], np.uint64), "count": np.array([1]), "last": np.array([2**63 - 4]), "id": np.array([0])})
+    before = v.export()
+    with pytest.raises(OverflowError, match="rows clock"):
+        v.update(np.array([7, 8, 9, 10], np.uint64))
+    assert all(np.array_equal(before[k], v.export()[k]) for k in before)
+    assert feed(v, [7, 8]) == [3, 4] and v.rows == 2**63 - 1
 
 
 def _reference(batches: list[list], capacity: int, t_admit: int, evict: str, ttl: int | None, buckets: int) -> tuple[list, list]:

@@ -262,6 +262,20 @@ def test_a_state_refused_in_the_middle_of_a_pass_leaves_the_loader_at_its_positi
     assert same(got, whole)
 
 
+def test_a_state_dict_without_a_valid_position_changes_nothing(data: Path) -> None:
+    ld = loader(data)
+    it = iter(ld)
+    for _ in range(2):
+        next(it)
+    other = ld.state_dict()
+    next(it)
+    state = ld.state_dict()
+    for broken in ({k: v for k, v in other.items() if k != "position"}, other | {"epoch": "first"}):
+        with pytest.raises(ConfigError, match="epoch|position"):
+            ld.load_state_dict(broken)
+        assert ld.state_dict() == state
+
+
 def test_after_a_failed_update_the_state_is_refused_until_one_is_loaded(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """An update that fails midway leaves no state of its pass that could be trusted: state_dict and the next pass
     raise instead of giving a wrong one, and loading a saved state continues exactly."""

@@ -300,6 +300,11 @@ def test_after_a_failed_update_the_state_is_refused_until_one_is_loaded(data: Pa
         ld.state_dict()
     with pytest.raises(LoaderError, match="unknown after an update failed"):
         iter(ld)
+    bad = state | {"online_vocab": state["online_vocab"] | {"C3": state["online_vocab"]["C3"] | {"rows": -1}}}
+    with pytest.raises(ConfigError, match="online vocabulary of 'C3'"):
+        ld.load_state_dict(bad)
+    with pytest.raises(LoaderError, match="unknown after an update failed"):  # a refused state is no way out
+        ld.state_dict()
     monkeypatch.setattr(OnlineVocab, "update_with_undo", update)
     ld.load_state_dict(state)
     rest = list(batches(ld, range(1)))

@@ -8,18 +8,23 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from etl.errors import ArtifactError, ConfigError, LoaderError
 from etl.io.fs import locations
 from etl.io.parquet import list_shards
 from etl.loader import Loader
-from etl.ops.online_vocab import OnlineVocab
+from etl.loader.online import OnlineVocabularies
+from etl.ops import Categorify
+from etl.ops.online_vocab import OnlineVocab, canonical_state
 from etl.pipeline import Pipeline
 from etl.schema import load_schema
 from etl.synth import generate
@@ -384,3 +389,50 @@ def test_following_holds_a_bounded_number_of_states_while_small_shards_trickle_i
         time.sleep(0.03)
     ld.close()
     assert len(held) == 8 and max(held) <= 4, held
+
+
+STEPS = st.one_of(st.lists(st.integers(0, 6), max_size=6), st.sampled_from(["empty", "take", "take", "at", "restart", "load"]))
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(steps=st.lists(STEPS, max_size=40), evict=st.sampled_from(["lfu", "ttl"]))
+def test_the_state_at_every_position_in_flight_is_the_state_after_its_batches(steps: list, evict: str) -> None:
+    """The assembler's side (apply_step, name_step, start_pass) and the consumer's (prune, at, commit, load_dict) in
+    any order a pass allows, including batches that change nothing, passes restarted at the consumer's position and
+    states loaded in the middle of one: the state at the consumer's position is always the state after its batches,
+    kept by a twin vocabulary fed the same batches."""
+    op = Categorify(["c"], online=True, capacity=2, admit_after=2, evict=evict, ttl_rows=4 if evict == "ttl" else None)
+    op.vocab["c"] = pa.table({"key": pa.array([3, 9], pa.uint64()), "count": pa.array([5, 2], pa.int64())})
+    vocabs = OnlineVocabularies(SimpleNamespace(ops=[op]), ["c"], ["c"])  # type: ignore[arg-type]
+    twin = op.online_vocab("c")
+    states = [twin.export()]  # the state after each batch of the current pass (and those before it)
+    assembled = consumer = 0
+    vocabs.start_pass(0)
+    for step in steps:
+        if isinstance(step, list) or step == "empty":
+            keys = np.array(step if isinstance(step, list) else [], np.uint64)
+            if len(keys):
+                vocabs.apply_step(lambda keys=keys: {"c": vocabs.vocabs["c"].update_with_undo(keys)[2]})
+                twin.update(keys)
+            assembled += 1
+            vocabs.name_step(assembled)
+            states.append(twin.export())
+        elif step == "take" and consumer < assembled:
+            consumer += 1
+            vocabs.prune(consumer)
+        elif step == "at":
+            got = canonical_state(vocabs.at(consumer)["c"])
+            assert all(np.array_equal(got[k], states[consumer][k]) for k in states[consumer])
+            assert vocabs.held()[0] == 1 + assembled - consumer
+        elif step in ("restart", "load"):
+            if step == "restart":  # a pass closed early, and the next one
+                vocabs.commit(consumer)
+            else:
+                states[consumer] = states[(consumer * 7) % (assembled + 1)]
+                vocabs.load_dict(vocabs.to_dict({"c": states[consumer]}))
+            twin.restore(states[consumer])
+            del states[consumer + 1 :]
+            assembled = consumer
+            vocabs.start_pass(consumer)
+    got = canonical_state(vocabs.at(consumer)["c"])
+    assert all(np.array_equal(got[k], states[consumer][k]) for k in states[consumer])

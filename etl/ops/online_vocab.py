@@ -194,7 +194,8 @@ class OnlineVocab:
     def update(self, keys: np.ndarray, valid: np.ndarray | None = None) -> tuple[np.ndarray, VocabEvents]:
         """The ids (int64) of the rows of one batch, ``keys`` (uint64; ``valid`` False: missing, id 1), updating the
         vocabulary row by row, and the events of the batch. The ids it evicts become free once it returns (for the
-        next batch). ``OverflowError``, changing nothing, when the rows would take the clock past 2**63 - 1."""
+        next batch). Changing nothing, ``TypeError`` for keys of another dtype than uint64 or int64, ``ValueError`` for
+        ``valid`` of another length, ``OverflowError`` when the rows would take the clock past 2**63 - 1."""
         ids, events, _ = self._update(keys, valid, record=False)
         return ids, events
 
@@ -203,11 +204,16 @@ class OnlineVocab:
         return self._update(keys, valid, record=True)
 
     def _update(self, keys: np.ndarray, valid: np.ndarray | None, record: bool) -> tuple[np.ndarray, VocabEvents, Undo]:
+        keys = np.ascontiguousarray(keys)
+        if keys.dtype not in (np.uint64, np.int64):
+            raise TypeError(f"online vocabulary: keys must be uint64 (or int64 bits), got {keys.dtype}")
         n = len(keys)
+        if valid is not None and len(valid) != n:
+            raise ValueError(f"online vocabulary: {len(valid)} valid flags for {n} keys")
         rows = self.rows
         if n > _MAX_ROWS - rows:
             raise OverflowError(f"online vocabulary: {n} more rows would take the rows clock ({rows}) past 2**63 - 1")
-        keys = np.ascontiguousarray(keys).view(np.int64)
+        keys = keys.view(np.int64)
         valid = np.ones(n, np.bool_) if valid is None else np.ascontiguousarray(valid, np.bool_)
         hashes = np.empty(n, np.int64)
         _hash(keys, self._seed_word, hashes)

@@ -162,6 +162,15 @@ def test_an_update_that_would_pass_the_rows_clock_s_limit_is_refused_and_changes
     assert feed(v, [7, 8]) == [3, 4] and v.rows == 2**63 - 1
 
 
+def test_update_refuses_keys_of_another_width_or_a_mask_of_another_length() -> None:
+    v = OnlineVocab(capacity=2)
+    with pytest.raises(TypeError, match="uint64"):
+        v.update(np.array([1, 2, 3, 4], np.int32))
+    with pytest.raises(ValueError, match="valid"):
+        v.update(np.array([1, 2], np.uint64), np.array([True]))
+    assert v.rows == 0 and feed(v, [1, 2]) == [3, 4]
+
+
 def _reference(batches: list[list], capacity: int, t_admit: int, evict: str, ttl: int | None, buckets: int) -> tuple[list, list]:
     """The module docstring's semantics, spelled out with dicts, sets and min()."""
     table: dict[int, list[int]] = {}  # key -> [count, last, id]

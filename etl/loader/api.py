@@ -285,7 +285,8 @@ class Loader:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue exactly where the loader that produced ``state`` stopped (same data and settings)."""
+        """Continue exactly where the loader that produced ``state`` stopped (same data and settings). A state refused
+        (``ConfigError``) leaves the position and the online vocabularies as they were."""
         mine = self._position_state()
         if ("follow" in state) != ("follow" in mine):
             raise ConfigError("state_dict mismatch: " + ("a following loader's state given to a loader without follow=True" if "follow" in state

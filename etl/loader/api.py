@@ -285,7 +285,8 @@ class Loader:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue exactly where the loader that produced ``state`` stopped (same data and settings)."""
+        """Continue exactly where the loader that produced ``state`` stopped (same data and settings). A state refused
+        (``ConfigError``) leaves the position and the online vocabularies as they were."""
         mine = self._position_state()
         if ("follow" in state) != ("follow" in mine):
             raise ConfigError("state_dict mismatch: " + ("a following loader's state given to a loader without follow=True" if "follow" in state
@@ -296,6 +297,11 @@ class Loader:
                 raise ConfigError(f"state_dict mismatch on {k}: saved {saved[k]!r}, this loader {mine[k]!r}")
         self.close()
         position = FollowPosition.from_dict(state["follow"]) if "follow" in state else None
+        if position is None:  # read before anything changes: a state refused leaves the loader where it was
+            try:
+                epoch, batch = int(state["epoch"]), int(state["position"])
+            except (KeyError, TypeError, ValueError) as e:
+                raise ConfigError(f"state_dict: malformed epoch or position: {e!r}") from None
         if self.vocabularies is not None:
             if "online_vocab" not in state:
                 raise ConfigError("state_dict has no online_vocab: it was saved by a loader without online vocabularies")
@@ -303,7 +309,7 @@ class Loader:
         if position is not None:
             self._cursor.position = position
         else:
-            self.epoch, self.position, self._finished = int(state["epoch"]), int(state["position"]), False
+            self.epoch, self.position, self._finished = epoch, batch, False
 
     def save_vocabulary(self, directory: str | Location) -> None:
         """Write the online vocabularies' state at this position (the one ``state_dict`` holds) as artifacts: JSON +

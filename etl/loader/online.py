@@ -92,7 +92,7 @@ class OnlineVocabularies:
         self._floor: Key | None = None  # the oldest position of the current pass whose state can be produced
         self._steps: list[_Step] = []  # the batches applied after it, oldest first
         self._at_base = True  # the vocabularies hold base (a pass starts without restoring it)
-        self._lost = False  # an update failed midway: no state of the current pass can be made
+        self._lost = False  # an update (or a restore) failed midway: no state of the current pass can be made
         # Two locks, always taken in this order: ``_tables`` while the vocabularies' tables are read or changed (an
         # update runs under it), ``_lock`` while the steps change. The consumer's ``prune`` (every batch) takes only
         # ``_lock``, so it never waits for the assembler's update of a later batch.
@@ -202,16 +202,19 @@ class OnlineVocabularies:
         self._take(state, lambda c, e: ConfigError(f"state_dict: online vocabulary of '{c}': {e}"))
 
     def _take(self, state: State, error: Callable[[str, Exception], Exception]) -> None:
-        """Check ``state`` against the vocabularies (restoring each) and make it ``base``; refused, ``base`` stays
-        (the next pass restores it)."""
+        """Check ``state`` against every vocabulary, then restore each and make it ``base``. Refused, nothing changes:
+        the state at the loader's position is still the one it had."""
         with self._tables, self._lock:
-            self._floor, self._steps, self._at_base, self._lost = None, [], False, False
             for c, v in self.vocabs.items():
                 try:
-                    v.restore(state[c])
+                    v.check(state[c])
                 except InvalidState as e:
                     raise error(c, e) from None
-            self.base, self._at_base = self._export(), True
+            # until every column is restored, the vocabularies hold no state that could be given
+            self._floor, self._steps, self._at_base, self._lost = None, [], False, True
+            for c, v in self.vocabs.items():
+                v.restore(state[c])
+            self.base, self._at_base, self._lost = self._export(), True, False
 
     def save(self, state: State, directory: str | Location) -> None:
         """Write ``state`` as artifacts (``etl.pipeline.artifacts.save_online``): JSON + one Parquet table per column."""

@@ -89,6 +89,7 @@ _KEY, _COUNT, _LAST, _ID, _POS, _WAITS, _LOGGED, _HASH = range(8)
 _FIELDS = 8
 _AHEAD = 16  # rows ahead whose hash slot is prefetched (their entry: half as far)
 _FAR = 1 << 14  # keys in the table above which its rows no longer stay in L2 (1 MB): prefetch
+_MAX_ROWS = 2**63 - 1  # the rows clock is an int64
 
 
 def _aligned(rows: int, fields: int) -> np.ndarray:
@@ -193,7 +194,8 @@ class OnlineVocab:
     def update(self, keys: np.ndarray, valid: np.ndarray | None = None) -> tuple[np.ndarray, VocabEvents]:
         """The ids (int64) of the rows of one batch, ``keys`` (uint64; ``valid`` False: missing, id 1), updating the
         vocabulary row by row, and the events of the batch. The ids it evicts become free once it returns (for the
-        next batch)."""
+        next batch). Changing nothing, ``TypeError`` for keys of another dtype than uint64 or int64, ``ValueError`` for
+        ``valid`` of another length, ``OverflowError`` when the rows would take the clock past 2**63 - 1."""
         ids, events, _ = self._update(keys, valid, record=False)
         return ids, events
 
@@ -202,9 +204,16 @@ class OnlineVocab:
         return self._update(keys, valid, record=True)
 
     def _update(self, keys: np.ndarray, valid: np.ndarray | None, record: bool) -> tuple[np.ndarray, VocabEvents, Undo]:
+        keys = np.ascontiguousarray(keys)
+        if keys.dtype not in (np.uint64, np.int64):
+            raise TypeError(f"online vocabulary: keys must be uint64 (or int64 bits), got {keys.dtype}")
         n = len(keys)
+        if valid is not None and len(valid) != n:
+            raise ValueError(f"online vocabulary: {len(valid)} valid flags for {n} keys")
         rows = self.rows
-        keys = np.ascontiguousarray(keys).view(np.int64)
+        if n > _MAX_ROWS - rows:
+            raise OverflowError(f"online vocabulary: {n} more rows would take the rows clock ({rows}) past 2**63 - 1")
+        keys = keys.view(np.int64)
         valid = np.ones(n, np.bool_) if valid is None else np.ascontiguousarray(valid, np.bool_)
         hashes = np.empty(n, np.int64)
         _hash(keys, self._seed_word, hashes)
@@ -235,6 +244,10 @@ class OnlineVocab:
         state: dict[str, np.ndarray | int] = {"rows": rows, "key": table[:, _KEY].view(np.uint64).copy()}
         state |= {"count": table[:, _COUNT].copy(), "last": table[:, _LAST].copy(), "id": table[:, _ID].copy()}
         return canonical_state(state) if canonical else state
+
+    def check(self, state: dict[str, np.ndarray | int]) -> None:
+        """``InvalidState`` unless ``restore`` takes ``state``; changes nothing."""
+        _checked(state, self.capacity, self.candidates)
 
     def restore(self, state: dict[str, np.ndarray | int]) -> None:
         """Take a state ``export`` gave (``InvalidState`` when it cannot be one of this vocabulary's)."""
@@ -297,7 +310,9 @@ def _checked(state: dict[str, np.ndarray | int], capacity: int, candidates: int)
         raise InvalidState(f"online vocabulary: more than {capacity} admitted keys or {candidates} candidates")
     if len(np.unique(ids[admitted])) != admitted.sum():
         raise InvalidState("online vocabulary: an id given to two keys")
-    if rows < 0 or (len(last) and last.max() >= rows) or len(np.unique(last)) != len(last):
+    if not 0 <= rows <= _MAX_ROWS:
+        raise InvalidState(f"online vocabulary: the rows clock {rows} is outside 0 .. 2**63 - 1")
+    if (len(last) and last.max() >= rows) or len(np.unique(last)) != len(last):
         raise InvalidState("online vocabulary: 'last' rows not distinct or not before the clock")
     return keys, counts, last, ids, rows
 
@@ -486,19 +501,21 @@ def _once(ent, f, t):
 @_kernel
 def _queue_push(queue, meta, e, t, ent):
     """Append (entry, last) to the queue of count-1 candidates (a ring of at least twice the candidates: full, it
-    is first compacted to its valid records, at most half of it)."""
+    is first compacted in place to its valid records, at most half of it, in order from its head: a record moves
+    only to a place already read)."""
     size = len(queue)
     mask = size - 1
     if meta[_QUEUE_SIZE] == size:
+        head = meta[_QUEUE_HEAD]
         kept = 0
         for i in range(size):
-            j = (meta[_QUEUE_HEAD] + i) & mask
+            j = (head + i) & mask
             f = queue[j, 0]
             if _once(ent, f, queue[j, 1]):
-                queue[kept, 0] = f
-                queue[kept, 1] = queue[j, 1]
+                k = (head + kept) & mask
+                queue[k, 0] = f
+                queue[k, 1] = queue[j, 1]
                 kept += 1
-        meta[_QUEUE_HEAD] = 0
         meta[_QUEUE_SIZE] = kept
     j = (meta[_QUEUE_HEAD] + meta[_QUEUE_SIZE]) & mask
     queue[j, 0] = e

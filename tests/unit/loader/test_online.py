@@ -8,18 +8,23 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from etl.errors import ArtifactError, ConfigError, LoaderError
 from etl.io.fs import locations
 from etl.io.parquet import list_shards
 from etl.loader import Loader
-from etl.ops.online_vocab import OnlineVocab
+from etl.loader.online import OnlineVocabularies
+from etl.ops import Categorify
+from etl.ops.online_vocab import OnlineVocab, canonical_state
 from etl.pipeline import Pipeline
 from etl.schema import load_schema
 from etl.synth import generate
@@ -239,6 +244,43 @@ def test_a_refused_state_leaves_the_loader_where_it_was(data: Path) -> None:
     assert same(list(batches(ld, range(1))), whole)
 
 
+def test_a_state_refused_in_the_middle_of_a_pass_leaves_the_loader_at_its_position(data: Path, tmp_path: Path) -> None:
+    """A refused state_dict or vocabulary after a few batches: the loader's state and the batches it gives next are
+    those it had before (its vocabularies' state at the position is kept, not only the pass's starting one)."""
+    whole = list(batches(loader(data), range(1)))
+    ld = loader(data)
+    it = batches(ld, range(1))
+    got = [next(it) for _ in range(5)]
+    state = ld.state_dict()
+    bad = state | {"online_vocab": state["online_vocab"] | {"C2": state["online_vocab"]["C2"] | {"id": state["online_vocab"]["C2"]["id"][:8]}}}
+    with pytest.raises(ConfigError, match="online vocabulary of 'C2'"):
+        ld.load_state_dict(bad)
+    assert ld.state_dict() == state
+    ld.save_vocabulary(tmp_path / "vocab")
+    table = tmp_path / "vocab" / json.loads((tmp_path / "vocab/online_vocabulary.json").read_text())["columns"]["C2"]["table"]
+    t = pq.read_table(table)
+    pq.write_table(t.set_column(3, "id", pa.array(np.zeros(len(t), np.int64))), table)  # one id, many keys
+    with pytest.raises(ArtifactError, match=str(table)):
+        ld.load_vocabulary(tmp_path / "vocab")
+    assert ld.state_dict() == state
+    got += list(batches(ld, range(1)))
+    assert same(got, whole)
+
+
+def test_a_state_dict_without_a_valid_position_changes_nothing(data: Path) -> None:
+    ld = loader(data)
+    it = iter(ld)
+    for _ in range(2):
+        next(it)
+    other = ld.state_dict()
+    next(it)
+    state = ld.state_dict()
+    for broken in ({k: v for k, v in other.items() if k != "position"}, other | {"epoch": "first"}):
+        with pytest.raises(ConfigError, match="epoch|position"):
+            ld.load_state_dict(broken)
+        assert ld.state_dict() == state
+
+
 def test_after_a_failed_update_the_state_is_refused_until_one_is_loaded(data: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """An update that fails midway leaves no state of its pass that could be trusted: state_dict and the next pass
     raise instead of giving a wrong one, and loading a saved state continues exactly."""
@@ -263,6 +305,11 @@ def test_after_a_failed_update_the_state_is_refused_until_one_is_loaded(data: Pa
         ld.state_dict()
     with pytest.raises(LoaderError, match="unknown after an update failed"):
         iter(ld)
+    bad = state | {"online_vocab": state["online_vocab"] | {"C3": state["online_vocab"]["C3"] | {"rows": -1}}}
+    with pytest.raises(ConfigError, match="online vocabulary of 'C3'"):
+        ld.load_state_dict(bad)
+    with pytest.raises(LoaderError, match="unknown after an update failed"):  # a refused state is no way out
+        ld.state_dict()
     monkeypatch.setattr(OnlineVocab, "update_with_undo", update)
     ld.load_state_dict(state)
     rest = list(batches(ld, range(1)))
@@ -342,3 +389,50 @@ def test_following_holds_a_bounded_number_of_states_while_small_shards_trickle_i
         time.sleep(0.03)
     ld.close()
     assert len(held) == 8 and max(held) <= 4, held
+
+
+STEPS = st.one_of(st.lists(st.integers(0, 6), max_size=6), st.sampled_from(["empty", "take", "take", "at", "restart", "load"]))
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(steps=st.lists(STEPS, max_size=40), evict=st.sampled_from(["lfu", "ttl"]))
+def test_the_state_at_every_position_in_flight_is_the_state_after_its_batches(steps: list, evict: str) -> None:
+    """The assembler's side (apply_step, name_step, start_pass) and the consumer's (prune, at, commit, load_dict) in
+    any order a pass allows, including batches that change nothing, passes restarted at the consumer's position and
+    states loaded in the middle of one: the state at the consumer's position is always the state after its batches,
+    kept by a twin vocabulary fed the same batches."""
+    op = Categorify(["c"], online=True, capacity=2, admit_after=2, evict=evict, ttl_rows=4 if evict == "ttl" else None)
+    op.vocab["c"] = pa.table({"key": pa.array([3, 9], pa.uint64()), "count": pa.array([5, 2], pa.int64())})
+    vocabs = OnlineVocabularies(SimpleNamespace(ops=[op]), ["c"], ["c"])  # type: ignore[arg-type]
+    twin = op.online_vocab("c")
+    states = [twin.export()]  # the state after each batch of the current pass (and those before it)
+    assembled = consumer = 0
+    vocabs.start_pass(0)
+    for step in steps:
+        if isinstance(step, list) or step == "empty":
+            keys = np.array(step if isinstance(step, list) else [], np.uint64)
+            if len(keys):
+                vocabs.apply_step(lambda keys=keys: {"c": vocabs.vocabs["c"].update_with_undo(keys)[2]})
+                twin.update(keys)
+            assembled += 1
+            vocabs.name_step(assembled)
+            states.append(twin.export())
+        elif step == "take" and consumer < assembled:
+            consumer += 1
+            vocabs.prune(consumer)
+        elif step == "at":
+            got = canonical_state(vocabs.at(consumer)["c"])
+            assert all(np.array_equal(got[k], states[consumer][k]) for k in states[consumer])
+            assert vocabs.held()[0] == 1 + assembled - consumer
+        elif step in ("restart", "load"):
+            if step == "restart":  # a pass closed early, and the next one
+                vocabs.commit(consumer)
+            else:
+                states[consumer] = states[(consumer * 7) % (assembled + 1)]
+                vocabs.load_dict(vocabs.to_dict({"c": states[consumer]}))
+            twin.restore(states[consumer])
+            del states[consumer + 1 :]
+            assembled = consumer
+            vocabs.start_pass(consumer)
+    got = canonical_state(vocabs.at(consumer)["c"])
+    assert all(np.array_equal(got[k], states[consumer][k]) for k in states[consumer])

@@ -6,6 +6,8 @@ import random
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from etl.backends import cpu
 from etl.backends.hashing import hash64, reduce
@@ -140,6 +142,7 @@ def test_export_and_restore_continue_exactly() -> None:
         ({"count": np.array([0, 1])}, "count below 1"),
         ({"last": np.array([3, 3])}, "distinct"),
         ({"rows": 2}, "before the clock"),
+        ({"rows": 2**63}, "rows clock"),
         ({"id": np.array([0])}, "length"),
     ],
 )
@@ -147,6 +150,25 @@ def test_restore_refuses_a_state_it_could_not_have_exported(change: dict, proble
     state = {"rows": 5, "key": np.array([1, 2], np.uint64), "count": np.array([1, 1]), "last": np.array([0, 3]), "id": np.array([0, 1])}
     with pytest.raises(InvalidState, match=problem):
         OnlineVocab(capacity=2).restore(state | change)
+
+
+def test_an_update_that_would_pass_the_rows_clock_s_limit_is_refused_and_changes_nothing() -> None:
+    v = OnlineVocab(capacity=2)
+    v.restore({"rows": 2**63 - 3, "key": np.array([7], np.uint64), "count": np.array([1]), "last": np.array([2**63 - 4]), "id": np.array([0])})
+    before = v.export()
+    with pytest.raises(OverflowError, match="rows clock"):
+        v.update(np.array([7, 8, 9, 10], np.uint64))
+    assert all(np.array_equal(before[k], v.export()[k]) for k in before)
+    assert feed(v, [7, 8]) == [3, 4] and v.rows == 2**63 - 1
+
+
+def test_update_refuses_keys_of_another_width_or_a_mask_of_another_length() -> None:
+    v = OnlineVocab(capacity=2)
+    with pytest.raises(TypeError, match="uint64"):
+        v.update(np.array([1, 2, 3, 4], np.int32))
+    with pytest.raises(ValueError, match="valid"):
+        v.update(np.array([1, 2], np.uint64), np.array([True]))
+    assert v.rows == 0 and feed(v, [1, 2]) == [3, 4]
 
 
 def _reference(batches: list[list], capacity: int, t_admit: int, evict: str, ttl: int | None, buckets: int) -> tuple[list, list]:
@@ -222,6 +244,50 @@ def test_matches_a_plain_python_model_across_updates_and_restores() -> None:
         assert ids == want_ids, trial
         assert admitted == [(i, k) for what, i, k in want_events if what == "admitted"], trial
         assert evicted == [(i, k) for what, i, k in want_events if what == "evicted"], trial
+
+
+def test_candidates_seen_once_leave_oldest_first_after_their_queue_wraps() -> None:
+    """Rows one batch each, so that the ring of candidates seen once fills while its head is past its start: the
+    compaction that makes room keeps every candidate still seen once, in order."""
+    keys = [1, 2, 3, 4, 5, 2, 1, 3, 6, 4, 7, 6, 5, 7, 8, 9, 2, 1, 8, 1]
+    batches = [[k] for k in keys]
+    v = OnlineVocab(4, 2, "ttl", 6)
+    ids = [i for part in batches for i in v.update(np.array(part, np.uint64))[0].tolist()]
+    assert ids == _reference(batches, 4, 2, "ttl", 6, 1)[0]
+
+
+KEYS = st.one_of(st.none(), st.sampled_from([0, 1, 2, 3, 4, 5, 6, 7, 2**63, 15 << 60, 2**64 - 2, 2**64 - 1]))
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(capacity=st.integers(1, 4), admit_after=st.integers(1, 3), ttl=st.one_of(st.none(), st.integers(1, 6)), buckets=st.integers(1, 3),
+       batches=st.lists(st.lists(KEYS, max_size=12), max_size=30), restores=st.sets(st.integers(0, 29)))  # fmt: skip
+def test_ids_events_undo_records_and_restores_match_a_plain_python_model(capacity: int, admit_after: int, ttl: int | None,
+                                                                         buckets: int, batches: list, restores: set) -> None:  # fmt: skip
+    """Keys 0 and 2**64 - 1 among a few, tables of a handful of entries (hash slots shift back on every delete), empty
+    batches, restores between batches: the ids and events are the model's, and the undo records of the updates since
+    the last restore give back the state before each of them."""
+    evict = "lfu" if ttl is None else "ttl"
+    want_ids, want_events = _reference(batches, capacity, admit_after, evict, ttl, buckets)
+    v = OnlineVocab(capacity, admit_after, evict, ttl, buckets)
+    ids, admitted, evicted, states, undos = [], [], [], [], []
+    for b, part in enumerate(batches):
+        states.append(v.export())
+        got, ev, undo = v.update_with_undo(np.array([k or 0 for k in part], np.uint64), np.array([k is not None for k in part], bool))
+        ids += got.tolist()
+        admitted += list(zip(ev.admitted_ids.tolist(), ev.admitted_keys.tolist()))
+        evicted += list(zip(ev.evicted_ids.tolist(), ev.evicted_keys.tolist()))
+        undos.append(undo)
+        for i, state in enumerate(states):
+            back = v.export(undo=undos[i:][::-1])
+            assert all(np.array_equal(back[k], state[k]) for k in state), (b, i)
+        if b in restores:
+            w = OnlineVocab(capacity, admit_after, evict, ttl, buckets)
+            w.restore(v.export(canonical=False))
+            v, states, undos = w, [], []
+    assert ids == want_ids
+    assert admitted == [(i, k) for what, i, k in want_events if what == "admitted"]
+    assert evicted == [(i, k) for what, i, k in want_events if what == "evicted"]
 
 
 def _events(ev) -> list[tuple]:

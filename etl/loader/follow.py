@@ -22,10 +22,13 @@ events for the batches an uninterrupted run with the same batches would deliver)
 Position (``FollowPosition``, what ``Loader.state_dict`` saves in follow mode): the first buffer not yet wholly
 delivered, given by where its rows start in the stream (the shard, how many shards came before it, the row within
 the shard's slice), its number, its length when it was already closed (a buffer closed early by an idle flush is
-shorter) and how many of its rows were delivered. A pass started from a position rebuilds that buffer, the same
-rows in the same permutation, drops the rows already delivered and goes on: every row of the stream is delivered
-exactly once across any number of restarts, provided each restart starts from the position saved with the last
-batch the training counted. Where later buffers end may differ from the run before (idle flushes depend on time);
+shorter), the shard holding its last row when it was closed, and how many of its rows were delivered. A pass
+started from a position rebuilds that buffer, the same rows in the same permutation, drops the rows already
+delivered and goes on: every row of the stream is delivered exactly once across any number of restarts, provided
+each restart starts from the position saved with the last batch the training counted. The restart checks that the
+shards where the buffer starts and ends are where they were in arrival order (``Arrivals.check_before``: a shard
+removed, or added out of order while the consumer was stopped, is an ``InputError``), since a buffer rebuilt from
+other rows would deliver some rows twice and others never. Where later buffers end may differ from the run before (idle flushes depend on time);
 which rows come out does not.
 
 Ranks: each rank polls the directory on its own and waits, in its poll loop, for the next shard; a rank that sees
@@ -72,7 +75,10 @@ class FollowPosition:
     docstring). ``shard``: the file name of the shard holding the buffer's first row (None before any shard),
     ``before``: how many shards precede it in arrival order, ``row``: the row within the shard's slice for this
     rank; ``buffer_no``: the buffer's number; ``buffer_rows``: its length, when it was closed before the position
-    was taken (None: still open, nothing of it delivered); ``delivered``: its rows already delivered."""
+    was taken (None: still open, nothing of it delivered); ``delivered``: its rows already delivered; ``end_shard``
+    and ``end_before``: the shard holding the closed buffer's last row and how many shards precede it (None with
+    ``buffer_rows``, and in positions saved before they were recorded), which a restart checks as it checks
+    ``shard``: the buffer it rebuilds must hold the same rows."""
 
     shard: str | None = None
     before: int = 0
@@ -80,6 +86,8 @@ class FollowPosition:
     buffer_no: int = 0
     buffer_rows: int | None = None
     delivered: int = 0
+    end_shard: str | None = None
+    end_before: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -91,9 +99,12 @@ class FollowPosition:
             pos = cls(**doc)
         except TypeError as e:
             raise ConfigError(f"not a follow-mode loader position: {doc!r} ({e})") from None
-        ints = (pos.before, pos.row, pos.buffer_no, pos.delivered) + (() if pos.buffer_rows is None else (pos.buffer_rows,))
-        if not all(isinstance(v, int) and v >= 0 for v in ints) or not (pos.shard is None or isinstance(pos.shard, str)):
+        ints = (pos.before, pos.row, pos.buffer_no, pos.delivered) + tuple(v for v in (pos.buffer_rows, pos.end_before) if v is not None)
+        names = (pos.shard, pos.end_shard)
+        if not all(isinstance(v, int) and v >= 0 for v in ints) or not all(v is None or isinstance(v, str) for v in names):
             raise ConfigError(f"not a follow-mode loader position: {doc!r}")
+        if (pos.end_shard is None) != (pos.end_before is None) or (pos.end_before is not None and pos.end_before < pos.before):
+            raise ConfigError(f"not a follow-mode loader position: {doc!r} (its buffer's end shard)")
         if pos.delivered > (pos.buffer_rows or 0):
             raise ConfigError(f"a follow-mode loader position with more rows delivered than its buffer holds: {doc!r}")
         return pos
@@ -133,7 +144,7 @@ class FollowAssembler(Assembler):
         self.limit = start.buffer_rows  # the length of the first buffer, when the position fixed it
         self.next_at: _At = (start.before, start.shard, start.row)  # where the next row fed comes from
         self.filling_at: _At = self.next_at  # where the buffer being filled starts
-        self.closed: deque[tuple[_At, int, int]] = deque()  # (start, number, rows) of each buffer in self.stream
+        self.closed: deque[tuple[_At, _At, int, int]] = deque()  # (start, end, number, rows) of each buffer in self.stream
 
     def batches(self) -> Generator[FollowItem, None, None]:  # type: ignore[override]
         """The stream's batches, each with the position after it; ends only once ``stop`` is set."""
@@ -167,11 +178,14 @@ class FollowAssembler(Assembler):
 
     def _arrived(self, first: bool) -> list[tuple[int, Location]]:
         """The shards that arrived since the last poll with their index in arrival order; on the first poll,
-        those from the start position's shard on (the ones before it were delivered before the restart)."""
+        those from the start position's shard on (the ones before it were delivered before the restart), after
+        checking that the start position's shard, and the shard its closed buffer ends in, are where they were."""
         before = len(self.arrivals.names)
         new = self.arrivals.poll()
         if first:
             self.arrivals.check_before(self.start.before, self.start.shard)
+            if self.start.end_shard is not None and self.start.end_before is not None:
+                self.arrivals.check_before(self.start.end_before, self.start.end_shard)
         return [(before + k, path) for k, path in enumerate(new) if before + k >= self.start.before]
 
     def _shard_pieces(self, index: int, path: Location) -> list[tuple[Piece, _At]]:
@@ -194,14 +208,15 @@ class FollowAssembler(Assembler):
                 self.filling_at = (index, name, row)
             size = self.limit or self.settings.shuffle_buffer
             take = min(chunk.n, size - self.filled)
+            self.next_at = (index, name, row + take)  # where the buffer ends, if these rows fill it
             self._buffer(chunk.slice(0, take))
             chunk, row = chunk.slice(take, chunk.n), row + take
             if self.filled == size:  # a first buffer of a fixed length shorter than shuffle_buffer
                 self._flush()
-        self.next_at = (index, name, row)
 
     def _flush(self) -> None:
-        self.closed.append((self.filling_at, self.buffer_no, self.filled))
+        """Close the buffer being filled; it ends where the rows fed so far end (``next_at``)."""
+        self.closed.append((self.filling_at, self.next_at, self.buffer_no, self.filled))
         self.limit = None
         super()._flush()
 
@@ -235,9 +250,9 @@ class FollowAssembler(Assembler):
         while len(self.closed) > len(self.stream):
             self.closed.popleft()
         if self.stream:
-            (before, shard, row), number, rows = self.closed[0]
+            (before, shard, row), (end_before, end_shard, _), number, rows = self.closed[0]
             delivered = rows - len(self.stream[0][1])
-            return FollowPosition(shard, before, row, number, rows, delivered)
+            return FollowPosition(shard, before, row, number, rows, delivered, end_shard, end_before)
         before, shard, row = self.filling_at if self.filled else self.next_at
         return FollowPosition(shard, before, row, self.buffer_no)
 

@@ -174,6 +174,30 @@ def test_state_names_a_removed_shard(stream: Path) -> None:
     again.close()
 
 
+@pytest.mark.parametrize("arrivals", ["names", "manifest"])
+def test_a_shard_added_inside_a_partly_delivered_buffer_while_stopped_is_an_error(stream: Path, arrivals: str) -> None:
+    """The saved buffer spans part-00000 and part-00002 and some of its rows were delivered: a shard that lands
+    between them while the consumer is stopped would change the rebuilt buffer's rows, so some rows would come
+    twice and others never. The restart refuses it."""
+    add_shard(stream, 0, 0, 100)
+    add_shard(stream, 2, 100, 100)
+    if arrivals == "manifest":
+        write_arrivals(stream / "raw", ["part-00000.parquet", "part-00002.parquet"])
+    first = loader(stream, arrivals=arrivals, idle_flush=30)
+    rows(iter(first), 64)  # one batch of the 200-row buffer over both shards
+    state = first.state_dict()
+    first.close()
+    assert state["follow"]["buffer_rows"] == 200 and state["follow"]["delivered"] == 64
+    add_shard(stream, 1, 200, 100)
+    if arrivals == "manifest":
+        write_arrivals(stream / "raw", ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"])
+    again = loader(stream, arrivals=arrivals, idle_flush=30)
+    again.load_state_dict(state)
+    with pytest.raises(InputError, match="part-00002.parquet: a saved position names it as shard 1"):
+        next(iter(again))
+    again.close()
+
+
 def _follow_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith(("etl-follow", "etl-loader"))]
 
@@ -219,9 +243,12 @@ def test_settings_that_cannot_follow_are_config_errors(stream: Path) -> None:
 
 
 def test_position_from_dict_refuses_what_to_dict_cannot_make() -> None:
-    pos = FollowPosition("part-00001.parquet", 1, 5, 2, 100, 40)
+    pos = FollowPosition("part-00001.parquet", 1, 5, 2, 100, 40, "part-00003.parquet", 3)
     assert FollowPosition.from_dict(pos.to_dict()) == pos
-    for bad in ({"shard": 3}, {"row": -1}, {"delivered": 5}, {"buffer_rows": 4, "delivered": 5}, {"other": 1}):
+    saved_before_end_shards = {k: v for k, v in pos.to_dict().items() if not k.startswith("end_")}
+    assert FollowPosition.from_dict(saved_before_end_shards) == FollowPosition("part-00001.parquet", 1, 5, 2, 100, 40)
+    for bad in ({"shard": 3}, {"row": -1}, {"delivered": 5}, {"buffer_rows": 4, "delivered": 5}, {"other": 1}, {"end_shard": "a.parquet"},
+                {"end_shard": 3, "end_before": 0}, {"before": 2, "end_shard": "a.parquet", "end_before": 1}):  # fmt: skip
         with pytest.raises(ConfigError):
             FollowPosition.from_dict(bad)
 

@@ -18,7 +18,9 @@ since a producer's manifest written a moment after the consumer starts would oth
   would otherwise take its files for raw shards).
 - ``"manifest"``: the order the producer's manifest lists them in (``etl.io.arrivals_manifest``: ``_arrivals.json``
   in the directory, replaced atomically, each version extending the one before). A shard counts once listed; other
-  files of the directory are not looked at. Until the producer writes the manifest, no shard has arrived.
+  files of the directory are not looked at. Until the producer writes the manifest, no shard has arrived; while
+  nothing is listed, a directory that holds the manifest.json of a processed output is refused (``InputError``), as
+  in name order: its producer manifest would never come.
 
 The output of ``etl preprocess --follow`` (a processed output, ``etl.io.processed``) is followed in its own order,
 ``PROCESSED``, which its directory decides (its manifest.json marks it), not the consumer: output file ``i`` holds
@@ -72,6 +74,11 @@ class Arrivals:
             new = self._by_name()
         elif self.order == "manifest":
             new = arrived_since(self.directory, self.names)
+            if not self.names and not new:  # nothing listed yet: is the producer manifest awaited in vain?
+                try:
+                    self._check_not_processed()
+                except OSError as e:
+                    raise InputError(str(self.directory), f"cannot list: {e}") from None
         else:
             new = self._committed()
         self._polled = True
@@ -113,6 +120,10 @@ class Arrivals:
         if (self.directory / ARRIVALS).is_file():
             raise InputError(str(self.directory / ARRIVALS), "a producer manifest lists this directory's shards: follow it in the "
                              "order it lists them (arrivals='manifest', or --arrivals manifest)")  # fmt: skip
+        self._check_not_processed()
+
+    def _check_not_processed(self) -> None:
+        """``InputError`` when the directory holds the manifest of a processed output."""
         if (self.directory / MANIFEST).is_file():
             raise InputError(str(self.directory / MANIFEST), "this directory is the output of etl preprocess, not raw shards: a following "
                              "loader reads it as such when it holds its manifest.json at start")  # fmt: skip

@@ -92,6 +92,16 @@ def test_name_order_refuses_a_directory_with_a_producer_manifest_or_a_processed_
         arrivals.poll()
 
 
+def test_manifest_order_refuses_a_processed_output_rather_than_wait_for_ever(tmp_path: Path) -> None:
+    """A loader started in manifest order on the directory of etl preprocess --follow before its manifest.json:
+    the producer manifest would never come, so the output's manifest is an error naming it, not an endless wait."""
+    arrivals = Arrivals(tmp_path, "manifest")
+    assert arrivals.poll() == []
+    write_manifest(tmp_path, Manifest.of("s", [], complete=False))
+    with pytest.raises(InputError, match="manifest.json: this directory is the output of etl preprocess, not raw shards"):
+        arrivals.poll()
+
+
 def test_an_unknown_order_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="arrivals must be one of 'names', 'manifest', got 'mtime'"):
         Arrivals(tmp_path, "mtime")

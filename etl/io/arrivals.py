@@ -26,8 +26,10 @@ The output of ``etl preprocess --follow`` (a processed output, ``etl.io.processe
 ``PROCESSED``, which its directory decides (its manifest.json marks it), not the consumer: output file ``i`` holds
 the rows of the ``i``-th input shard to arrive, and counts once manifest.json lists it and every file before it (a
 following run may commit a file before the one ahead of it); each is checked as ``open_processed`` checks the files
-it reads (``etl.io.processed.committed_parts``). A file once counted must stay listed with the same sha256 (a rerun
-of ``etl preprocess --follow`` with other artifacts rewrites its files: ``InputError``).
+it reads (``etl.io.processed.committed_parts``), and, given the checksum of the artifacts its reader opened, must
+have been transformed with them (its entry's ``artifacts_sha256``, when it records one). A file once counted must
+stay listed with the same sha256 (a rerun of ``etl preprocess --follow`` with other artifacts rewrites its files:
+``InputError``, as for a file a rerun wrote before a consumer that started again counts it).
 
 Shards are never expected to disappear: a consumer that restarts from a saved position finds the shards before it
 by counting them (``Arrivals.check_before``).
@@ -56,12 +58,13 @@ def check_order(order: str) -> None:
 class Arrivals:
     """The complete shards of ``directory`` in arrival order (``order``: one of ``ORDERS``, or ``PROCESSED`` for the
     files of a processed output): ``poll`` returns those that arrived since the previous call (all of them, on the
-    first)."""
+    first). ``artifacts_sha256``: in the processed order, the checksum of the artifacts' pipeline.json that every
+    file must have been transformed with (None: not checked)."""
 
-    def __init__(self, directory: Location, order: str = "names"):
+    def __init__(self, directory: Location, order: str = "names", artifacts_sha256: str | None = None):
         if order != PROCESSED:
             check_order(order)
-        self.directory, self.order = directory, order
+        self.directory, self.order, self.artifacts_sha256 = directory, order, artifacts_sha256
         self.names: list[str] = []  # every shard seen, in arrival order
         self._seen: set[str] = set()  # the same, in name order only
         self._sha256: dict[str, str | None] = {}  # the same, in the processed order only, with their checksums
@@ -96,6 +99,11 @@ class Arrivals:
                 raise InputError(str(self.directory / MANIFEST), f"{name}: its rows were counted, and it is now {now}: a file of a followed "
                                  "output must stay as it was (was etl preprocess --follow run again with other artifacts?)")  # fmt: skip
         new = committed_parts(self.directory, manifest, len(self.names))
+        for path, entry in new:
+            if self.artifacts_sha256 is not None and entry.artifacts_sha256 not in (None, self.artifacts_sha256):
+                raise InputError(str(self.directory / MANIFEST), f"{path.name}: transformed with other artifacts (pipeline.json sha256 "
+                                 f"{entry.artifacts_sha256}) than the ones this reader opened ({self.artifacts_sha256}): was etl "
+                                 "preprocess run again over this output with other artifacts?")  # fmt: skip
         self._sha256.update((path.name, entry.sha256) for path, entry in new)
         return [path.name for path, _ in new]
 

@@ -114,12 +114,14 @@ class FollowPosition:
 class FollowSettings:
     """How a following pass polls: ``poll_interval`` seconds between listings of the directory; ``idle_flush``
     seconds without a new shard before the buffered rows are delivered; ``drop_last``: no short batches;
-    ``arrivals``: the arrival order (``etl.io.arrivals.ORDERS``)."""
+    ``arrivals``: the arrival order (``etl.io.arrivals.ORDERS``, or ``PROCESSED``); ``artifacts_sha256``: for a
+    processed output, the checksum of the artifacts the loader opened, which its files must have been made with."""
 
     poll_interval: float
     idle_flush: float
     drop_last: bool
     arrivals: str = "names"
+    artifacts_sha256: str | None = None
 
 
 #: Where rows start in a rank's stream: (shards before, shard name, row within the shard's slice).
@@ -272,8 +274,9 @@ class FollowPass:
         self.stop = threading.Event()
         self.ready: queue.Queue = queue.Queue(maxsize=prefetch + 1)
         self.pool = ThreadPoolExecutor(num_workers + prefetch if io_bound else num_workers, thread_name_prefix="etl-loader")
-        assembler = FollowAssembler(settings, follow, Arrivals(directory, follow.arrivals), start, read, self.pool, ring, stats,
-                                    read_ahead=num_workers + prefetch, stop=self.stop, empty=empty, online=online)  # fmt: skip
+        arrivals = Arrivals(directory, follow.arrivals, follow.artifacts_sha256)
+        assembler = FollowAssembler(settings, follow, arrivals, start, read, self.pool, ring, stats, read_ahead=num_workers + prefetch,
+                                    stop=self.stop, empty=empty, online=online)  # fmt: skip
         self.thread = threading.Thread(target=_assemble, args=(assembler, self.ready, self.assembled), daemon=True, name="etl-follow")
         self.thread.start()
         self._slots = _Slots(ring, self.ready)

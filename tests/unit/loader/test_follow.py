@@ -387,3 +387,25 @@ def test_follows_the_output_of_preprocess_follow_in_output_order(stream: Path) -
     finally:
         stop.set()
         producer.join()
+
+
+def test_a_followed_output_rewritten_with_other_artifacts_is_an_error_on_the_next_iteration(stream: Path) -> None:
+    """``etl preprocess`` rerun with other artifacts over an output a loader follows, while the loader is stopped
+    between two iterations: its files now hold rows transformed otherwise than the pipeline the loader opened (and
+    whose ids the training uses). The next iteration refuses them rather than mix the two."""
+    from etl.pipeline import Pipeline
+    from etl.preprocess import preprocess
+
+    for i in range(3):
+        add_shard(stream, i, 300 * i, 300, row_group=70)
+    shards = sorted((stream / "raw").glob("*.parquet"))
+    preprocess(Pipeline.from_file(stream / "pipeline.yaml"), shards, stream / "out")
+    ld = loader(stream, source="out", idle_flush=30)
+    it = iter(ld)
+    rows(it, 128)
+    ld.close()
+    (stream / "other.yaml").write_text(PIPELINE.replace("value: 0", "value: 7"))
+    preprocess(Pipeline.from_file(stream / "other.yaml"), shards, stream / "out")
+    with pytest.raises(InputError, match="manifest.json: part-00000.parquet: transformed with other artifacts"):
+        rows(iter(ld), 1)
+    ld.close()

@@ -4,7 +4,9 @@ There are two arrival orders, which the consumer chooses (``ORDERS``; never gues
 since a producer's manifest written a moment after the consumer starts would otherwise change the order):
 
 - ``"names"``: name order. A producer names its shards so that each new one sorts after every earlier one
-  (``part-00000.parquet``, ``part-00001.parquet``, ... or a zero-padded timestamp). A shard counts once it is
+  (``part-00000.parquet``, ``part-00001.parquet``, ... or a zero-padded timestamp). Shard names as
+  ``etl.io.files.shard_name`` makes them sort by their index, as ``etl.io.parquet.list_shards`` takes them
+  (``part-99999.parquet``, then ``part-100000.parquet``); other names as strings. A shard counts once it is
   complete, which the producer signals by writing it under a temporary name that does not end in ``.parquet``
   (``etl.io.files.temporary_path`` makes one) and renaming it onto its final name (in object storage, the object
   appears whole once its upload or copy completes). The entries ``etl.io.parquet.list_shards`` takes from a
@@ -39,7 +41,7 @@ from __future__ import annotations
 
 from etl.errors import ConfigError, InputError
 from etl.io.arrivals_manifest import ARRIVALS, arrived_since
-from etl.io.files import is_temporary
+from etl.io.files import is_shard_name, is_temporary, shard_index
 from etl.io.fs import Location
 from etl.io.processed import MANIFEST, committed_parts, read_manifest
 
@@ -110,13 +112,14 @@ class Arrivals:
     def _by_name(self) -> list[str]:
         """The complete shards not seen before, in name order; each must sort after every shard seen before."""
         try:
-            found = sorted(p.name for p in self.directory.glob("*.parquet") if not is_temporary(p.name) and p.name not in self._seen)
+            found = sorted((p.name for p in self.directory.glob("*.parquet") if not is_temporary(p.name) and p.name not in self._seen),
+                           key=_name_order)
             new = [name for name in found if not (self.directory / name).is_dir()]
             if new or not self._polled:
                 self._check_unmarked()
         except OSError as e:
             raise InputError(str(self.directory), f"cannot list: {e}") from None
-        if new and self.names and new[0] < self.names[-1]:
+        if new and self.names and _name_order(new[0]) < _name_order(self.names[-1]):
             raise InputError(str(self.directory / new[0]), f"arrived after {self.names[-1]} although its name sorts before it: shards must "
                              "arrive in name order (write each one under a temporary name and rename it once complete)")  # fmt: skip
         self._seen.update(new)
@@ -149,3 +152,9 @@ class Arrivals:
             order = {"names": "name order", "manifest": "the producer manifest's order"}.get(self.order, "output order")
             raise InputError(str(self.directory / name), f"a saved position names it as shard {count} (from 0) in {order}, but "
                              f"the directory has {at} there: a shard was removed, or added out of order while the consumer was stopped")  # fmt: skip
+
+
+def _name_order(name: str) -> str:
+    """What a shard's name compares by in name order: the name, a shard name's index zero-padded to 20 digits (so
+    that ``part-100000.parquet`` sorts after ``part-99999.parquet``, and shard names up to it as their names do)."""
+    return f"part-{shard_index(name):020d}.parquet" if is_shard_name(name) else name

@@ -198,6 +198,30 @@ def test_a_shard_added_inside_a_partly_delivered_buffer_while_stopped_is_an_erro
     again.close()
 
 
+def test_a_shard_of_a_partly_delivered_buffer_replaced_while_stopped_is_an_error(stream: Path) -> None:
+    """The saved buffer's rows come from three shards, some of them delivered: the middle shard replaced (same
+    name, same size, other rows) while the consumer is stopped would make the rebuilt buffer deliver rows that
+    were never in the stream it counted. The restart refuses it; unchanged shards restart as usual."""
+    for i, n in enumerate((80, 80, 40)):
+        list_shard(stream, f"s{i}.parquet", 80 * i, n)
+    settings = {"arrivals": "manifest", "idle_flush": 30, "batch_size": 50}
+    first = loader(stream, **settings)
+    got = rows(iter(first), 50)
+    state = first.state_dict()
+    first.close()
+    assert (state["follow"]["shard"], state["follow"]["end_shard"], state["follow"]["delivered"]) == ("s0.parquet", "s2.parquet", 50)
+    again = loader(stream, **settings)
+    again.load_state_dict(state)
+    assert sorted(got + rows(iter(again), 150)) == list(range(200))  # the buffer's 200 rows, each once
+    again.close()
+    pq.write_table(shard_table(1000, 80), stream / "raw" / "s1.parquet", row_group_size=128)
+    again = loader(stream, **settings)
+    again.load_state_dict(state)
+    with pytest.raises(InputError, match="s0.parquet to s2.parquet.*not as they were"):
+        next(iter(again))
+    again.close()
+
+
 def _follow_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith(("etl-follow", "etl-loader"))]
 
@@ -243,12 +267,12 @@ def test_settings_that_cannot_follow_are_config_errors(stream: Path) -> None:
 
 
 def test_position_from_dict_refuses_what_to_dict_cannot_make() -> None:
-    pos = FollowPosition("part-00001.parquet", 1, 5, 2, 100, 40, "part-00003.parquet", 3)
+    pos = FollowPosition("part-00001.parquet", 1, 5, 2, 100, 40, "part-00003.parquet", 3, "ab" * 32)
     assert FollowPosition.from_dict(pos.to_dict()) == pos
-    saved_before_end_shards = {k: v for k, v in pos.to_dict().items() if not k.startswith("end_")}
+    saved_before_end_shards = {k: v for k, v in pos.to_dict().items() if k not in ("end_shard", "end_before", "span_sha256")}
     assert FollowPosition.from_dict(saved_before_end_shards) == FollowPosition("part-00001.parquet", 1, 5, 2, 100, 40)
     for bad in ({"shard": 3}, {"row": -1}, {"delivered": 5}, {"buffer_rows": 4, "delivered": 5}, {"other": 1}, {"end_shard": "a.parquet"},
-                {"end_shard": 3, "end_before": 0}, {"before": 2, "end_shard": "a.parquet", "end_before": 1}):  # fmt: skip
+                {"end_shard": 3, "end_before": 0}, {"before": 2, "end_shard": "a.parquet", "end_before": 1}, {"span_sha256": "ab"}):  # fmt: skip
         with pytest.raises(ConfigError):
             FollowPosition.from_dict(bad)
 

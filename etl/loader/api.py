@@ -147,15 +147,15 @@ class Loader:
     (``etl.io.arrivals_manifest``; no shard before the producer writes it). The output directory of
     ``etl preprocess --follow`` (detected by its manifest.json, as without ``follow``) is followed in its own order:
     output file ``i`` (the ``i``-th input shard's rows, read as is and checked against its sha256 and the artifacts
-    the loader opened) once its manifest lists it and every file before it; its batches are those of a loader following the input directory with the
-    same settings. The directory is listed (the manifest read) every ``poll_interval`` seconds, and when no shard
-    has arrived for ``idle_flush`` seconds (default: ``poll_interval``) the rows held in the shuffle buffer are
-    delivered. Iteration never ends by itself (until ``close()`` or ``break``); ``state_dict`` then saves the
-    position in the stream, and a loader given it with ``load_state_dict`` delivers every row not delivered before
-    it exactly once. Needs ``num_workers >= 1`` and ``transform_on="host"``; ``len()`` and ``set_epoch`` have no
-    meaning there. Online vocabularies grow over the stream as over an epoch, their state saved with the position
-    (and by ``save_vocabulary``): a restarted loader gives the rows not yet delivered the ids and events of an
-    uninterrupted one.
+    the loader opened) once its manifest lists it and every file before it; its batches are those of a loader
+    following the input directory with the same settings. The directory is listed (the manifest read) every
+    ``poll_interval`` seconds, and when no shard has arrived for ``idle_flush`` seconds (default:
+    ``poll_interval``) the rows held in the shuffle buffer are delivered. Iteration never ends by itself (until
+    ``close()`` or ``break``); ``state_dict`` then saves the position in the stream, and a loader given it with
+    ``load_state_dict`` delivers every row not delivered before it exactly once. Needs ``num_workers >= 1`` and
+    ``transform_on="host"``; ``len()`` and ``set_epoch`` have no meaning there. Online vocabularies grow over the
+    stream as over an epoch, their state saved with the position (and by ``save_vocabulary``): a restarted loader
+    gives the rows not yet delivered the ids and events of an uninterrupted one.
 
     ``engine="dali"`` reads the npy chunks of a processed output with NVIDIA DALI instead
     (``etl.loader.dali.DaliLoader``, the same ``LoaderBatch`` fields)."""

@@ -247,8 +247,8 @@ class FollowAssembler(Assembler):
         first, last = self.filling_at[0], self.next_at[0]
         span = _span_digest(self.footers[i] for i in range(first, last + 1))
         self.closed.append((self.filling_at, self.next_at, self.buffer_no, self.filled, span))
-        for i in [i for i in self.footers if i < last]:  # the next buffer starts in shard ``last`` or after it
-            del self.footers[i]
+        while self.footers and (oldest := next(iter(self.footers))) < last:  # the next buffer starts in shard ``last`` or after
+            del self.footers[oldest]  # (footers are recorded in arrival order)
         self.limit = None
         super()._flush()
 

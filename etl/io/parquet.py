@@ -288,12 +288,16 @@ def read_rows(
     """Rows ``[first_row, first_row + num_rows)`` of a Parquet file (within row group ``row_group``, named in
     errors) as an Arrow table of ``columns`` in that order. With polars (``ENGINE``, local files), strings come
     out as zero-copy string views; with pyarrow (and from object storage), as offsets and bytes. ``metadata``: the
-    file's footer when the caller read it before (spares object storage a request; local reads ignore it)."""
+    file's footer when the caller read it before (spares object storage a request; local reads ignore it). Rows that
+    the file does not hold (it was shortened since the footer was read) are an ``InputError``, never left out."""
     if ENGINE == "polars" and not isinstance(path, Url):
         try:
             frame = pl.scan_parquet(path).select(columns).slice(first_row, num_rows).collect()
         except (OSError, pl.exceptions.PolarsError) as e:
             raise InputError(str(path), f"cannot read: {e}", row_group=row_group) from None
+        if frame.height != num_rows:  # a slice past the end is cut short: the file changed since its footer was read
+            raise InputError(str(path), f"rows {first_row}..{first_row + num_rows} are not all in the file ({frame.height} of them are): "
+                             "was it replaced or truncated after its footer was read?", row_group=row_group)  # fmt: skip
         return frame.to_arrow(compat_level=pl.CompatLevel.newest())
     return _read_rows_pyarrow(path, columns, first_row, num_rows, row_group, metadata)
 

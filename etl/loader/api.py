@@ -49,9 +49,10 @@ import torch
 from etl.allocator import tune_allocator
 from etl.errors import ArtifactError, ConfigError
 from etl.io.arrivals import PROCESSED, check_order
+from etl.io.files import sha256_file
 from etl.io.fs import Location, Url, location, locations
 from etl.io.parquet import list_shards
-from etl.io.processed import ProcessedOutput, is_processed, open_processed
+from etl.io.processed import ARTIFACTS, ProcessedOutput, is_processed, open_processed
 from etl.loader import cudf_columns
 from etl.loader.assembler import PassSettings
 from etl.loader.chunk import Chunk, Layout
@@ -145,16 +146,16 @@ class Loader:
     ``arrivals="manifest"``, in the order the producer's manifest ``_arrivals.json`` lists them, each once listed
     (``etl.io.arrivals_manifest``; no shard before the producer writes it). The output directory of
     ``etl preprocess --follow`` (detected by its manifest.json, as without ``follow``) is followed in its own order:
-    output file ``i`` (the ``i``-th input shard's rows, read as is and checked against its sha256) once its manifest
-    lists it and every file before it; its batches are those of a loader following the input directory with the
-    same settings. The directory is listed (the manifest read) every ``poll_interval`` seconds, and when no shard
-    has arrived for ``idle_flush`` seconds (default: ``poll_interval``) the rows held in the shuffle buffer are
-    delivered. Iteration never ends by itself (until ``close()`` or ``break``); ``state_dict`` then saves the
-    position in the stream, and a loader given it with ``load_state_dict`` delivers every row not delivered before
-    it exactly once. Needs ``num_workers >= 1`` and ``transform_on="host"``; ``len()`` and ``set_epoch`` have no
-    meaning there. Online vocabularies grow over the stream as over an epoch, their state saved with the position
-    (and by ``save_vocabulary``): a restarted loader gives the rows not yet delivered the ids and events of an
-    uninterrupted one.
+    output file ``i`` (the ``i``-th input shard's rows, read as is and checked against its sha256 and the artifacts
+    the loader opened) once its manifest lists it and every file before it; its batches are those of a loader
+    following the input directory with the same settings. The directory is listed (the manifest read) every
+    ``poll_interval`` seconds, and when no shard has arrived for ``idle_flush`` seconds (default:
+    ``poll_interval``) the rows held in the shuffle buffer are delivered. Iteration never ends by itself (until
+    ``close()`` or ``break``); ``state_dict`` then saves the position in the stream, and a loader given it with
+    ``load_state_dict`` delivers every row not delivered before it exactly once. Needs ``num_workers >= 1`` and
+    ``transform_on="host"``; ``len()`` and ``set_epoch`` have no meaning there. Online vocabularies grow over the
+    stream as over an epoch, their state saved with the position (and by ``save_vocabulary``): a restarted loader
+    gives the rows not yet delivered the ids and events of an uninterrupted one.
 
     ``engine="dali"`` reads the npy chunks of a processed output with NVIDIA DALI instead
     (``etl.loader.dali.DaliLoader``, the same ``LoaderBatch`` fields)."""
@@ -557,10 +558,22 @@ def _open_followed(source: str | Location | list[str | Location], pipeline: str 
         return _raw_pipeline(pipeline, saved), directory, None, follow
     if follow.arrivals != "names":
         raise ConfigError(f"{directory}: the output of etl preprocess is followed in its own order; arrivals={follow.arrivals!r} is for raw shards")
+    # before the artifacts are loaded: should a rerun replace them in between, its files are refused, never taken
+    artifacts_sha256 = _artifacts_sha256(directory)
     fitted, processed = _open_processed(directory, pipeline, saved, allow_partial=True)
     if "parquet" not in processed.manifest.formats:
         raise ConfigError(f"{directory}: follow=True reads the Parquet files of an etl preprocess output, and this one has none")
-    return fitted, directory, processed, replace(follow, arrivals=PROCESSED)
+    return fitted, directory, processed, replace(follow, arrivals=PROCESSED, artifacts_sha256=artifacts_sha256)
+
+
+def _artifacts_sha256(directory: Location) -> str:
+    """The checksum of the artifacts' pipeline.json of the processed output in ``directory`` (as its manifest
+    entries record it, ``ManifestEntry.artifacts_sha256``)."""
+    path = directory / ARTIFACTS / "pipeline.json"
+    try:
+        return sha256_file(path)
+    except OSError as e:
+        raise ArtifactError(f"{path}: cannot read: {e.strerror or e}") from None
 
 
 def _read_bytes(path: Location) -> bytes:

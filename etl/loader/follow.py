@@ -22,11 +22,15 @@ events for the batches an uninterrupted run with the same batches would deliver)
 Position (``FollowPosition``, what ``Loader.state_dict`` saves in follow mode): the first buffer not yet wholly
 delivered, given by where its rows start in the stream (the shard, how many shards came before it, the row within
 the shard's slice), its number, its length when it was already closed (a buffer closed early by an idle flush is
-shorter) and how many of its rows were delivered. A pass started from a position rebuilds that buffer, the same
-rows in the same permutation, drops the rows already delivered and goes on: every row of the stream is delivered
-exactly once across any number of restarts, provided each restart starts from the position saved with the last
-batch the training counted. Where later buffers end may differ from the run before (idle flushes depend on time);
-which rows come out does not.
+shorter), the shard holding its last row and a digest of the footers of the shards it spans when it was closed, and
+how many of its rows were delivered. A pass started from a position rebuilds that buffer, the same rows in the same
+permutation, drops the rows already delivered and goes on: every row of the stream is delivered exactly once across
+any number of restarts, provided each restart starts from the position saved with the last batch the training
+counted. The restart checks that the shards where the buffer starts and ends are where they were in arrival order
+(``Arrivals.check_before``: a shard removed, or added out of order while the consumer was stopped, is an
+``InputError``) and that the shards it spans have the footers they had (one replaced: ``InputError``), since a
+buffer rebuilt from other rows would deliver some rows twice and others never. Where later buffers end may differ
+from the run before (idle flushes depend on time); which rows come out does not.
 
 Ranks: each rank polls the directory on its own and waits, in its poll loop, for the next shard; a rank that sees
 a shard later (or reads it more slowly) delivers its rows later, and in distributed training the collectives of the
@@ -35,28 +39,34 @@ training step make the other ranks wait for it. Idle flushes follow each rank's 
 (only full batches, so the ranks' batch counts differ only by what has not arrived yet) or a long ``idle_flush``.
 
 Memory does not grow with the stream: the buffers, their positions (``closed``) and the online vocabularies' undo
-records (``etl.loader.online``) are those between the consumer and the assembler (bounded by the ring and the read-ahead), the pieces
-read ahead are ``num_workers + prefetch``, and the pieces of known shards not yet read are a few objects a row
-group (at start, those of every shard present). What grows with the shards seen is ``Arrivals``' record of their
-names (about 120 bytes a shard with names like ``part-00000.parquet``: 12 MB per 100 000 shards), as each poll's
-listing of the directory (or reading of the producer's manifest, which lists every shard) does.
+records (``etl.loader.online``) are those between the consumer and the assembler (bounded by the ring and the
+read-ahead), the pieces read ahead are ``num_workers + prefetch``, and the known shards not yet read hold a few
+objects a row group and a footer digest (``footers``, kept from the buffer being filled on; at start, those of
+every shard present). What grows with the shards seen is ``Arrivals``' record of their names (about 120 bytes a
+shard with names like ``part-00000.parquet``: 12 MB per 100 000 shards), as each poll's listing of the directory
+(or reading of the producer's manifest, which lists every shard) does.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import queue
 import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from etl.errors import ConfigError
+import pyarrow.parquet as pq
+
+from etl.errors import ConfigError, InputError
 from etl.io.arrivals import Arrivals
 from etl.io.fs import Location
+from etl.io.parquet import read_footer
 from etl.loader.assembler import Assembler, Item, PassSettings, _pieces_from
 from etl.loader.chunk import Chunk
 from etl.loader.epoch import _assemble, _next_item, _shutdown, _Slots
@@ -72,7 +82,11 @@ class FollowPosition:
     docstring). ``shard``: the file name of the shard holding the buffer's first row (None before any shard),
     ``before``: how many shards precede it in arrival order, ``row``: the row within the shard's slice for this
     rank; ``buffer_no``: the buffer's number; ``buffer_rows``: its length, when it was closed before the position
-    was taken (None: still open, nothing of it delivered); ``delivered``: its rows already delivered."""
+    was taken (None: still open, nothing of it delivered); ``delivered``: its rows already delivered; ``end_shard``
+    and ``end_before``: the shard holding the closed buffer's last row and how many shards precede it, and
+    ``span_sha256``: a digest of the footers of the shards from ``shard`` to ``end_shard`` (all three None without
+    ``buffer_rows``, and in positions saved before they were recorded), which a restart checks as it checks
+    ``shard``: the buffer it rebuilds must hold the same rows."""
 
     shard: str | None = None
     before: int = 0
@@ -80,6 +94,9 @@ class FollowPosition:
     buffer_no: int = 0
     buffer_rows: int | None = None
     delivered: int = 0
+    end_shard: str | None = None
+    end_before: int | None = None
+    span_sha256: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -91,9 +108,14 @@ class FollowPosition:
             pos = cls(**doc)
         except TypeError as e:
             raise ConfigError(f"not a follow-mode loader position: {doc!r} ({e})") from None
-        ints = (pos.before, pos.row, pos.buffer_no, pos.delivered) + (() if pos.buffer_rows is None else (pos.buffer_rows,))
-        if not all(isinstance(v, int) and v >= 0 for v in ints) or not (pos.shard is None or isinstance(pos.shard, str)):
+        ints = (pos.before, pos.row, pos.buffer_no, pos.delivered) + tuple(v for v in (pos.buffer_rows, pos.end_before) if v is not None)
+        names = (pos.shard, pos.end_shard, pos.span_sha256)
+        if not all(isinstance(v, int) and v >= 0 for v in ints) or not all(v is None or isinstance(v, str) for v in names):
             raise ConfigError(f"not a follow-mode loader position: {doc!r}")
+        if (pos.end_shard is None) != (pos.end_before is None) or (pos.end_before is not None and pos.end_before < pos.before) or (
+            pos.span_sha256 is not None and pos.end_shard is None
+        ):
+            raise ConfigError(f"not a follow-mode loader position: {doc!r} (its buffer's end shard)")
         if pos.delivered > (pos.buffer_rows or 0):
             raise ConfigError(f"a follow-mode loader position with more rows delivered than its buffer holds: {doc!r}")
         return pos
@@ -103,12 +125,14 @@ class FollowPosition:
 class FollowSettings:
     """How a following pass polls: ``poll_interval`` seconds between listings of the directory; ``idle_flush``
     seconds without a new shard before the buffered rows are delivered; ``drop_last``: no short batches;
-    ``arrivals``: the arrival order (``etl.io.arrivals.ORDERS``)."""
+    ``arrivals``: the arrival order (``etl.io.arrivals.ORDERS``, or ``PROCESSED``); ``artifacts_sha256``: for a
+    processed output, the checksum of the artifacts the loader opened, which its files must have been made with."""
 
     poll_interval: float
     idle_flush: float
     drop_last: bool
     arrivals: str = "names"
+    artifacts_sha256: str | None = None
 
 
 #: Where rows start in a rank's stream: (shards before, shard name, row within the shard's slice).
@@ -133,7 +157,8 @@ class FollowAssembler(Assembler):
         self.limit = start.buffer_rows  # the length of the first buffer, when the position fixed it
         self.next_at: _At = (start.before, start.shard, start.row)  # where the next row fed comes from
         self.filling_at: _At = self.next_at  # where the buffer being filled starts
-        self.closed: deque[tuple[_At, int, int]] = deque()  # (start, number, rows) of each buffer in self.stream
+        self.closed: deque[tuple[_At, _At, int, int, str]] = deque()  # (start, end, number, rows, span) of each buffer in self.stream
+        self.footers: dict[int, str] = {}  # the footer digest of each shard from the buffer being filled on, by arrival index
 
     def batches(self) -> Generator[FollowItem, None, None]:  # type: ignore[override]
         """The stream's batches, each with the position after it; ends only once ``stop`` is set."""
@@ -167,18 +192,35 @@ class FollowAssembler(Assembler):
 
     def _arrived(self, first: bool) -> list[tuple[int, Location]]:
         """The shards that arrived since the last poll with their index in arrival order; on the first poll,
-        those from the start position's shard on (the ones before it were delivered before the restart)."""
+        those from the start position's shard on (the ones before it were delivered before the restart), after
+        checking that the start position's shard, and the shard its closed buffer ends in, are where they were."""
         before = len(self.arrivals.names)
         new = self.arrivals.poll()
         if first:
             self.arrivals.check_before(self.start.before, self.start.shard)
+            if self.start.end_shard is not None and self.start.end_before is not None:
+                self.arrivals.check_before(self.start.end_before, self.start.end_shard)
+                self._check_span(self.start.before, self.start.end_before, self.start.span_sha256)
         return [(before + k, path) for k, path in enumerate(new) if before + k >= self.start.before]
+
+    def _check_span(self, first: int, last: int, span_sha256: str | None) -> None:
+        """``InputError`` unless the footers of shards ``first`` to ``last`` (in arrival order) have the digest
+        ``span_sha256`` (None: not recorded, not checked)."""
+        if span_sha256 is None:
+            return
+        names = self.arrivals.names[first : last + 1]
+        if _span_digest(_footer_digest(read_footer(self.arrivals.directory / name)) for name in names) != span_sha256:
+            raise InputError(str(self.arrivals.directory), f"the shards {names[0]} to {names[-1]}, which hold the rows of the buffer a saved "
+                             "position partly delivered, are not as they were when it was saved (one was replaced while the consumer "
+                             "was stopped): its rows cannot be delivered exactly once")  # fmt: skip
 
     def _shard_pieces(self, index: int, path: Location) -> list[tuple[Piece, _At]]:
         """The pieces of this rank's slice of a shard, each with where it starts in the stream (from the start
-        position's row on, for the start position's shard)."""
+        position's row on, for the start position's shard); records the digest of its footer."""
         s = self.settings
-        pieces = rank_pieces(row_groups([path]), seed=s.seed, epoch=0, shuffle=False, rank=s.rank, world_size=s.world_size)
+        groups = row_groups([path])
+        self.footers[index] = _footer_digest(groups[0].footer if groups and groups[0].footer is not None else read_footer(path))
+        pieces = rank_pieces(groups, seed=s.seed, epoch=0, shuffle=False, rank=s.rank, world_size=s.world_size)
         row = self.start.row if index == self.start.before else 0
         out: list[tuple[Piece, _At]] = []
         for piece in _pieces_from(pieces, row):
@@ -194,14 +236,19 @@ class FollowAssembler(Assembler):
                 self.filling_at = (index, name, row)
             size = self.limit or self.settings.shuffle_buffer
             take = min(chunk.n, size - self.filled)
+            self.next_at = (index, name, row + take)  # where the buffer ends, if these rows fill it
             self._buffer(chunk.slice(0, take))
             chunk, row = chunk.slice(take, chunk.n), row + take
             if self.filled == size:  # a first buffer of a fixed length shorter than shuffle_buffer
                 self._flush()
-        self.next_at = (index, name, row)
 
     def _flush(self) -> None:
-        self.closed.append((self.filling_at, self.buffer_no, self.filled))
+        """Close the buffer being filled; it ends where the rows fed so far end (``next_at``)."""
+        first, last = self.filling_at[0], self.next_at[0]
+        span = _span_digest(self.footers[i] for i in range(first, last + 1))
+        self.closed.append((self.filling_at, self.next_at, self.buffer_no, self.filled, span))
+        while self.footers and (oldest := next(iter(self.footers))) < last:  # the next buffer starts in shard ``last`` or after
+            del self.footers[oldest]  # (footers are recorded in arrival order)
         self.limit = None
         super()._flush()
 
@@ -235,11 +282,24 @@ class FollowAssembler(Assembler):
         while len(self.closed) > len(self.stream):
             self.closed.popleft()
         if self.stream:
-            (before, shard, row), number, rows = self.closed[0]
+            (before, shard, row), (end_before, end_shard, _), number, rows, span = self.closed[0]
             delivered = rows - len(self.stream[0][1])
-            return FollowPosition(shard, before, row, number, rows, delivered)
+            return FollowPosition(shard, before, row, number, rows, delivered, end_shard, end_before, span)
         before, shard, row = self.filling_at if self.filled else self.next_at
         return FollowPosition(shard, before, row, self.buffer_no)
+
+
+def _footer_digest(footer: pq.FileMetaData) -> str:
+    """The sha256 of a Parquet footer as pyarrow serializes it: it changes with the file's row groups, their sizes,
+    offsets, row counts and statistics."""
+    sink = io.BytesIO()
+    footer.write_metadata_file(sink)
+    return hashlib.sha256(sink.getvalue()).hexdigest()
+
+
+def _span_digest(footers: Iterable[str]) -> str:
+    """One digest of the footer digests of consecutive shards."""
+    return hashlib.sha256(" ".join(footers).encode()).hexdigest()
 
 
 class FollowPass:
@@ -257,8 +317,9 @@ class FollowPass:
         self.stop = threading.Event()
         self.ready: queue.Queue = queue.Queue(maxsize=prefetch + 1)
         self.pool = ThreadPoolExecutor(num_workers + prefetch if io_bound else num_workers, thread_name_prefix="etl-loader")
-        assembler = FollowAssembler(settings, follow, Arrivals(directory, follow.arrivals), start, read, self.pool, ring, stats,
-                                    read_ahead=num_workers + prefetch, stop=self.stop, empty=empty, online=online)  # fmt: skip
+        arrivals = Arrivals(directory, follow.arrivals, follow.artifacts_sha256)
+        assembler = FollowAssembler(settings, follow, arrivals, start, read, self.pool, ring, stats, read_ahead=num_workers + prefetch,
+                                    stop=self.stop, empty=empty, online=online)  # fmt: skip
         self.thread = threading.Thread(target=_assemble, args=(assembler, self.ready, self.assembled), daemon=True, name="etl-follow")
         self.thread.start()
         self._slots = _Slots(ring, self.ready)

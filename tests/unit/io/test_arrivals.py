@@ -42,6 +42,19 @@ def test_a_shard_arriving_out_of_name_order_is_an_error_naming_it(tmp_path: Path
         arrivals.poll()
 
 
+def test_shard_names_arrive_in_index_order_past_part_99999(tmp_path: Path) -> None:
+    """Shards named as ``etl.io.files.shard_name`` names them arrive in index order, the order ``list_shards`` (and
+    so ``etl preprocess``) takes them in: part-100000.parquet after part-99999.parquet, not an error."""
+    touch(tmp_path, "part-100000.parquet", "part-09999.parquet", "part-99999.parquet")
+    arrivals = Arrivals(tmp_path)
+    assert [p.name for p in arrivals.poll()] == ["part-09999.parquet", "part-99999.parquet", "part-100000.parquet"]
+    touch(tmp_path, "part-100001.parquet")
+    assert [p.name for p in arrivals.poll()] == ["part-100001.parquet"]
+    touch(tmp_path, "part-99998.parquet")
+    with pytest.raises(InputError, match=r"part-99998\.parquet.*arrived after part-100001\.parquet"):
+        arrivals.poll()
+
+
 def test_check_before_finds_the_saved_shard_at_its_place(tmp_path: Path) -> None:
     touch(tmp_path, "a.parquet", "b.parquet")
     arrivals = Arrivals(tmp_path)
@@ -88,6 +101,16 @@ def test_name_order_refuses_a_directory_with_a_producer_manifest_or_a_processed_
     write_manifest(tmp_path, Manifest.of("s", [], complete=False))  # etl preprocess --follow starts writing here
     assert arrivals.poll() == []
     touch(tmp_path, "part-00000.parquet")
+    with pytest.raises(InputError, match="manifest.json: this directory is the output of etl preprocess, not raw shards"):
+        arrivals.poll()
+
+
+def test_manifest_order_refuses_a_processed_output_rather_than_wait_for_ever(tmp_path: Path) -> None:
+    """A loader started in manifest order on the directory of etl preprocess --follow before its manifest.json:
+    the producer manifest would never come, so the output's manifest is an error naming it, not an endless wait."""
+    arrivals = Arrivals(tmp_path, "manifest")
+    assert arrivals.poll() == []
+    write_manifest(tmp_path, Manifest.of("s", [], complete=False))
     with pytest.raises(InputError, match="manifest.json: this directory is the output of etl preprocess, not raw shards"):
         arrivals.poll()
 

@@ -157,6 +157,21 @@ def test_written_shard_round_trip_pyarrow(tmp_path, monkeypatch):
     assert read_rows(tmp_path / "x.parquet", ["C1", "label"], 2, 1, 1).to_pydict() == {"C1": ["ffffffff"], "label": [1]}
 
 
+@pytest.mark.parametrize("engine", ["polars", "pyarrow"])
+def test_rows_past_the_end_of_a_shortened_file_are_an_error_naming_it(tmp_path, monkeypatch, engine):
+    """A file shortened (replaced) after its footer was read: the rows asked for that it no longer holds are an
+    ``InputError`` naming it, never a shorter table (a loader would lose those rows without a word)."""
+    if engine == "polars" and parquet.pl is None:
+        pytest.skip("polars is not installed")
+    monkeypatch.setattr(parquet, "ENGINE", engine)
+    path = tmp_path / "x.parquet"
+    pq.write_table(pa.table({"label": pa.array(range(100), pa.int64())}), path)
+    footer = parquet.read_footer(path)
+    pq.write_table(pa.table({"label": pa.array(range(40), pa.int64())}), path)
+    with pytest.raises(InputError, match=r"x\.parquet, row group 0: .*rows 20\.\.80"):
+        read_rows(path, ["label"], 20, 60, 0, footer)
+
+
 def test_list_shards_follows_symlinks_and_refuses_dangling_ones(tmp_path: Path) -> None:
     d = tmp_path / "raw"
     d.mkdir()

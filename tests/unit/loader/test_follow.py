@@ -174,6 +174,54 @@ def test_state_names_a_removed_shard(stream: Path) -> None:
     again.close()
 
 
+@pytest.mark.parametrize("arrivals", ["names", "manifest"])
+def test_a_shard_added_inside_a_partly_delivered_buffer_while_stopped_is_an_error(stream: Path, arrivals: str) -> None:
+    """The saved buffer spans part-00000 and part-00002 and some of its rows were delivered: a shard that lands
+    between them while the consumer is stopped would change the rebuilt buffer's rows, so some rows would come
+    twice and others never. The restart refuses it."""
+    add_shard(stream, 0, 0, 100)
+    add_shard(stream, 2, 100, 100)
+    if arrivals == "manifest":
+        write_arrivals(stream / "raw", ["part-00000.parquet", "part-00002.parquet"])
+    first = loader(stream, arrivals=arrivals, idle_flush=30)
+    rows(iter(first), 64)  # one batch of the 200-row buffer over both shards
+    state = first.state_dict()
+    first.close()
+    assert state["follow"]["buffer_rows"] == 200 and state["follow"]["delivered"] == 64
+    add_shard(stream, 1, 200, 100)
+    if arrivals == "manifest":
+        write_arrivals(stream / "raw", ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"])
+    again = loader(stream, arrivals=arrivals, idle_flush=30)
+    again.load_state_dict(state)
+    with pytest.raises(InputError, match="part-00002.parquet: a saved position names it as shard 1"):
+        next(iter(again))
+    again.close()
+
+
+def test_a_shard_of_a_partly_delivered_buffer_replaced_while_stopped_is_an_error(stream: Path) -> None:
+    """The saved buffer's rows come from three shards, some of them delivered: the middle shard replaced (same
+    name, same size, other rows) while the consumer is stopped would make the rebuilt buffer deliver rows that
+    were never in the stream it counted. The restart refuses it; unchanged shards restart as usual."""
+    for i, n in enumerate((80, 80, 40)):
+        list_shard(stream, f"s{i}.parquet", 80 * i, n)
+    settings = {"arrivals": "manifest", "idle_flush": 30, "batch_size": 50}
+    first = loader(stream, **settings)
+    got = rows(iter(first), 50)
+    state = first.state_dict()
+    first.close()
+    assert (state["follow"]["shard"], state["follow"]["end_shard"], state["follow"]["delivered"]) == ("s0.parquet", "s2.parquet", 50)
+    again = loader(stream, **settings)
+    again.load_state_dict(state)
+    assert sorted(got + rows(iter(again), 150)) == list(range(200))  # the buffer's 200 rows, each once
+    again.close()
+    pq.write_table(shard_table(1000, 80), stream / "raw" / "s1.parquet", row_group_size=128)
+    again = loader(stream, **settings)
+    again.load_state_dict(state)
+    with pytest.raises(InputError, match="s0.parquet to s2.parquet.*not as they were"):
+        next(iter(again))
+    again.close()
+
+
 def _follow_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name.startswith(("etl-follow", "etl-loader"))]
 
@@ -219,9 +267,12 @@ def test_settings_that_cannot_follow_are_config_errors(stream: Path) -> None:
 
 
 def test_position_from_dict_refuses_what_to_dict_cannot_make() -> None:
-    pos = FollowPosition("part-00001.parquet", 1, 5, 2, 100, 40)
+    pos = FollowPosition("part-00001.parquet", 1, 5, 2, 100, 40, "part-00003.parquet", 3, "ab" * 32)
     assert FollowPosition.from_dict(pos.to_dict()) == pos
-    for bad in ({"shard": 3}, {"row": -1}, {"delivered": 5}, {"buffer_rows": 4, "delivered": 5}, {"other": 1}):
+    saved_before_end_shards = {k: v for k, v in pos.to_dict().items() if k not in ("end_shard", "end_before", "span_sha256")}
+    assert FollowPosition.from_dict(saved_before_end_shards) == FollowPosition("part-00001.parquet", 1, 5, 2, 100, 40)
+    for bad in ({"shard": 3}, {"row": -1}, {"delivered": 5}, {"buffer_rows": 4, "delivered": 5}, {"other": 1}, {"end_shard": "a.parquet"},
+                {"end_shard": 3, "end_before": 0}, {"before": 2, "end_shard": "a.parquet", "end_before": 1}, {"span_sha256": "ab"}):  # fmt: skip
         with pytest.raises(ConfigError):
             FollowPosition.from_dict(bad)
 
@@ -360,3 +411,25 @@ def test_follows_the_output_of_preprocess_follow_in_output_order(stream: Path) -
     finally:
         stop.set()
         producer.join()
+
+
+def test_a_followed_output_rewritten_with_other_artifacts_is_an_error_on_the_next_iteration(stream: Path) -> None:
+    """``etl preprocess`` rerun with other artifacts over an output a loader follows, while the loader is stopped
+    between two iterations: its files now hold rows transformed otherwise than the pipeline the loader opened (and
+    whose ids the training uses). The next iteration refuses them rather than mix the two."""
+    from etl.pipeline import Pipeline
+    from etl.preprocess import preprocess
+
+    for i in range(3):
+        add_shard(stream, i, 300 * i, 300, row_group=70)
+    shards = sorted((stream / "raw").glob("*.parquet"))
+    preprocess(Pipeline.from_file(stream / "pipeline.yaml"), shards, stream / "out")
+    ld = loader(stream, source="out", idle_flush=30)
+    it = iter(ld)
+    rows(it, 128)
+    ld.close()
+    (stream / "other.yaml").write_text(PIPELINE.replace("value: 0", "value: 7"))
+    preprocess(Pipeline.from_file(stream / "other.yaml"), shards, stream / "out")
+    with pytest.raises(InputError, match="manifest.json: part-00000.parquet: transformed with other artifacts"):
+        rows(iter(ld), 1)
+    ld.close()

@@ -31,7 +31,10 @@ following run may commit a file before the one ahead of it); each is checked as 
 it reads (``etl.io.processed.committed_parts``), and, given the checksum of the artifacts its reader opened, must
 have been transformed with them (its entry's ``artifacts_sha256``, when it records one). A file once counted must
 stay listed with the same sha256 (a rerun of ``etl preprocess --follow`` with other artifacts rewrites its files:
-``InputError``, as for a file a rerun wrote before a consumer that started again counts it).
+``InputError``, as for a file a rerun wrote before a consumer that started again counts it). The entry each file
+was counted with goes into a ``CountedFiles`` record, which the reader of the files checks each one against
+(``etl.loader.pieces.ProcessedReader``): a file rewritten between the poll that counted it and the reading of its
+rows then fails its check, rather than pass against the manifest entry rewritten with it.
 
 Shards are never expected to disappear: a consumer that restarts from a saved position finds the shards before it
 by counting them (``Arrivals.check_before``).
@@ -39,11 +42,13 @@ by counting them (``Arrivals.check_before``).
 
 from __future__ import annotations
 
+import threading
+
 from etl.errors import ConfigError, InputError
 from etl.io.arrivals_manifest import ARRIVALS, arrived_since
 from etl.io.files import is_shard_name, is_temporary, shard_index
 from etl.io.fs import Location
-from etl.io.processed import MANIFEST, committed_parts, read_manifest
+from etl.io.processed import MANIFEST, ManifestEntry, committed_parts, read_manifest
 
 #: The arrival orders a consumer may follow a directory of raw shards in (see the module docstring).
 ORDERS = ("names", "manifest")
@@ -57,19 +62,46 @@ def check_order(order: str) -> None:
         raise ConfigError(f"arrivals must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
 
 
+class CountedFiles:
+    """The manifest entries of the files of a processed output as the polls that counted them read them (processed
+    order), by file name: what each file's bytes must match when its rows are read. Shared by the polling thread,
+    which adds entries, and the reading threads, which look them up."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, ManifestEntry] = {}
+        self._lock = threading.Lock()
+
+    def add(self, entries: list[ManifestEntry]) -> None:
+        """Record ``entries`` (files just counted)."""
+        with self._lock:
+            self._entries.update((e.output, e) for e in entries)
+
+    def entry(self, name: str) -> ManifestEntry | None:
+        """The entry the file ``name`` was counted with; None when it was not counted."""
+        with self._lock:
+            return self._entries.get(name)
+
+    def sha256s(self) -> dict[str, str | None]:
+        """The checksum each counted file was counted with, by file name."""
+        with self._lock:
+            return {name: e.sha256 for name, e in self._entries.items()}
+
+
 class Arrivals:
     """The complete shards of ``directory`` in arrival order (``order``: one of ``ORDERS``, or ``PROCESSED`` for the
     files of a processed output): ``poll`` returns those that arrived since the previous call (all of them, on the
     first). ``artifacts_sha256``: in the processed order, the checksum of the artifacts' pipeline.json that every
-    file must have been transformed with (None: not checked)."""
+    file must have been transformed with (None: not checked). ``counted``: in the processed order, where the entries
+    of the files counted go (a new record when None); the files it holds already (counted by an earlier pass over the
+    same output) must stand as they were, as the ones this object counts."""
 
-    def __init__(self, directory: Location, order: str = "names", artifacts_sha256: str | None = None):
+    def __init__(self, directory: Location, order: str = "names", artifacts_sha256: str | None = None, counted: CountedFiles | None = None):
         if order != PROCESSED:
             check_order(order)
         self.directory, self.order, self.artifacts_sha256 = directory, order, artifacts_sha256
         self.names: list[str] = []  # every shard seen, in arrival order
         self._seen: set[str] = set()  # the same, in name order only
-        self._sha256: dict[str, str | None] = {}  # the same, in the processed order only, with their checksums
+        self.counted = counted if counted is not None else CountedFiles()  # the same, in the processed order only, with their entries
         self._polled = False
 
     def poll(self) -> list[Location]:
@@ -95,7 +127,7 @@ class Arrivals:
         files counted before must stand as they were."""
         manifest = read_manifest(self.directory)
         listed = {e.output: e.sha256 for e in manifest.files}
-        for name, sha256 in self._sha256.items():
+        for name, sha256 in self.counted.sha256s().items():
             if listed.get(name, "") != sha256:
                 now = "rewritten" if name in listed else "gone"
                 raise InputError(str(self.directory / MANIFEST), f"{name}: its rows were counted, and it is now {now}: a file of a followed "
@@ -106,7 +138,7 @@ class Arrivals:
                 raise InputError(str(self.directory / MANIFEST), f"{path.name}: transformed with other artifacts (pipeline.json sha256 "
                                  f"{entry.artifacts_sha256}) than the ones this reader opened ({self.artifacts_sha256}): was etl "
                                  "preprocess run again over this output with other artifacts?")  # fmt: skip
-        self._sha256.update((path.name, entry.sha256) for path, entry in new)
+        self.counted.add([entry for _, entry in new])
         return [path.name for path, _ in new]
 
     def _by_name(self) -> list[str]:

@@ -48,7 +48,7 @@ import torch
 
 from etl.allocator import tune_allocator
 from etl.errors import ArtifactError, ConfigError
-from etl.io.arrivals import PROCESSED, check_order
+from etl.io.arrivals import PROCESSED, CountedFiles, check_order
 from etl.io.files import sha256_file
 from etl.io.fs import Location, Url, location, locations
 from etl.io.parquet import list_shards
@@ -237,9 +237,11 @@ class Loader:
         self._finished = False  # the last pass ran to its end: the next iteration starts the epoch over
         self.stats = LoaderStats()
         self._check_reader(reader, transform_on)
+        # a followed output: the entries its files were counted with, which the reader checks them against
+        self._counted = CountedFiles() if self._follow is not None and output is not None else None
         self._reader = reader_for(self.pipeline, self.layout, processed=output, stage=self.stage, groups=self.groups,
                                   stats=self.stats, device=self.device,
-                                  read_columns=cudf_columns.read_columns if reader == "cudf" else None)  # fmt: skip
+                                  read_columns=cudf_columns.read_columns if reader == "cudf" else None, counted=self._counted)  # fmt: skip
         self._ring: Ring | None = None
         self._active: weakref.ref[_Iteration] | None = None
         self._ahead: EpochPass | InlinePass | None = None  # epoch + 1, started while the current pass drains
@@ -434,7 +436,7 @@ class Loader:
             online = self.vocabularies.start_pass(start)
         return FollowPass(settings, self._follow, self._directory, start, guarded(_read_weakly(self)), self._slots(),
                           self.stats, self._cursor, num_workers=self.num_workers, prefetch=self.prefetch, empty=self.layout.empty(),
-                          io_bound=isinstance(self._directory, Url), online=online)  # fmt: skip
+                          io_bound=isinstance(self._directory, Url), online=online, counted=self._counted)  # fmt: skip
 
     def _close_active(self) -> None:
         it = self._active() if self._active is not None else None

@@ -44,7 +44,8 @@ read-ahead), the pieces read ahead are ``num_workers + prefetch``, and the known
 objects a row group and a footer digest (``footers``, kept from the buffer being filled on; at start, those of
 every shard present). What grows with the shards seen is ``Arrivals``' record of their names (about 120 bytes a
 shard with names like ``part-00000.parquet``: 12 MB per 100 000 shards), as each poll's listing of the directory
-(or reading of the producer's manifest, which lists every shard) does.
+(or reading of the producer's manifest, which lists every shard) does; following the output of ``etl preprocess``,
+also the manifest entry each file was counted with (``etl.io.arrivals.CountedFiles``), as its manifest.json holds.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from etl.errors import ConfigError, InputError
-from etl.io.arrivals import Arrivals
+from etl.io.arrivals import Arrivals, CountedFiles
 from etl.io.fs import Location
 from etl.io.parquet import read_footer
 from etl.loader.assembler import Assembler, Item, PassSettings, _pieces_from
@@ -306,18 +307,21 @@ class FollowPass:
     """A following pass: an assembler thread (``FollowAssembler``) and ``num_workers`` reader threads, with the
     interface of ``etl.loader.epoch.EpochPass`` (``take``, ``release``, ``close``; its ``settings.total`` is
     unbounded). ``take`` also records the position after the batch in ``cursor`` (the loader's, which
-    ``state_dict`` reads). Like an epoch pass, it stops its threads when closed or garbage-collected."""
+    ``state_dict`` reads). ``counted``: following a processed output, where its polls record the entries of the
+    files they count (the loader's, which its reader checks the files against). Like an epoch pass, it stops its
+    threads when closed or garbage-collected."""
 
     def __init__(self, settings: PassSettings, follow: FollowSettings, directory: Location, start: FollowPosition,
                  read: Callable[[Piece], Chunk], ring: Ring, stats: LoaderStats, cursor: FollowCursor, *,
-                 num_workers: int, prefetch: int, empty: Chunk, io_bound: bool = False, online: OnlinePass | None = None) -> None:  # fmt: skip
+                 num_workers: int, prefetch: int, empty: Chunk, io_bound: bool = False, online: OnlinePass | None = None,
+                 counted: CountedFiles | None = None) -> None:  # fmt: skip
         self.settings, self.epoch, self.ring, self.cursor = settings, settings.epoch, ring, cursor
         self.all_submitted = threading.Event()  # never set: a following pass always has more to read
         self.assembled = threading.Event()
         self.stop = threading.Event()
         self.ready: queue.Queue = queue.Queue(maxsize=prefetch + 1)
         self.pool = ThreadPoolExecutor(num_workers + prefetch if io_bound else num_workers, thread_name_prefix="etl-loader")
-        arrivals = Arrivals(directory, follow.arrivals, follow.artifacts_sha256)
+        arrivals = Arrivals(directory, follow.arrivals, follow.artifacts_sha256, counted)
         assembler = FollowAssembler(settings, follow, arrivals, start, read, self.pool, ring, stats, read_ahead=num_workers + prefetch,
                                     stop=self.stop, empty=empty, online=online)  # fmt: skip
         self.thread = threading.Thread(target=_assemble, args=(assembler, self.ready, self.assembled), daemon=True, name="etl-follow")

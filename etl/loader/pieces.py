@@ -28,11 +28,12 @@ import torch
 
 from etl.batch import Batch
 from etl.errors import EtlError, InputError, LoaderError
+from etl.io.arrivals import CountedFiles
 from etl.io.fs import Location, Url, fingerprint
 from etl.io.npy import FIELDS, NpySpec, field_file
 from etl.io.npy import read_rows as read_npy_rows
 from etl.io.parquet import batch_from_arrow, read_rows
-from etl.io.processed import MANIFEST, ManifestEntry, ProcessedOutput, check_npy_layout, fetch_part, read_manifest, verify_chunk, verify_part
+from etl.io.processed import MANIFEST, ManifestEntry, ProcessedOutput, check_npy_layout, fetch_part, verify_chunk, verify_part
 from etl.loader.chunk import Chunk, Layout
 from etl.loader.device_columns import DeviceColumnReader, ReadColumns
 from etl.loader.device_stage import DeviceStage
@@ -71,8 +72,9 @@ class ProcessedReader(PieceReader):
     """A shard of ``etl preprocess`` output: its columns already are the layout's. Before its first rows are
     read, each file is checked against the sha256 its manifest entry records: once per file and reader. Files are
     verified concurrently (one lock per file), so that from object storage the download of one does not hold up
-    the others. A file the manifest opened did not list yet (one a following loader saw committed since) is
-    checked against its entry in manifest.json as it is when its first rows are read.
+    the others. A following loader's reader (``counted``: the record its polls fill, ``etl.io.arrivals.CountedFiles``)
+    checks each file against the entry the poll that counted it read, not the manifest as it is later: a file
+    rewritten since (with its entry) fails the check (``InputError`` naming it).
 
     A file in object storage is downloaded once: into a local spool directory, hashed as it arrives
     (``etl.io.processed.fetch_part``), and its rows are then read from that verified copy, in this epoch and the
@@ -83,10 +85,10 @@ class ProcessedReader(PieceReader):
     #: Bytes the spool leaves free on its file system.
     SPOOL_MARGIN = 1 << 30
 
-    def __init__(self, layout: Layout, stats: LoaderStats, output: ProcessedOutput):
+    def __init__(self, layout: Layout, stats: LoaderStats, output: ProcessedOutput, counted: CountedFiles | None = None):
         super().__init__(layout.columns, stats)
-        self.layout, self.output = layout, output
-        self._unverified = dict(zip(output.parts, output.manifest.files))
+        self.layout, self.output, self.counted = layout, output, counted
+        self._entries = dict(zip(output.parts, output.manifest.files))  # the manifest the output was opened with
         self._verify_locks: dict[Location, threading.Lock] = {}
         self._locks_lock = threading.Lock()
         self._verified: dict[Location, Location] = {}  # where each verified file's rows are read from
@@ -99,16 +101,15 @@ class ProcessedReader(PieceReader):
             lock = self._verify_locks.setdefault(path, threading.Lock())
         with lock:  # the file's other pieces wait until it is verified
             if path not in self._verified:
-                entry = self._unverified.pop(path) if path in self._unverified else self._listed(path)
-                self._verified[path] = self._verify(path, entry)
+                self._verified[path] = self._verify(path, self._entry(path))
         return self.read(piece, self._verified[path])
 
-    def _listed(self, path: Location) -> ManifestEntry:
-        """The entry of the file at ``path`` in manifest.json as it is now; ``InputError`` when it lists none."""
-        manifest = read_manifest(self.output.directory)
-        entry = next((e for e in manifest.files if self.output.directory / e.output == path), None)
+    def _entry(self, path: Location) -> ManifestEntry:
+        """The manifest entry the file at ``path`` must match: the one it was counted with when following, else the
+        one of the manifest the output was opened with. ``InputError`` when there is none."""
+        entry = self.counted.entry(path.name) if self.counted is not None else self._entries.get(path)
         if entry is None:
-            raise InputError(str(self.output.directory / MANIFEST), f"lists no entry for {path}")
+            raise InputError(str(self.output.directory / MANIFEST), f"{path}: not a file of this output that was counted or listed")
         return entry
 
     def _verify(self, path: Location, entry: ManifestEntry) -> Location:
@@ -205,12 +206,13 @@ def _raw_batch(table: pa.Table, pipeline: Pipeline, piece: Piece) -> Batch:
 
 def reader_for(pipeline: Pipeline, layout: Layout, *, processed: ProcessedOutput | None, stage: DeviceStage | None,
                groups: list[RowGroup], stats: LoaderStats, device: torch.device | None = None,
-               read_columns: ReadColumns | None = None) -> Callable[[Piece], Chunk]:  # fmt: skip
-    """The reader of a source: ``processed`` (``etl preprocess`` output), else raw shards, transformed on the
-    host, or, given a device ``stage``, up to the stage's inputs: on the host, or, given ``read_columns``, read
-    into ``device`` memory by it (``etl.loader.device_columns``)."""
+               read_columns: ReadColumns | None = None, counted: CountedFiles | None = None) -> Callable[[Piece], Chunk]:  # fmt: skip
+    """The reader of a source: ``processed`` (``etl preprocess`` output; when followed, ``counted`` holds the
+    entries its files were counted with), else raw shards, transformed on the host, or, given a device ``stage``,
+    up to the stage's inputs: on the host, or, given ``read_columns``, read into ``device`` memory by it
+    (``etl.loader.device_columns``)."""
     if processed is not None:
-        return ProcessedReader(layout, stats, processed) if "parquet" in processed.manifest.formats else NpyReader(layout, stats, processed)
+        return ProcessedReader(layout, stats, processed, counted) if "parquet" in processed.manifest.formats else NpyReader(layout, stats, processed)
     if stage is not None and read_columns is not None and device is not None:
         return DeviceColumnReader(pipeline, stage, groups, stats, device, read_columns)
     if stage is not None:

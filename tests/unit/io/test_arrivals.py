@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from etl.errors import ConfigError, InputError
-from etl.io.arrivals import PROCESSED, Arrivals
+from etl.io.arrivals import PROCESSED, Arrivals, CountedFiles
 from etl.io.arrivals_manifest import ARRIVALS, write_arrivals
 from etl.io.processed import Manifest, read_manifest, write_manifest
 from etl.pipeline import Pipeline
@@ -142,3 +142,21 @@ def test_processed_order_counts_each_output_file_once_it_and_those_before_it_are
     write_manifest(out, Manifest.of("s", part[1:], complete=False))
     with pytest.raises(InputError, match="part-00000.parquet: its rows were counted, and it is now gone"):
         arrivals.poll()
+
+
+def test_processed_order_records_the_entries_it_counts_and_refuses_a_rewrite_of_those_an_earlier_pass_counted(tmp_path: Path) -> None:
+    raw, out = tmp_path / "raw", tmp_path / "out"
+    raw.mkdir()
+    pq.write_table(pa.table({"label": [0, 0], "rid": [1, 2]}), raw / "s0.parquet")
+    (tmp_path / "schema.yaml").write_text("name: s\ncolumns:\n  - {name: label, role: label, dtype: int64}\n"
+                                          "  - {name: rid, role: dense, dtype: int64}\n")  # fmt: skip
+    (tmp_path / "pipeline.yaml").write_text("name: s\nschema: schema.yaml\nops:\n  - {op: FillMissing, columns: [rid], value: 0}\n")
+    preprocess(Pipeline.from_file(tmp_path / "pipeline.yaml"), [raw / "s0.parquet"], out)
+    whole = read_manifest(out)
+    counted = CountedFiles()
+    assert [p.name for p in Arrivals(out, PROCESSED, counted=counted).poll()] == ["part-00000.parquet"]
+    assert counted.entry("part-00000.parquet") == whole.files[0] and counted.entry("part-00001.parquet") is None
+    write_manifest(out, Manifest.of("s", [replace(whole.files[0], sha256="0" * 64)], complete=True))
+    with pytest.raises(InputError, match="part-00000.parquet: its rows were counted, and it is now rewritten"):
+        Arrivals(out, PROCESSED, counted=counted).poll()  # a later pass of the same loader
+    assert counted.entry("part-00000.parquet") == whole.files[0]

@@ -433,3 +433,40 @@ def test_a_followed_output_rewritten_with_other_artifacts_is_an_error_on_the_nex
     with pytest.raises(InputError, match="manifest.json: part-00000.parquet: transformed with other artifacts"):
         rows(iter(ld), 1)
     ld.close()
+
+
+def test_a_followed_file_rewritten_between_its_count_and_its_read_is_an_error(stream: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``etl preprocess`` rerun over a followed output (another input shard, the same pipeline: the artifacts check
+    passes) right after a poll counted a file committed since the loader opened the output, before its first rows
+    are read: file and manifest entry are rewritten consistently, yet the reader checks the file against the entry
+    the poll counted, so it refuses the new file (sha256 mismatch naming it) and delivers none of its rows."""
+    from etl.io.arrivals import Arrivals
+    from etl.pipeline import Pipeline
+    from etl.preprocess import preprocess
+
+    for i in range(2):
+        add_shard(stream, i, 300 * i, 300, row_group=70)
+    first, second = sorted((stream / "raw").glob("*.parquet"))
+    other = stream / "other.parquet"
+    pq.write_table(shard_table(10_000, 300), other, row_group_size=70)
+    pipeline = Pipeline.from_file(stream / "pipeline.yaml")
+    preprocess(pipeline, [first], stream / "out")
+    ld = loader(stream, source="out", poll_interval=10.0, idle_flush=0.05)  # no poll to see the rewrite before the read
+    preprocess(pipeline, [first, second], stream / "out")  # part-00001.parquet committed after the loader opened the output
+    counted = Arrivals.poll
+    rewritten = threading.Event()
+
+    def poll_then_rewrite(self: Arrivals) -> list:
+        new = counted(self)
+        if any(p.name == "part-00001.parquet" for p in new) and not rewritten.is_set():
+            preprocess(pipeline, [first, other], stream / "out")
+            rewritten.set()
+        return new
+
+    monkeypatch.setattr(Arrivals, "poll", poll_then_rewrite)
+    got: list[int] = []
+    with pytest.raises(InputError, match=r"manifest.json: file part-00001.parquet: sha256 \w+ differs from the manifest's"):
+        for b in ld:
+            got += b.dense[:, 0].long().tolist()
+    ld.close()
+    assert rewritten.is_set() and not [r for r in got if r >= 10_000]

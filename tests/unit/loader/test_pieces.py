@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from etl.errors import InputError, LoaderError
+from etl.io.arrivals import CountedFiles
 from etl.io.files import atomic_write_parquet, sha256_file
 from etl.io.fs import Url
 from etl.io.processed import Manifest, ManifestEntry, ProcessedOutput, part_path
@@ -67,6 +68,23 @@ def test_processed_reader_reads_the_output_columns_as_they_are(raw: Path, tmp_pa
     output = ProcessedOutput(tmp_path, tmp_path / "artifacts", [out], Manifest.of("criteo_hash", [entry], complete=True))
     chunk = ProcessedReader(LAYOUT, LoaderStats(), output)(middle(out))
     assert_same(chunk, HostReader(PIPELINE, LAYOUT, LoaderStats())(middle(raw)))
+
+
+def test_a_following_processed_reader_checks_each_file_against_the_entry_it_was_counted_with(raw: Path, tmp_path: Path) -> None:
+    """Following, the reader checks a file against its entry in the ``CountedFiles`` record, not the manifest the
+    output was opened with; a file not counted is refused."""
+    out = part_path(tmp_path, 0)
+    pq.write_table(PIPELINE.transform_table(pq.read_table(raw)), out, row_group_size=300)
+    entry = ManifestEntry(out.name, str(raw), raw.stat().st_size, 900, 900, 0, None, sha256_file(out))
+    output = ProcessedOutput(tmp_path, tmp_path / "artifacts", [out], Manifest.of("criteo_hash", [entry], complete=True))
+    counted = CountedFiles()
+    with pytest.raises(InputError, match="part-00000.parquet: not a file of this output that was counted"):
+        ProcessedReader(LAYOUT, LoaderStats(), output, counted)(middle(out))
+    counted.add([replace(entry, sha256="0" * 64)])  # the file changed since its count
+    with pytest.raises(InputError, match="file part-00000.parquet: sha256 .* differs from the manifest's 0000"):
+        ProcessedReader(LAYOUT, LoaderStats(), output, counted)(middle(out))
+    counted.add([entry])
+    assert_same(ProcessedReader(LAYOUT, LoaderStats(), output, counted)(middle(out)), HostReader(PIPELINE, LAYOUT, LoaderStats())(middle(raw)))
 
 
 def test_a_processed_file_in_object_storage_is_downloaded_once(raw: Path, s3: str, monkeypatch: pytest.MonkeyPatch) -> None:

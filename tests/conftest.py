@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -140,3 +142,16 @@ def s3(s3_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
     bucket = f"etl-test-{uuid.uuid4().hex[:12]}"
     boto3.client("s3", endpoint_url=s3_server).create_bucket(Bucket=bucket)
     return f"s3://{bucket}"
+
+
+def etl_threads() -> list[str]:
+    return sorted(t.name for t in threading.enumerate() if t.name.startswith("etl-"))
+
+
+def wait_for_threads(baseline: int, timeout: float = 5.0) -> list[str]:
+    """The etl- threads still alive once they are down to ``baseline`` or ``timeout`` passed (pool threads exit
+    asynchronously after ``shutdown(wait=False)``)."""
+    deadline = time.monotonic() + timeout
+    while len(etl_threads()) > baseline and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return etl_threads()

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from etl.loader import Loader
+from tests.conftest import etl_threads, wait_for_threads
 
 PIPELINE = "name: stream\nschema: schema.yaml\nops:\n  - {op: FillMissing, columns: [rid], value: 0}\n"
 SCHEMA = "name: stream\ncolumns:\n  - {name: label, role: label, dtype: int64}\n  - {name: rid, role: dense, dtype: int64}\n"
@@ -29,10 +30,6 @@ def raw(tmp_path: Path) -> Path:
         rid = np.arange(i * ROWS // 2, (i + 1) * ROWS // 2, dtype=np.int64)
         pq.write_table(pa.table({"label": np.zeros(len(rid), np.int64), "rid": rid}), tmp_path / f"raw/part-0000{i}.parquet", row_group_size=500)
     return tmp_path / "raw"
-
-
-def loader_threads() -> set[threading.Thread]:
-    return {t for t in threading.enumerate() if t.name.startswith("etl-")}
 
 
 class Consumer:
@@ -63,18 +60,17 @@ def close_while_consuming(loader: Loader, consumer: Consumer, after: float) -> N
 
 
 def test_a_following_loader_closed_from_another_thread_ends_its_consumers_loop(raw: Path) -> None:
-    before = loader_threads()
+    before = etl_threads()
     loader = Loader(raw, pipeline=raw.parent / "pipeline.yaml", batch_size=100, follow=True, poll_interval=0.05, idle_flush=0.1)
     consumer = Consumer(loader, step=0.0)
     close_while_consuming(loader, consumer, after=1.0)  # every row delivered long before: it waits for a shard
     assert sorted(consumer.rows) == list(range(ROWS))
     assert loader.state_dict()["follow"]["shard"] == "part-00001.parquet"
-    time.sleep(0.2)
-    assert loader_threads() <= before
+    assert wait_for_threads(len(before)) == before
 
 
 def test_an_epoch_closed_from_another_thread_stops_and_a_later_pass_delivers_the_rest(raw: Path) -> None:
-    before = loader_threads()
+    before = etl_threads()
     loader = Loader(raw, pipeline=raw.parent / "pipeline.yaml", batch_size=50, shuffle=True, seed=3, num_workers=2)
     consumer = Consumer(loader, step=0.01)
     close_while_consuming(loader, consumer, after=0.3)
@@ -84,5 +80,4 @@ def test_an_epoch_closed_from_another_thread_stops_and_a_later_pass_delivers_the
     rest = [r for batch in loader for r in batch.dense[:, 0].long().tolist()]
     assert sorted(consumer.rows + rest) == list(range(ROWS))  # every row once across the two passes
     loader.close()
-    time.sleep(0.2)
-    assert loader_threads() <= before
+    assert wait_for_threads(len(before)) == before

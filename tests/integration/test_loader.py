@@ -27,7 +27,7 @@ from etl.loader import Loader
 from etl.pipeline import Pipeline
 from etl.schema import load_schema
 from etl.synth import generate
-from tests.conftest import REPO, run_etl
+from tests.conftest import REPO, etl_threads, run_etl, wait_for_threads
 
 HASH = REPO / "pipelines/criteo_hash.yaml"
 DENSE = [f"I{i}" for i in range(1, 14)]
@@ -60,19 +60,6 @@ def row_ids(dense: torch.Tensor) -> np.ndarray:
 def collect(loader: Loader) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """A whole pass, cloned (the tensors of a batch live in a reused slot)."""
     return [(b.label.clone(), b.dense.clone(), b.sparse.clone()) for b in loader]
-
-
-def etl_threads() -> list[str]:
-    return sorted(t.name for t in threading.enumerate() if t.name.startswith("etl-"))
-
-
-def wait_for_threads(baseline: int, timeout: float = 5.0) -> list[str]:
-    """The etl- threads still alive once they are down to ``baseline`` or ``timeout`` passed (pool threads exit
-    asynchronously after ``shutdown(wait=False)``)."""
-    deadline = time.monotonic() + timeout
-    while len(etl_threads()) > baseline and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return etl_threads()
 
 
 def run_with_timeout(fn: Callable[[], Any], seconds: float) -> tuple[bool, dict[str, Any]]:

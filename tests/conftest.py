@@ -1,4 +1,11 @@
-"""Shared test fixtures: paths of the repository and of the real data sets beside it."""
+"""Shared test fixtures (paths of the repository and of the real data sets beside it, a shared Dask cluster and S3
+server) and the suite's markers.
+
+``slow`` is given by place, not by hand: every test under ``tests/integration/`` and ``tests/faults/`` (subprocesses,
+kills, real data), and every test that uses the shared Dask cluster or S3 server. ``pytest -m "not slow"`` is the
+inner loop (unit and contract tests). Under pytest-xdist (``-n N --dist loadgroup``), the tests of the shared
+cluster run in one worker and those of the S3 server in one worker, so each starts once.
+"""
 
 from __future__ import annotations
 
@@ -25,6 +32,23 @@ CRITEO_8K = DATA / "criteo-kaggle-8k"
 MOVIELENS = DATA / "movielens-ml-latest-small"
 DEEPCTR = DATA / "deepctr-samples"
 MOVIELENS_SAMPLE = DEEPCTR / "movielens_sample.txt"
+
+
+#: Test directories whose every test is ``slow``.
+SLOW_DIRS = ("integration", "faults")
+#: Session fixtures shared by many tests: each group runs in one xdist worker (and its tests are ``slow``).
+SHARED_SERVICES = {"local_cluster": "dask", "s3_server": "s3"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tests = REPO / "tests"
+    for item in items:
+        place = Path(item.fspath).resolve().relative_to(tests).parts
+        services = [group for name, group in SHARED_SERVICES.items() if name in getattr(item, "fixturenames", ())]
+        if place[0] in SLOW_DIRS or services:
+            item.add_marker(pytest.mark.slow)
+        if services:
+            item.add_marker(pytest.mark.xdist_group(services[0]))
 
 
 def run_etl(*args: str, check: bool = True, cwd: Path = REPO) -> subprocess.CompletedProcess:

@@ -1,4 +1,4 @@
-"""The Loader with online vocabularies (etl.loader.online): ids given per batch in its row order whatever the worker
+"""The Loader with online vocabularies (etl.loader.stream_state): ids given per batch in its row order whatever the worker
 count, each batch with exactly its own events, state in state_dict and as artifacts, exact resume; the same under follow mode."""
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
@@ -22,9 +21,10 @@ from etl.errors import ArtifactError, ConfigError, LoaderError
 from etl.io.fs import locations
 from etl.io.parquet import list_shards
 from etl.loader import Loader
-from etl.loader.online import OnlineVocabularies
+from etl.loader.stream_state import StreamStates
 from etl.ops import Categorify
 from etl.ops.online_vocab import OnlineVocab, canonical_state
+from etl.ops.stream import Carried
 from etl.pipeline import Pipeline
 from etl.schema import load_schema
 from etl.synth import generate
@@ -88,7 +88,7 @@ def test_online_columns_hold_ids_in_range_and_the_others_are_untouched(data: Pat
     ld = loader(data)
     first = 2 + 1  # one OOV bucket
     cols = [ld.layout.sparse.index(c) for c in ONLINE]
-    assert ld.layout.online == tuple(ONLINE) and ld.pipeline.cardinalities()["C1"] == first + 8
+    assert ld.layout.streamed == tuple(ONLINE) and ld.pipeline.cardinalities()["C1"] == first + 8
     got = list(batches(ld, range(1)))
     sparse = torch.cat([s for s, _ in got])
     assert sparse[:, cols].min() >= 1 and sparse[:, cols].max() < first + 8
@@ -130,7 +130,7 @@ def test_resume_gives_the_same_batches_and_events_as_an_uninterrupted_run(data: 
     it = batches(first, range(2))
     got = [next(it) for _ in range(stop)]
     state = first.state_dict()
-    assert isinstance(state["online_vocab"]["C1"]["key"], bytes)
+    assert isinstance(state["streams"]["C1"]["key"], bytes)
     first.close()
     resumed = loader(data, evict, num_workers=1)
     resumed.load_state_dict(state)
@@ -144,7 +144,7 @@ def test_an_epoch_holds_the_state_of_each_batch_in_flight(data: Path) -> None:
     ld = loader(data, prefetch=1)
     held = []
     for _ in ld:
-        held.append(ld.vocabularies.held()[0])
+        held.append(ld.streams.held()[0])
     assert max(held) <= 1 + 3 and min(held) >= 1 and len(held) == len(ld)
 
 
@@ -173,7 +173,7 @@ def test_the_consumer_never_waits_for_the_update_of_a_later_batch(data: Path, mo
         assert taken.wait(10), "the consumer waited for the assembler's update of a later batch"
     finally:
         release.set()
-    assert ld.state_dict()["online_vocab"] == ld.vocabularies.to_dict(ld.vocabularies.at(ld._vocab_here()))
+    assert ld.state_dict()["streams"] == ld.streams.to_dict(ld.streams.at(ld._vocab_here()))
     ld.close()
 
 
@@ -198,34 +198,34 @@ def test_save_and_load_vocabulary_round_trip_as_json_and_parquet(data: Path, tmp
     for _ in range(5):
         next(it)
     ld.save_vocabulary(tmp_path / "vocab")
-    doc = json.loads((tmp_path / "vocab/online_vocabulary.json").read_text())
-    assert sorted(doc["columns"]) == ONLINE
+    doc = json.loads((tmp_path / "vocab/stream_state.json").read_text())
+    assert sorted(doc["states"]) == ONLINE
     other = loader(data)
     other.load_vocabulary(tmp_path / "vocab")
-    assert other.state_dict()["online_vocab"] == ld.state_dict()["online_vocab"]
+    assert other.state_dict()["streams"] == ld.state_dict()["streams"]
 
 
 def test_load_vocabulary_refuses_a_broken_table_naming_the_file(data: Path, tmp_path: Path) -> None:
     ld = loader(data)
     ld.save_vocabulary(tmp_path / "vocab")
-    path = tmp_path / "vocab" / json.loads((tmp_path / "vocab/online_vocabulary.json").read_text())["columns"]["C2"]["table"]
+    path = tmp_path / "vocab" / json.loads((tmp_path / "vocab/stream_state.json").read_text())["states"]["C2"]["table"]
     t = pq.read_table(path)
     ids = t.column("id").to_numpy().copy()
     ids[:2] = 0  # one id, two keys
     pq.write_table(t.set_column(3, "id", pa.array(ids)), path)
     with pytest.raises(ArtifactError, match=str(path)):
         loader(data).load_vocabulary(tmp_path / "vocab")
-    with pytest.raises(ArtifactError, match="online_vocabulary.json"):
+    with pytest.raises(ArtifactError, match="stream_state.json"):
         loader(data).load_vocabulary(tmp_path)
 
 
 def test_load_state_dict_checks_the_online_state(data: Path) -> None:
     state = loader(data).state_dict()
-    bad = state | {"online_vocab": {c: v | {"id": np.zeros(len(v["id"]) // 8, "<i8").tobytes()} for c, v in state["online_vocab"].items()}}
+    bad = state | {"streams": {c: v | {"id": np.zeros(len(v["id"]) // 8, "<i8").tobytes()} for c, v in state["streams"].items()}}
     with pytest.raises(ConfigError, match="online vocabulary of 'C1'"):
         loader(data).load_state_dict(bad)
     with pytest.raises(ConfigError, match="no online_vocab"):
-        loader(data).load_state_dict({k: v for k, v in state.items() if k != "online_vocab"})
+        loader(data).load_state_dict({k: v for k, v in state.items() if k != "streams"})
 
 
 def test_a_refused_state_leaves_the_loader_where_it_was(data: Path) -> None:
@@ -237,7 +237,7 @@ def test_a_refused_state_leaves_the_loader_where_it_was(data: Path) -> None:
         next(it)
     state = ahead.state_dict()
     ahead.close()
-    state["online_vocab"]["C2"]["id"] = state["online_vocab"]["C2"]["id"][:8]
+    state["streams"]["C2"]["id"] = state["streams"]["C2"]["id"][:8]
     ld = loader(data)
     with pytest.raises(ConfigError, match="online vocabulary of 'C2'"):
         ld.load_state_dict(state)
@@ -252,12 +252,12 @@ def test_a_state_refused_in_the_middle_of_a_pass_leaves_the_loader_at_its_positi
     it = batches(ld, range(1))
     got = [next(it) for _ in range(5)]
     state = ld.state_dict()
-    bad = state | {"online_vocab": state["online_vocab"] | {"C2": state["online_vocab"]["C2"] | {"id": state["online_vocab"]["C2"]["id"][:8]}}}
+    bad = state | {"streams": state["streams"] | {"C2": state["streams"]["C2"] | {"id": state["streams"]["C2"]["id"][:8]}}}
     with pytest.raises(ConfigError, match="online vocabulary of 'C2'"):
         ld.load_state_dict(bad)
     assert ld.state_dict() == state
     ld.save_vocabulary(tmp_path / "vocab")
-    table = tmp_path / "vocab" / json.loads((tmp_path / "vocab/online_vocabulary.json").read_text())["columns"]["C2"]["table"]
+    table = tmp_path / "vocab" / json.loads((tmp_path / "vocab/stream_state.json").read_text())["states"]["C2"]["table"]
     t = pq.read_table(table)
     pq.write_table(t.set_column(3, "id", pa.array(np.zeros(len(t), np.int64))), table)  # one id, many keys
     with pytest.raises(ArtifactError, match=str(table)):
@@ -305,7 +305,7 @@ def test_after_a_failed_update_the_state_is_refused_until_one_is_loaded(data: Pa
         ld.state_dict()
     with pytest.raises(LoaderError, match="unknown after an update failed"):
         iter(ld)
-    bad = state | {"online_vocab": state["online_vocab"] | {"C3": state["online_vocab"]["C3"] | {"rows": -1}}}
+    bad = state | {"streams": state["streams"] | {"C3": state["streams"]["C3"] | {"rows": -1}}}
     with pytest.raises(ConfigError, match="online vocabulary of 'C3'"):
         ld.load_state_dict(bad)
     with pytest.raises(LoaderError, match="unknown after an update failed"):  # a refused state is no way out
@@ -356,14 +356,14 @@ def test_following_resumes_with_the_same_ids_and_events(data: Path, stop: int, t
     state = first.state_dict()
     first.save_vocabulary(tmp_path / "vocab")
     first.close()
-    assert state["online_vocab"] == first.state_dict()["online_vocab"]  # closing does not move the state
+    assert state["streams"] == first.state_dict()["streams"]  # closing does not move the state
     resumed = following(data, num_workers=1)
     resumed.load_state_dict(state)
     got += take(resumed, len(whole) - stop)
     assert same(got, whole)
     saved = following(data)
     saved.load_vocabulary(tmp_path / "vocab")
-    assert saved.state_dict()["online_vocab"] == state["online_vocab"]
+    assert saved.state_dict()["streams"] == state["streams"]
 
 
 def test_following_holds_a_bounded_number_of_states_while_small_shards_trickle_in(data: Path, tmp_path: Path) -> None:
@@ -385,7 +385,7 @@ def test_following_holds_a_bounded_number_of_states_while_small_shards_trickle_i
         add(i)
         if i % 7 == 0:
             next(it)
-            held.append(ld.vocabularies.held()[0])
+            held.append(ld.streams.held()[0])
         time.sleep(0.03)
     ld.close()
     assert len(held) == 8 and max(held) <= 4, held
@@ -403,7 +403,8 @@ def test_the_state_at_every_position_in_flight_is_the_state_after_its_batches(st
     kept by a twin vocabulary fed the same batches."""
     op = Categorify(["c"], online=True, capacity=2, admit_after=2, evict=evict, ttl_rows=4 if evict == "ttl" else None)
     op.vocab["c"] = pa.table({"key": pa.array([3, 9], pa.uint64()), "count": pa.array([5, 2], pa.int64())})
-    vocabs = OnlineVocabularies(SimpleNamespace(ops=[op]), ["c"], ["c"])  # type: ignore[arg-type]
+    vocabs = StreamStates.of([op], {"c": ("sparse", 0)})
+    assert vocabs is not None
     twin = op.online_vocab("c")
     states = [twin.export()]  # the state after each batch of the current pass (and those before it)
     assembled = consumer = 0
@@ -412,7 +413,7 @@ def test_the_state_at_every_position_in_flight_is_the_state_after_its_batches(st
         if isinstance(step, list) or step == "empty":
             keys = np.array(step if isinstance(step, list) else [], np.uint64)
             if len(keys):
-                vocabs.apply_step(lambda keys=keys: {"c": vocabs.vocabs["c"].update_with_undo(keys)[2]})
+                vocabs.apply_step(lambda keys=keys: {"c": vocabs.states["c"].advance({"c": Carried(keys, np.ones(len(keys), np.bool_))}).undo})
                 twin.update(keys)
             assembled += 1
             vocabs.name_step(assembled)
@@ -429,7 +430,7 @@ def test_the_state_at_every_position_in_flight_is_the_state_after_its_batches(st
                 vocabs.commit(consumer)
             else:
                 states[consumer] = states[(consumer * 7) % (assembled + 1)]
-                vocabs.load_dict(vocabs.to_dict({"c": states[consumer]}))
+                vocabs.load_dict({"streams": vocabs.to_dict({"c": states[consumer]})})
             twin.restore(states[consumer])
             del states[consumer + 1 :]
             assembled = consumer

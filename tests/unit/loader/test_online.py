@@ -437,3 +437,70 @@ def test_the_state_at_every_position_in_flight_is_the_state_after_its_batches(st
             vocabs.start_pass(consumer)
     got = canonical_state(vocabs.at(consumer)["c"])
     assert all(np.array_equal(got[k], states[consumer][k]) for k in states[consumer])
+
+
+def test_a_state_made_by_another_pipeline_is_refused(data: Path, tmp_path: Path) -> None:
+    """A state made with other parameters (here: lfu eviction, given to a ttl loader), or under another column's name,
+    gives other ids than the run it claims to continue: refused, naming the state and what differs."""
+    lfu = loader(data, "lfu")
+    it = iter(lfu)
+    for _ in range(3):
+        next(it)
+    state = lfu.state_dict()
+    lfu.save_vocabulary(tmp_path / "vocab")
+    lfu.close()
+    ttl = loader(data, "ttl")
+    before = ttl.state_dict()
+    with pytest.raises(ConfigError, match=r"online vocabulary of 'C1'.*evict 'lfu' \(this pipeline: 'ttl'\)"):
+        ttl.load_state_dict(state)
+    with pytest.raises(ArtifactError, match=r"stream_state.json.*online vocabulary of 'C1'.*evict"):
+        ttl.load_vocabulary(tmp_path / "vocab")
+    swapped = state | {"streams": state["streams"] | {"C1": state["streams"]["C2"], "C2": state["streams"]["C1"]}}
+    with pytest.raises(ConfigError, match=r"online vocabulary of 'C1'.*column 'C2' \(this pipeline: 'C1'\)"):
+        loader(data, "lfu").load_state_dict(swapped)
+    assert ttl.state_dict() == before
+
+
+def test_a_streaming_state_given_to_a_loader_without_one_is_refused(data: Path) -> None:
+    state = loader(data).state_dict()
+    offline = Loader(data / "raw", pipeline=data / "offline.yaml", artifacts=_offline_artifacts(data), batch_size=256, shuffle=True,
+                     shuffle_buffer=700)  # fmt: skip
+    with pytest.raises(ConfigError, match="streaming states"):
+        offline.load_state_dict(state)
+
+
+def test_a_state_dict_and_a_saved_vocabulary_in_the_older_form_still_load(data: Path, tmp_path: Path) -> None:
+    """States saved before they carried the record of what made them: a state_dict with ``online_vocab`` (per column
+    ``rows`` and the little-endian bytes of ``key``, ``count``, ``last``, ``id``) and a directory with
+    ``online_vocabulary.json`` (format etl-online-vocabulary version 1, per column ``rows`` and its table); both
+    continue as the loader that saved them."""
+    whole = list(batches(loader(data, "ttl"), range(1)))
+    first = loader(data, "ttl")
+    it = batches(first, range(1))
+    got = [next(it) for _ in range(4)]
+    state = first.state_dict()
+    first.close()
+    arrays = {c: {k: np.frombuffer(v[k], "<u8" if k == "key" else "<i8") for k in ("key", "count", "last", "id")}
+              for c, v in state["streams"].items()}  # fmt: skip
+    rows = {c: v["rows"] for c, v in state["streams"].items()}
+    old = {k: v for k, v in state.items() if k != "streams"}
+    old["online_vocab"] = {c: {"rows": rows[c], **{k: a.tobytes() for k, a in arrays[c].items()}} for c in ONLINE}
+    resumed = loader(data, "ttl")
+    resumed.load_state_dict(old)
+    assert resumed.state_dict() == state
+    assert same(got + list(batches(resumed, range(1))), whole)
+    saved = tmp_path / "old-vocab"
+    saved.mkdir()
+    schema = pa.schema([("key", pa.uint64()), ("count", pa.int64()), ("last", pa.int64()), ("id", pa.int64())])
+    for i, c in enumerate(ONLINE):
+        pq.write_table(pa.Table.from_arrays([pa.array(arrays[c][k]) for k in schema.names], schema=schema), saved / f"online-{i:02d}.parquet")
+    columns = {c: {"rows": rows[c], "table": f"online-{i:02d}.parquet"} for i, c in enumerate(ONLINE)}
+    (saved / "online_vocabulary.json").write_text(json.dumps({"format": "etl-online-vocabulary", "version": 1, "columns": columns}))
+    from_dir = loader(data, "ttl")
+    from_dir.load_vocabulary(saved)
+    assert from_dir.state_dict()["streams"] == state["streams"]
+    # the older form has no record to check, but its contents are checked as ever
+    columns["C2"]["rows"] = "many"
+    (saved / "online_vocabulary.json").write_text(json.dumps({"format": "etl-online-vocabulary", "version": 1, "columns": columns}))
+    with pytest.raises(ArtifactError, match=r"online_vocabulary.json.*online vocabulary of 'C2'.*rows"):
+        loader(data, "ttl").load_vocabulary(saved)

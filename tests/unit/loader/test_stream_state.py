@@ -1,13 +1,15 @@
-"""The Loader with online vocabularies (etl.loader.stream_state): ids given per batch in its row order whatever the worker
-count, each batch with exactly its own events, state in state_dict and as artifacts, exact resume; the same under follow mode."""
+"""etl.loader.stream_state: any streaming state driven through its contract; the Loader with online vocabularies: ids given per batch in
+its row order whatever the worker count, each batch with exactly its own events, state in state_dict and as artifacts, exact
+resume; the same under follow mode."""
 
 from __future__ import annotations
 
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -23,8 +25,9 @@ from etl.io.parquet import list_shards
 from etl.loader import Loader
 from etl.loader.stream_state import StreamStates
 from etl.ops import Categorify
+from etl.ops.base import InvalidState
 from etl.ops.online_vocab import OnlineVocab, canonical_state
-from etl.ops.stream import Carried
+from etl.ops.stream import Carried, StreamInput, StreamSpec, StreamState, StreamStep
 from etl.pipeline import Pipeline
 from etl.schema import load_schema
 from etl.synth import generate
@@ -504,3 +507,84 @@ def test_a_state_dict_and_a_saved_vocabulary_in_the_older_form_still_load(data: 
     (saved / "online_vocabulary.json").write_text(json.dumps({"format": "etl-online-vocabulary", "version": 1, "columns": columns}))
     with pytest.raises(ArtifactError, match=r"online_vocabulary.json.*online vocabulary of 'C2'.*rows"):
         loader(data, "ttl").load_vocabulary(saved)
+
+
+class _Undo(NamedTuple):
+    rows: int
+    before: dict[int, int | None]
+
+    @property
+    def nbytes(self) -> int:
+        return 16 * len(self.before)
+
+
+class RunningCount(StreamState):
+    """A streaming state that is no vocabulary: per key, the rows of that key before each row, written as a dense
+    float column (the shape of a running per-key statistic); it reports no events."""
+
+    spec = StreamSpec("n", "RunningCount", "k", {"start": 0}, "running count", (StreamInput("k", np.dtype(np.uint64)),), ("n",), ("rows",),
+                      {"key": np.dtype(np.uint64), "count": np.dtype(np.int64)})  # fmt: skip
+
+    def __init__(self) -> None:
+        self.counts: dict[int, int] = {}
+        self.rows = 0
+
+    def advance(self, inputs: Mapping[str, Carried]) -> StreamStep:
+        keys, valid = inputs["k"]
+        out, before = np.full(len(keys), np.nan, np.float32), {}
+        for i, k in enumerate(keys[valid].tolist()):
+            before.setdefault(k, self.counts.get(k))
+            out[np.flatnonzero(valid)[i]] = self.counts.get(k, 0)
+            self.counts[k] = self.counts.get(k, 0) + 1
+        undo = _Undo(self.rows, before)
+        self.rows += len(keys)
+        return StreamStep({"n": out}, None, undo)
+
+    def export(self, canonical: bool = True, undo=()) -> dict:
+        counts, rows = dict(self.counts), self.rows
+        for u in undo:
+            for k, v in u.before.items():
+                counts.pop(k) if v is None else counts.__setitem__(k, v)
+            rows = u.rows
+        keys = sorted(counts)
+        return {"rows": rows, "key": np.array(keys, np.uint64), "count": np.array([counts[k] for k in keys], np.int64)}
+
+    def canonical(self, state: dict) -> dict:
+        return state
+
+    def check(self, state: dict) -> None:
+        if state["rows"] < 0 or (state["count"] < 1).any():
+            raise InvalidState("running count: negative rows or a count below 1")
+
+    def restore(self, state: dict) -> None:
+        self.counts, self.rows = dict(zip(state["key"].tolist(), state["count"].tolist())), state["rows"]
+
+
+def test_the_loader_side_drives_any_streaming_state_through_the_contract(tmp_path: Path) -> None:
+    """The holder knows no op: a state that is no vocabulary gets its carried inputs, writes its dense column, keeps
+    the state of every position in flight, and saves and loads it with its record."""
+    holder = StreamStates({"n": RunningCount()}, {"n": ("dense", 1)})
+    one = holder.start_pass(0)
+    written = []
+    for b, keys in enumerate([[5, 7, 5], [7, 7, 9, 5]]):
+        inputs = one.new_inputs(len(keys))
+        inputs["k"].values[:] = keys
+        inputs["k"].valid[:] = [True] * (len(keys) - 1) + [b == 0]
+        views = {"dense": np.zeros((len(keys), 2), np.float32), "sparse": np.zeros((len(keys), 1), np.int32)}
+        assert one.apply(inputs, views) == {}  # no events reported
+        one.name_step(b + 1)
+        written.append(views["dense"][:, 1].tolist())
+    assert written[0] == [0, 0, 1] and written[1][:3] == [1, 2, 0] and np.isnan(written[1][3])
+    after_one = holder.at(1)
+    assert after_one["n"]["rows"] == 3 and after_one["n"]["key"].tolist() == [5, 7] and after_one["n"]["count"].tolist() == [2, 1]
+    saved = {"streams": holder.to_dict(holder.at(2))}
+    assert saved["streams"]["n"]["made_by"] == {"op": "RunningCount", "column": "k", "params": {"start": 0}}
+    holder.save(holder.at(1), tmp_path / "state")
+    other = StreamStates({"n": RunningCount()}, {"n": ("dense", 1)})
+    other.load_dict(saved)
+    assert other.to_dict(other.at(0)) == saved["streams"]
+    other.load(tmp_path / "state")
+    assert other.at(0)["n"]["count"].tolist() == [2, 1]
+    broken = saved["streams"]["n"] | {"count": np.zeros(3, "<i8").tobytes()}
+    with pytest.raises(ConfigError, match="running count of 'n': running count: negative rows or a count below 1"):
+        other.load_dict({"streams": {"n": broken}})

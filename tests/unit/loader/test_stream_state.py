@@ -465,7 +465,10 @@ def test_a_state_made_by_another_pipeline_is_refused(data: Path, tmp_path: Path)
 
 
 def test_a_streaming_state_given_to_a_loader_without_one_is_refused(data: Path) -> None:
-    state = loader(data).state_dict()
+    ld = loader(data)
+    with pytest.warns(DeprecationWarning, match="Loader.streams"):
+        assert ld.vocabularies is ld.streams  # the older name
+    state = ld.state_dict()
     offline = Loader(data / "raw", pipeline=data / "offline.yaml", artifacts=_offline_artifacts(data), batch_size=256, shuffle=True,
                      shuffle_buffer=700)  # fmt: skip
     with pytest.raises(ConfigError, match="streaming states"):

@@ -12,8 +12,9 @@ directory, one line naming the state and what differs); ``StreamState.check`` th
   scalars and arrays, the same way) is still read, with nothing to check the record against.
 - On disk, in a directory of its own: ``stream_state.json`` (format name and version; per state its record, its
   scalars, its arrays' names and dtypes, and the path of its table) plus one Parquet table per state
-  (``online-NN.parquet``, NN its place in the JSON: the arrays as columns of those types, no nulls; written last, the
-  JSON). The older ``online_vocabulary.json`` (format ``etl-online-vocabulary`` version 1: per column its ``rows``
+  (``online-NN.parquet``, NN its place in the JSON: the arrays as columns of those types, no nulls, and the record
+  again in the schema's metadata under ``etl.made_by``, so that a table given to another state is refused too;
+  written last, the JSON). The older ``online_vocabulary.json`` (format ``etl-online-vocabulary`` version 1: per column its ``rows``
   and the path of its table), written before states carried a record, is still read.
 """
 
@@ -37,6 +38,8 @@ from etl.pipeline.artifacts import _read_table
 State = dict[str, StateArrays]
 
 STATE_KEY = "streams"
+#: The key of a saved table's schema metadata that holds its state's record (JSON).
+MADE_BY = b"etl.made_by"
 LEGACY_KEY = "online_vocab"
 FORMAT, VERSION, FILE = "etl-stream-state", 1, "stream_state.json"
 LEGACY_FORMAT, LEGACY_VERSION, LEGACY_FILE = "etl-online-vocabulary", 1, "online_vocabulary.json"
@@ -90,6 +93,7 @@ def save(directory: str | Location, state: State, specs: Mapping[str, StreamSpec
     for i, (n, s) in enumerate(state.items()):
         spec = specs[n]
         table = pa.Table.from_arrays([from_numpy(np.asarray(s[k], t)) for k, t in spec.arrays.items()], schema=_schema(spec))
+        table = table.replace_schema_metadata({MADE_BY: json.dumps(spec.made_by, sort_keys=True)})
         rel = f"online-{i:02d}.parquet"
         atomic_write_parquet(table, d / rel, use_dictionary=False)
         entries[n] = {"made_by": spec.made_by, "scalars": {k: int(s[k]) for k in spec.scalars}, "arrays": _dtypes(spec), "table": rel}
@@ -132,6 +136,12 @@ def load(directory: str | Location, specs: Mapping[str, StreamSpec]) -> tuple[St
         schema = _schema(spec)
         if not table.schema.equals(schema) or any(table.column(k).null_count for k in spec.arrays):
             raise ArtifactError(f"{tables[n]}: expected columns {schema.names} typed {[str(f.type) for f in schema]}, no nulls")
+        if not legacy:
+
+            def table_error(problem: str, spec: StreamSpec = spec, at: Location = tables[n]) -> EtlError:
+                return ArtifactError(f"{at}: table of {spec.describe()}: {problem}")
+
+            _same_record(_table_record(table), spec, table_error)
         state[n] = _checked(scalars, {k: to_numpy(table.column(k)) for k in spec.arrays}, error)
     return state, tables
 
@@ -157,6 +167,14 @@ def _same_record(saved: Any, spec: StreamSpec, error: Callable[[str], EtlError])
     keys = sorted(found.keys() | wanted.keys())
     diffs = [f"{k} {found.get(k)!r} (this pipeline: {wanted.get(k)!r})" for k in keys if found.get(k) != wanted.get(k)]
     raise error(f"made by another pipeline: {', '.join(diffs)}")
+
+
+def _table_record(table: pa.Table) -> Any:
+    """The record in a saved table's schema metadata (None when there is none or it is not JSON)."""
+    try:
+        return json.loads((table.schema.metadata or {})[MADE_BY])
+    except (KeyError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
 
 
 def _scalars(doc: Any, spec: StreamSpec, error: Callable[[str], EtlError]) -> dict[str, int]:

@@ -461,6 +461,12 @@ def test_a_state_made_by_another_pipeline_is_refused(data: Path, tmp_path: Path)
     swapped = state | {"streams": state["streams"] | {"C1": state["streams"]["C2"], "C2": state["streams"]["C1"]}}
     with pytest.raises(ConfigError, match=r"online vocabulary of 'C1'.*column 'C2' \(this pipeline: 'C1'\)"):
         loader(data, "lfu").load_state_dict(swapped)
+    doc = json.loads((tmp_path / "vocab/stream_state.json").read_text())
+    doc["states"]["C1"]["table"] = doc["states"]["C2"]["table"]  # C1's entry points at C2's table
+    (tmp_path / "vocab/stream_state.json").write_text(json.dumps(doc))
+    table = tmp_path / "vocab" / doc["states"]["C2"]["table"]
+    with pytest.raises(ArtifactError, match=rf"{table}: table of online vocabulary of 'C1'.*column 'C2' \(this pipeline: 'C1'\)"):
+        loader(data, "lfu").load_vocabulary(tmp_path / "vocab")
     assert ttl.state_dict() == before
 
 

@@ -36,6 +36,7 @@ def test_a_state_round_trips_through_a_state_dict_and_a_directory(tmp_path: Path
     saved_streams.save(tmp_path, STATE, SPECS)
     entry = json.loads((tmp_path / "stream_state.json").read_text())["states"]["y_mean"]
     assert entry["arrays"] == {"key": "uint64", "sum": "float64", "count": "int64"} and entry["scalars"] == {"rows": 7}
+    assert json.loads(pq.read_schema(tmp_path / entry["table"]).metadata[b"etl.made_by"]) == entry["made_by"] == SPEC.made_by
     state, tables = saved_streams.load(tmp_path, SPECS)
     assert same(state, STATE) and tables["y_mean"] == tmp_path / entry["table"]
 
@@ -104,4 +105,8 @@ def test_a_directory_not_of_these_states_is_refused_naming_the_file(tmp_path: Pa
     t = pq.read_table(table)
     pq.write_table(t.set_column(1, "sum", pa.array(np.zeros(len(t), np.float32))), table)
     with pytest.raises(ArtifactError, match=f"{table}: expected columns"):
+        saved_streams.load(tmp_path, SPECS)
+    saved_streams.save(tmp_path, STATE, SPECS)
+    pq.write_table(pq.read_table(table).replace_schema_metadata(None), table)  # the table's own record gone
+    with pytest.raises(ArtifactError, match=f"{table}: table of running mean of 'y_mean': no valid record"):
         saved_streams.load(tmp_path, SPECS)

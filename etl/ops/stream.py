@@ -17,9 +17,9 @@ op declares each state it keeps (``Op.stream_specs``: one ``StreamSpec``) and ma
 - the state at a position is exported as ``StateArrays``: named integer scalars (``spec.scalars``) and named 1-D
   arrays of one length (one table, ``spec.arrays`` gives each array's dtype); in canonical order (``canonical``)
   the same rows give the same arrays whatever the order the updates left the state in. The loader saves it with its
-  position (``state_dict``) and as Parquet + JSON (``etl.pipeline.saved_streams``), each saved state with the op,
-  column and parameters that made it (``spec.made_by``): a state is restored only by a state of the same
-  ``made_by``, after ``check``.
+  position (``state_dict``) and as Parquet + JSON (``etl.pipeline.saved_streams``), with the op, column and
+  parameters that made it (``spec.made_by``); a saved state is restored only into a state of the same name and
+  ``made_by``, and only once ``check`` takes it.
 
 Each state is driven by one thread at a time (the loader holds a lock around it); states of different columns may
 advance in parallel threads.

@@ -70,7 +70,7 @@ from etl.io.processed import (
     read_manifest,
     write_manifest,
 )
-from etl.ops.categorical import online_columns
+from etl.ops.stream import stream_specs
 from etl.pipeline import ON_ERROR, OnError, Pipeline, Transformed, check_match
 from etl.pipeline.single_pass import Plan, fit_stashing, transform_stashed
 from etl.pipeline.stash import Stash, default_budget, parse_budget
@@ -429,7 +429,8 @@ def preprocess(
     ``out_dir`` must lie apart from the inputs (OutputError otherwise, see ``check_apart``). The run holds
     ``out_dir``'s lock (``etl.io.lock``) throughout: a second run into the same directory raises
     OutputError at once (object storage has no such lock: one run at a time is up to the user there). A pipeline
-    with an online vocabulary (Categorify ``online: true``) is refused (``ConfigError``) before anything is written.
+    with a streaming state (``etl.ops.stream``: an online vocabulary, Categorify ``online: true``) is refused
+    (``ConfigError``) before anything is written.
 
     ``formats``: some of ``etl.io.processed.FORMATS``: ``"parquet"`` (the default), ``"npy"`` (chunks of
     ``npy_chunk_rows`` rows, see ``etl.io.npy``; a pipeline with list columns raises ``ListColumnsError`` once it is
@@ -442,10 +443,10 @@ def preprocess(
     if not formats or list(formats) != [f for f in FORMATS if f in formats]:
         raise ValueError(f"formats must be some of {FORMATS}, in that order, got {formats!r}")
     budget = default_budget() if memory_budget is None else parse_budget(memory_budget)
-    online = online_columns(pipeline.ops)
-    if online:
-        raise ConfigError(f"columns {online} have an online vocabulary (Categorify online: true): their ids are given by etl.Loader "
-                          "as it streams rows, not by etl preprocess")  # fmt: skip
+    streamed = stream_specs(pipeline.ops)
+    if streamed:
+        raise ConfigError(f"{', '.join(f'{s.describe()} ({s.op})' for s in streamed)}: such values are given by etl.Loader as it "
+                          "streams rows, not by etl preprocess")  # fmt: skip
     check_apart(out_dir, shards)
     out_dir.mkdir(parents=True, exist_ok=True)
     with locked(out_dir):

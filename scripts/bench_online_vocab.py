@@ -114,8 +114,8 @@ def bench_loader(data: Path, capacity: int, admit_after: int, repeat: int, batch
                 c0, w0, rows = time.process_time(), time.perf_counter(), 0
                 for b in ld:
                     rows += len(b)
-                    if ld.vocabularies is not None:
-                        positions, undo = ld.vocabularies.held()
+                    if ld.streams is not None:
+                        positions, undo = ld.streams.held()
                         held = max(held, positions)
                         undo_bytes = max(undo_bytes, undo)
                 cpu, wall = time.process_time() - c0, time.perf_counter() - w0

@@ -13,7 +13,7 @@ Modules, from the training loop inwards (``api``'s docstring tells how they work
 - ``device_stage``: the pipeline's device part, after the copy (``transform_on="device"``);
 - ``device_columns``: rows read into device memory (``reader="cudf"``): host part, chunks and gather on the device;
 - ``cudf_columns``: the cudf adapter, Parquet row groups → device columns (the only module that imports cudf);
-- ``online``: online vocabularies (Categorify ``online: true``), applied by the assembler, and their state;
+- ``stream_state``: streaming states (online vocabularies), applied by the assembler, and their state;
 - ``stats``: ``LoaderStats``, where the time goes;
 - ``dali``: ``DaliLoader``, what ``Loader(processed_dir, engine="dali")`` makes: npy chunks read by NVIDIA DALI.
 

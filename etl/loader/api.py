@@ -38,6 +38,7 @@ import functools
 import sys
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -59,13 +60,13 @@ from etl.loader.chunk import Chunk, Layout
 from etl.loader.device_stage import DeviceStage
 from etl.loader.epoch import EpochPass, InlinePass
 from etl.loader.follow import FollowCursor, FollowPass, FollowPosition, FollowSettings
-from etl.loader.online import Key, OnlineVocabularies
 from etl.loader.order import Piece, batches_per_rank, chunk_groups, row_groups
 from etl.loader.pieces import guarded, reader_for
 from etl.loader.ring import Ring
 from etl.loader.stats import LoaderStats
+from etl.loader.stream_state import Key, StreamStates
 from etl.ops.online_vocab import VocabEvents
-from etl.pipeline import Pipeline, check_match
+from etl.pipeline import Pipeline, check_match, saved_streams
 
 __all__ = ["Loader", "LoaderBatch", "LoaderStats"]
 
@@ -86,7 +87,7 @@ class LoaderBatch:
     ``vocab_events``: with online vocabularies (Categorify ``online: true``), one ``VocabEvents`` per online column
     (numpy arrays, in the order it happened: ``admitted_ids`` with ``admitted_keys``, ``evicted_ids`` with
     ``evicted_keys``; ids as ``sparse`` holds them): the ids given and taken back by this batch's rows, which get
-    their ids in the batch's row order (``etl.loader.online``). An id evicted in a batch is given again only in a
+    their ids in the batch's row order (``etl.loader.stream_state``). An id evicted in a batch is given again only in a
     later one, so within a batch an id names one key. Reset the embedding rows of ``admitted_ids`` before training
     on the batch: no row of an evicted key uses its id in or after the batch that admits the new key. Empty without
     online columns."""
@@ -157,6 +158,9 @@ class Loader:
     stream as over an epoch, their state saved with the position (and by ``save_vocabulary``): a restarted loader
     gives the rows not yet delivered the ids and events of an uninterrupted one.
 
+    ``streams``: the loader's streaming states (online vocabularies: ``etl.loader.stream_state.StreamStates``),
+    None when its pipeline keeps none.
+
     ``engine="dali"`` reads the npy chunks of a processed output with NVIDIA DALI instead
     (``etl.loader.dali.DaliLoader``, the same ``LoaderBatch`` fields)."""
 
@@ -215,9 +219,9 @@ class Loader:
         if transform_on == "device" and self.processed:
             raise ConfigError("transform_on='device' transforms raw shards; this source is already transformed")
         self.layout = Layout.of(self.pipeline)
-        self.vocabularies = OnlineVocabularies(self.pipeline, list(self.layout.online), self.layout.sparse) if self.layout.online else None
-        if self.vocabularies is not None and transform_on == "device":
-            raise ConfigError("online vocabularies (Categorify online: true) give ids on the host: use transform_on='host'")
+        self.streams = StreamStates.of(self.pipeline.ops, self.layout.stream_fields())
+        if self.streams is not None and transform_on == "device":
+            raise ConfigError(f"streaming states ({self.streams.describe()}) give their values on the host: use transform_on='host'")
         npy_only = output is not None and "parquet" not in output.manifest.formats  # read from its npy chunks
         self.groups = chunk_groups(output) if output is not None and npy_only else row_groups(shards)
         self.remote = any(isinstance(path, Url) for path in shards)  # reads wait on requests: see EpochPass io_bound
@@ -225,8 +229,8 @@ class Loader:
         self.total_rows = sum(g.num_rows for g in self.groups)
         # a following loader has no fixed number of rows: drop_last leaves no rank without batches
         self.rank, self.world_size = rank_and_world_size(rank, world_size, self.total_rows, batch_size, drop_last and self._follow is None)
-        if self.vocabularies is not None and self.world_size > 1:
-            raise ConfigError(f"online vocabularies (Categorify online: true) follow one row stream: world_size must be 1, got {self.world_size}")
+        if self.streams is not None and self.world_size > 1:
+            raise ConfigError(f"streaming states ({self.streams.describe()}) follow one row stream: world_size must be 1, got {self.world_size}")
         self.batch_size, self.shuffle, self.seed, self.drop_last, self.copy = batch_size, shuffle, seed, drop_last, copy
         self.shuffle_buffer = max(shuffle_buffer or 4 * batch_size, 1)
         self.device = torch.device(device)
@@ -264,20 +268,27 @@ class Loader:
                 self._close_ahead()
             self.epoch, self.position, self._finished = epoch, 0, False
 
+    @property
+    def vocabularies(self) -> StreamStates | None:
+        """Deprecated name of ``streams``, the loader's streaming states (online vocabularies) or None."""
+        warnings.warn("Loader.vocabularies is deprecated: use Loader.streams", DeprecationWarning, stacklevel=2)
+        return self.streams
+
     def state_dict(self) -> dict[str, Any]:
-        """The loader's position and the settings it depends on; with online vocabularies, their state at this
-        position under ``online_vocab`` (``OnlineVocabularies.to_dict``: ints and bytes, no pickled objects). In follow
+        """The loader's position and the settings it depends on; with streaming states (online vocabularies), their
+        state at this position under ``streams``, each with the op, column and parameters that made it
+        (``etl.pipeline.saved_streams``: ints, str and bytes, no pickled objects). In follow
         mode, ``follow`` (the position in the stream after the last batch handed out, see
         ``etl.loader.follow.FollowPosition``) and ``arrivals`` (the arrival order) replace epoch, position and
         total_rows: save it together with what the training did with that batch (a model checkpoint), never ahead of
         it, so that a restart neither loses nor repeats a row."""
         state = self._position_state()
-        if self.vocabularies is not None:
-            state["online_vocab"] = self.vocabularies.to_dict(self.vocabularies.at(self._vocab_here()))
+        if self.streams is not None:
+            state[saved_streams.STATE_KEY] = self.streams.to_dict(self.streams.at(self._vocab_here()))
         return state
 
     def _position_state(self) -> dict[str, Any]:
-        """``state_dict`` without the online vocabularies."""
+        """``state_dict`` without the streaming states."""
         state: dict[str, Any] = {"seed": self.seed, "rank": self.rank, "world_size": self.world_size, "batch_size": self.batch_size,
                                  "shuffle": self.shuffle, "shuffle_buffer": self.shuffle_buffer, "drop_last": self.drop_last}  # fmt: skip
         if self._follow is not None:
@@ -288,8 +299,9 @@ class Loader:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue exactly where the loader that produced ``state`` stopped (same data and settings). A state refused
-        (``ConfigError``) leaves the position and the online vocabularies as they were."""
+        """Continue exactly where the loader that produced ``state`` stopped (same data and settings; streaming states
+        made by the same ops, columns and parameters; a state saved before states carried that record is read too). A
+        state refused (``ConfigError``) leaves the position and the streaming states as they were."""
         mine = self._position_state()
         if ("follow" in state) != ("follow" in mine):
             raise ConfigError("state_dict mismatch: " + ("a following loader's state given to a loader without follow=True" if "follow" in state
@@ -305,28 +317,29 @@ class Loader:
                 epoch, batch = int(state["epoch"]), int(state["position"])
             except (KeyError, TypeError, ValueError) as e:
                 raise ConfigError(f"state_dict: malformed epoch or position: {e!r}") from None
-        if self.vocabularies is not None:
-            if "online_vocab" not in state:
-                raise ConfigError("state_dict has no online_vocab: it was saved by a loader without online vocabularies")
-            self.vocabularies.load_dict(state["online_vocab"])
+        if self.streams is not None:
+            self.streams.load_dict(state)
+        elif saved_streams.holds_states(state):
+            raise ConfigError("state_dict holds streaming states (online vocabularies): this loader's pipeline keeps none")
         if position is not None:
             self._cursor.position = position
         else:
             self.epoch, self.position, self._finished = epoch, batch, False
 
     def save_vocabulary(self, directory: str | Location) -> None:
-        """Write the online vocabularies' state at this position (the one ``state_dict`` holds) as artifacts: JSON +
-        one Parquet table per column (``etl.pipeline.artifacts.save_online``)."""
-        if self.vocabularies is None:
-            raise ConfigError("this loader's pipeline has no online vocabulary (Categorify online: true)")
-        self.vocabularies.save(self.vocabularies.at(self._vocab_here()), directory)
+        """Write the streaming states (online vocabularies) at this position (the state ``state_dict`` holds) as
+        artifacts: JSON + one Parquet table per state (``etl.pipeline.saved_streams``)."""
+        if self.streams is None:
+            raise ConfigError("this loader's pipeline keeps no streaming state (no online vocabulary: Categorify online: true)")
+        self.streams.save(self.streams.at(self._vocab_here()), directory)
 
     def load_vocabulary(self, directory: str | Location) -> None:
-        """Continue from the online vocabularies saved by ``save_vocabulary`` (the next pass starts from them)."""
-        if self.vocabularies is None:
-            raise ConfigError("this loader's pipeline has no online vocabulary (Categorify online: true)")
+        """Continue from the streaming states saved by ``save_vocabulary`` (the next pass starts from them): states
+        made by the same ops, columns and parameters (``ArtifactError`` otherwise)."""
+        if self.streams is None:
+            raise ConfigError("this loader's pipeline keeps no streaming state (no online vocabulary: Categorify online: true)")
         self.close()
-        self.vocabularies.load(directory)
+        self.streams.load(directory)
 
     def __iter__(self) -> _Iteration:
         """Yield the rest of the current epoch (all of it when the previous pass ran to its end).
@@ -398,31 +411,31 @@ class Loader:
                                 shuffle_buffer=self.shuffle_buffer, shuffle=self.shuffle, seed=self.seed, rank=self.rank,
                                 world_size=self.world_size)  # fmt: skip
         empty = self.stage.inputs.empty() if self.stage is not None else self.layout.empty()
-        online = None
-        if self.vocabularies is not None:
-            online = self.vocabularies.start_pass(self._vocab_key(epoch, start))
+        streams = None
+        if self.streams is not None:
+            streams = self.streams.start_pass(self._vocab_key(epoch, start))
         if self.num_workers == 0:
             return InlinePass(settings, self.groups, guarded(_read_weakly(self)), self._slots(), self.stats, stage=self.stage, empty=empty,
-                              online=online)  # fmt: skip
+                              streams=streams)  # fmt: skip
         return EpochPass(settings, self.groups, guarded(_read_weakly(self)), self._slots(), self.stats, num_workers=self.num_workers,
-                         prefetch=self.prefetch, stage=self.stage, empty=empty, after=after, io_bound=self.remote, online=online)  # fmt: skip
+                         prefetch=self.prefetch, stage=self.stage, empty=empty, after=after, io_bound=self.remote, streams=streams)  # fmt: skip
 
     def _vocab_key(self, epoch: int, position: int) -> Key:
-        """Where the online vocabularies' state at batch ``position`` of ``epoch`` (after the batches before it) is
-        kept (``etl.loader.online``)."""
+        """Where the streaming states' state at batch ``position`` of ``epoch`` (after the batches before it) is
+        kept (``etl.loader.stream_state``)."""
         return epoch, min(position, len(self))
 
     def _vocab_here(self) -> Key:
-        """Where the online vocabularies' state at the loader's position is kept: in follow mode, the position after
+        """Where the streaming states' state at the loader's position is kept: in follow mode, the position after
         the last batch handed out, else ``_vocab_key(epoch, position)``."""
         if self._follow is not None:
             return self._cursor.position
         return self._vocab_key(self.epoch, self.position)
 
     def _commit_vocabularies(self) -> None:
-        """The next pass starts the online vocabularies from their state at this position."""
-        if self.vocabularies is not None:
-            self.vocabularies.commit(self._vocab_here())
+        """The next pass starts the streaming states from their state at this position."""
+        if self.streams is not None:
+            self.streams.commit(self._vocab_here())
 
     def _follow_pass(self) -> FollowPass:
         """A following pass from the position after the last batch handed out."""
@@ -431,12 +444,12 @@ class Loader:
         settings = PassSettings(epoch=0, start=0, total=sys.maxsize, batch_size=self.batch_size, shuffle_buffer=self.shuffle_buffer,
                                 shuffle=self.shuffle, seed=self.seed, rank=self.rank, world_size=self.world_size)  # fmt: skip
         start = self._cursor.position
-        online = None
-        if self.vocabularies is not None:
-            online = self.vocabularies.start_pass(start)
+        streams = None
+        if self.streams is not None:
+            streams = self.streams.start_pass(start)
         return FollowPass(settings, self._follow, self._directory, start, guarded(_read_weakly(self)), self._slots(),
                           self.stats, self._cursor, num_workers=self.num_workers, prefetch=self.prefetch, empty=self.layout.empty(),
-                          io_bound=isinstance(self._directory, Url), online=online, counted=self._counted)  # fmt: skip
+                          io_bound=isinstance(self._directory, Url), streams=streams, counted=self._counted)  # fmt: skip
 
     def _close_active(self) -> None:
         it = self._active() if self._active is not None else None
@@ -452,8 +465,8 @@ class Loader:
     def _start_ahead(self, epoch: int, after: threading.Event) -> None:
         """Start epoch ``epoch`` from its beginning; its batches take ring slots once ``after`` is set (the
         current pass queued its last batch or was closed). Nothing runs in the background without worker threads,
-        nor with online vocabularies (a pass must start from the state the one before it ends with)."""
-        if self._ahead is None and self.num_workers > 0 and self.vocabularies is None:
+        nor with streaming states (a pass must start from the state the one before it ends with)."""
+        if self._ahead is None and self.num_workers > 0 and self.streams is None:
             self._ahead = self._new_pass(epoch, 0, after)
 
     def _read_piece(self, piece: Piece) -> Chunk:
@@ -624,8 +637,8 @@ class _Iteration:
         n = item.rows
         tensors = epoch_pass.ring.view(item.slot, n)
         loader.position += 1
-        if loader.vocabularies is not None:
-            loader.vocabularies.prune(loader._vocab_here())
+        if loader.streams is not None:
+            loader.streams.prune(loader._vocab_here())
         now = time.perf_counter()
         loader.stats.add_batch(n, t1 - t0, now - self.last)
         self.last = now

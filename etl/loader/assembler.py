@@ -31,11 +31,11 @@ import torch
 
 from etl.loader.chunk import Chunk, ChunkRun
 from etl.loader.device_stage import DeviceStage, PendingCheck
-from etl.loader.online import OnlinePass
 from etl.loader.order import Piece, RowGroup, epoch_rng, rank_pieces
 from etl.loader.ring import Ring
 from etl.loader.stats import LoaderStats
-from etl.ops.online_vocab import VocabEvents
+from etl.loader.stream_state import StreamPass
+from etl.ops.stream import Carried
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class Item(NamedTuple):
     rows: int
     lists: dict[str, tuple[torch.Tensor, torch.Tensor]]  #: list columns as (values, offsets)
     check: PendingCheck | None  #: the non-finite checks the consumer examines before using it (device placement)
-    events: dict[str, VocabEvents]  #: online vocabulary events by column (``etl.loader.online``); empty without
+    events: dict[str, Any]  #: the streaming states' events by state (``etl.loader.stream_state``); empty without
 
 
 class Assembler:
@@ -73,17 +73,17 @@ class Assembler:
     that asks for the batches). ``all_submitted`` is set once every piece went to the pool; ring slots are taken
     only once ``after`` (if given) is set; ``stop`` ends the pass early. With a device ``stage`` the chunks hold
     the stage's inputs and each slot is transformed on the device after its copy. ``empty``: a chunk of no rows
-    of the chunks' kind (the batch a shorter rank may owe). ``online``: the pass's use of the loader's online
-    vocabularies, which give ids to each batch's rows as it is gathered into its slot (``etl.loader.online``)."""
+    of the chunks' kind (the batch a shorter rank may owe). ``streams``: the pass's use of the loader's streaming
+    states, which give values to each batch's rows as it is gathered into its slot (``etl.loader.stream_state``)."""
 
     def __init__(self, settings: PassSettings, groups: list[RowGroup], read: Callable[[Piece], Chunk], pool: Executor,
                  ring: Ring, stats: LoaderStats, *, read_ahead: int, stop: threading.Event,
                  all_submitted: threading.Event, after: threading.Event | None = None, stage: DeviceStage | None = None,
-                 empty: Chunk, online: OnlinePass | None = None) -> None:  # fmt: skip
+                 empty: Chunk, streams: StreamPass | None = None) -> None:  # fmt: skip
         self.settings, self.groups, self.read, self.pool = settings, groups, read, pool
         self.ring, self.stats, self.read_ahead = ring, stats, read_ahead
         self.stop, self.all_submitted, self.after = stop, all_submitted, after
-        self.stage, self.empty, self.online = stage, empty, online
+        self.stage, self.empty, self.streams = stage, empty, streams
         first_row = settings.start * settings.batch_size  # rank-local row where the first batch starts
         self.buffer_no = first_row // settings.shuffle_buffer
         self.skip = first_row - self.buffer_no * settings.shuffle_buffer  # rows of the first buffer to drop
@@ -179,7 +179,7 @@ class Assembler:
         """Gather the next ``n`` rows into a ring slot and start its copy; None if stopped first."""
         t0 = time.perf_counter()
         parts = self._take(n)
-        events: dict[str, VocabEvents] = {}
+        events: dict[str, Any] = {}
         while self.after is not None and not self.after.wait(0.05):
             if self.stop.is_set():
                 return None
@@ -194,11 +194,13 @@ class Assembler:
         else:
             row = 0
             views = self.ring.write(slot, n)
+            inputs = self.streams.new_inputs(n) if self.streams is not None else {}
             for buf, rows in parts:
-                buf.gather(rows, {name: view[row : row + len(rows)] for name, view in views.items()})
+                part = slice(row, row + len(rows))
+                buf.gather(rows, {name: view[part] for name, view in views.items()}, {c: Carried(v[part], ok[part]) for c, (v, ok) in inputs.items()})
                 row += len(rows)
-            if self.online is not None:  # the batch's ids, in its row order, before its copy starts
-                events = self.online.apply(parts, views["sparse"])
+            if self.streams is not None:  # the batch's streamed values, in its row order, before its copy starts
+                events = self.streams.apply(inputs, views)
             t1 = time.perf_counter()
             if stage is not None:
                 origin = np.concatenate([buf.take_fixed("origin", rows) for buf, rows in parts]) if parts else self.empty.fixed["origin"]
@@ -208,12 +210,12 @@ class Assembler:
                 lists = {k: (torch.from_numpy(c.values), torch.from_numpy(c.offsets)) for k, c in columns.items()}
         self.stats.add_assemble(t1 - t0, time.perf_counter() - t1)
         self.emitted += 1
-        if self.online is not None:
-            self.online.name_step(self._position_key())
+        if self.streams is not None:
+            self.streams.name_step(self._position_key())
         return Item(slot, n, lists, check, events)
 
     def _position_key(self) -> Hashable:
-        """Where the online vocabularies' state after the batches emitted so far is kept (``etl.loader.online``)."""
+        """Where the streaming states' state after the batches emitted so far is kept (``etl.loader.stream_state``)."""
         return self.settings.epoch, self.emitted
 
 

@@ -5,11 +5,15 @@ A ``Layout`` maps a pipeline's output columns to batch fields: ``label`` [n] flo
 schema order, then those ops create, such as HashedCross and DateParts columns, in pipeline order; int32 when every
 cardinality fits, else int64), and ``lists``: one (values, offsets) pair per multi-hot column. Passthrough columns
 are no batch field: they are left out of the loader's batches.
+
+Columns given by the loader's streaming states (``etl.ops.stream``, ``etl.loader.stream_state``) are not filled by
+the transform (``Layout.streamed``); the columns those states read travel with the rows instead, raw
+(``Layout.carried``, ``Chunk.carried``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -19,7 +23,7 @@ from etl.backends.rows import scatter_rows, split_rows
 from etl.batch import Array, Batch, Column, list_elements
 from etl.io.npy import FixedColumns
 from etl.loader.ring import Field
-from etl.ops.categorical import online_columns
+from etl.ops.stream import Carried, StreamInput, stream_specs
 from etl.pipeline import Pipeline
 
 
@@ -30,10 +34,11 @@ class Layout:
     sparse: list[str]
     lists: list[str]
     sparse_dtype: torch.dtype
-    #: sparse columns whose ids the loader's online vocabularies give (``etl.loader.online``): the transform
-    #: leaves them as keys, which chunks carry in the fixed fields ``online_keys:<column>`` (uint64) and
-    #: ``online_valid:<column>`` (bool)
-    online: tuple[str, ...] = ()
+    #: dense or sparse columns whose values the loader's streaming states give (``etl.loader.stream_state``):
+    #: the transform leaves their fields unfilled
+    streamed: tuple[str, ...] = ()
+    #: the columns those states read, carried raw from the transform to them (``Chunk.carried``), each once
+    carried: tuple[StreamInput, ...] = ()
 
     @classmethod
     def of(cls, pipeline: Pipeline) -> Layout:
@@ -41,8 +46,16 @@ class Layout:
         if len(labels) != 1:
             raise ValueError(f"the loader needs exactly one label column, the schema has {labels}")
         c = FixedColumns.of(pipeline.output_schema(), labels[0], pipeline.passthrough)  # passthrough columns are not batch fields
-        online = set(online_columns(pipeline.ops))
-        return cls(c.label, c.dense, c.sparse, c.lists, torch.int64 if c.wide else torch.int32, tuple(x for x in c.sparse if x in online))
+        specs = stream_specs(pipeline.ops)
+        streamed = tuple(x for s in specs for x in s.outputs)
+        outside = [x for x in streamed if x not in c.dense and x not in c.sparse]
+        if outside:
+            raise ValueError(f"streaming state writes column '{outside[0]}', which is no dense or single-valued sparse column of the batch")
+        carried: dict[str, StreamInput] = {}
+        for i in (i for s in specs for i in s.inputs):
+            if carried.setdefault(i.column, i) != i:
+                raise ValueError(f"streaming states read column '{i.column}' as {carried[i.column].dtype} and as {i.dtype}")
+        return cls(c.label, c.dense, c.sparse, c.lists, torch.int64 if c.wide else torch.int32, streamed, tuple(carried.values()))
 
     @property
     def fixed_columns(self) -> FixedColumns:
@@ -55,6 +68,10 @@ class Layout:
     @property
     def sparse_numpy(self) -> np.dtype:
         return np.dtype(np.int64) if self.sparse_dtype == torch.int64 else np.dtype(np.int32)
+
+    def stream_fields(self) -> dict[str, tuple[str, int]]:
+        """Where each ``streamed`` column goes in a batch: its field (``dense`` or ``sparse``) and index there."""
+        return {c: ("dense", self.dense.index(c)) if c in self.dense else ("sparse", self.sparse.index(c)) for c in self.streamed}
 
     def batch_fields(self) -> list[Field]:
         """The fixed-shape fields of a batch, as ring slots hold them: ``label`` [B] float32, ``dense`` [B, D]
@@ -78,13 +95,15 @@ class Layout:
 @dataclass(frozen=True)
 class Chunk:
     """``n`` rows: fixed-shape fields (``label``, ``dense``, ``sparse``; other names for the inputs of a device
-    transform, see ``etl.loader.device_stage``) and list columns (values, per-value ``valid`` or None, offsets).
+    transform, see ``etl.loader.device_stage``), list columns (values, per-value ``valid`` or None, offsets) and
+    the columns carried raw to the loader's streaming states (``Layout.carried``: values and valid mask per row).
     Fields are numpy arrays, or torch tensors on the device for chunks read there (``etl.loader.device_columns``,
     which have no list columns)."""
 
     n: int
     fixed: dict[str, Array]
     lists: dict[str, Column]
+    carried: dict[str, Carried] = field(default_factory=dict)
 
     @classmethod
     def from_table(cls, table: pa.Table, layout: Layout) -> Chunk:
@@ -102,14 +121,14 @@ class Chunk:
     def from_batch(cls, batch: Batch, layout: Layout) -> Chunk:
         """A transformed batch (numpy columns, ``Pipeline.transform``'s output) → a chunk, without going through
         Arrow: the same values as ``from_table(pipeline.to_arrow(batch))`` (missing dense values become NaN). The
-        layout's ``online`` columns hold keys: each goes to ``online_keys:<column>`` [n] uint64 and
-        ``online_valid:<column>`` [n] bool, their ``sparse`` entries are left for the online vocabularies to fill."""
+        layout's ``streamed`` columns are left unfilled, its ``carried`` columns go to ``carried`` as they are in
+        ``batch``."""
         n = batch.num_rows
 
         def stack(names: list[str], dtype: np.dtype) -> np.ndarray:
             out = np.empty((n, len(names)), dtype)
             for j, c in enumerate(names):
-                if c in layout.online:
+                if c in layout.streamed:
                     continue
                 col = batch[c]
                 out[:, j] = col.array
@@ -123,18 +142,21 @@ class Chunk:
             "sparse": stack(layout.sparse, layout.sparse_numpy),
         }
         lists = {c: Column(batch[c].array.astype(layout.sparse_numpy), None, batch[c].list_offsets.astype(np.int64)) for c in layout.lists}
-        for c in layout.online:
+        carried = {}
+        for c, dtype in layout.carried:
             col = batch[c]
-            fixed[f"online_keys:{c}"] = col.array.view(np.uint64)
-            fixed[f"online_valid:{c}"] = np.ones(n, np.bool_) if col.valid is None else col.valid
-        return cls(n, fixed, lists)
+            values = col.array
+            same = values.dtype.kind in "iu" and dtype.kind in "iu" and values.dtype.itemsize == dtype.itemsize
+            carried[c] = Carried(values.view(dtype) if same else values.astype(dtype), np.ones(n, np.bool_) if col.valid is None else col.valid)
+        return cls(n, fixed, lists, carried)
 
     def slice(self, a: int, b: int) -> Chunk:
         lists = {}
         for k, c in self.lists.items():
             o = c.list_offsets[a : b + 1]
             lists[k] = Column(c.array[o[0] : o[-1]], None if c.valid is None else c.valid[o[0] : o[-1]], o - o[0])
-        return Chunk(b - a, {k: v[a:b] for k, v in self.fixed.items()}, lists)
+        carried = {k: Carried(v.values[a:b], v.valid[a:b]) for k, v in self.carried.items()}
+        return Chunk(b - a, {k: v[a:b] for k, v in self.fixed.items()}, lists, carried)
 
     def take_lists(self, rows: np.ndarray) -> Chunk:
         """The list columns of rows ``rows`` (no fixed fields: the loader gathers those into its ring)."""
@@ -158,7 +180,8 @@ class Chunk:
             if any(p.valid is not None for p in parts):
                 valid = np.concatenate([np.ones(len(p.values), np.bool_) if p.valid is None else p.valid for p in parts])
             lists[k] = Column(np.concatenate([p.values for p in parts]), valid, offsets.astype(np.int64))
-        return Chunk(sum(c.n for c in chunks), fixed, lists)
+        carried = {k: Carried(*(np.concatenate([c.carried[k][i] for c in chunks]) for i in range(2))) for k in chunks[0].carried}
+        return Chunk(sum(c.n for c in chunks), fixed, lists, carried)
 
 
 class ChunkRun:
@@ -198,15 +221,19 @@ class ChunkRun:
             self._whole = {k: torch.cat([c.fixed[k] for c in self.chunks]) for k in fields}
         return self._whole
 
-    def gather(self, rows: np.ndarray, out: dict[str, np.ndarray]) -> None:
+    def gather(self, rows: np.ndarray, out: dict[str, np.ndarray], carried: dict[str, Carried] | None = None) -> None:
         """Fixed fields of rows ``rows`` (row numbers of the run; ``IndexError`` for one out of range) into
-        ``out``: name → array of ``len(rows)`` rows."""
+        ``out``: name → array of ``len(rows)`` rows, and carried columns into ``carried``: column → values and
+        valid of ``len(rows)`` rows."""
         src_rows, out_rows, bounds = split_rows(self.starts, rows)
         for k, c in enumerate(self.chunks):
             a, b = bounds[k], bounds[k + 1]
             if a < b:
                 for name, dest in out.items():
                     scatter_rows(c.fixed[name], src_rows[a:b], dest, out_rows[a:b])
+                for name, (values, valid) in (carried or {}).items():
+                    scatter_rows(c.carried[name].values, src_rows[a:b], values, out_rows[a:b])
+                    scatter_rows(c.carried[name].valid, src_rows[a:b], valid, out_rows[a:b])
 
     def take_fixed(self, name: str, rows: np.ndarray) -> Array:
         """Fixed field ``name`` of rows ``rows``, as a new array (a tensor on the device when ``on_device``)."""

@@ -123,7 +123,7 @@ class DaliLoader(Loader):
         self.groups = chunk_groups(output)
         self.total_rows = sum(g.num_rows for g in self.groups)
         self.stage = None
-        self._follow, self.vocabularies = None, None  # the base class's follow mode and online vocabularies do not apply
+        self._follow, self.streams = None, None  # the base class's follow mode and streaming states do not apply
         self.rank, self.world_size = rank_and_world_size(rank, world_size, self.total_rows, batch_size, drop_last)
         self.batch_size, self.shuffle, self.seed, self.drop_last, self.copy = batch_size, shuffle, seed, drop_last, copy
         self.shuffle_buffer = max(shuffle_buffer or 4 * batch_size, 1)

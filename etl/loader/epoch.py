@@ -14,10 +14,10 @@ from etl.errors import LoaderError
 from etl.loader.assembler import Assembler, InlineExecutor, Item, PassSettings
 from etl.loader.chunk import Chunk
 from etl.loader.device_stage import DeviceStage
-from etl.loader.online import OnlinePass
 from etl.loader.order import Piece, RowGroup
 from etl.loader.ring import Ring
 from etl.loader.stats import LoaderStats
+from etl.loader.stream_state import StreamPass
 
 
 class EpochPass:
@@ -35,12 +35,12 @@ class EpochPass:
     ``io_bound``: the pieces come from object storage, where a read mostly waits on requests: the pool then has one
     thread per piece in flight (``num_workers + prefetch``) instead of ``num_workers``, so the requests of every
     piece read ahead overlap (how many pieces are in flight, hence the memory they hold, does not change).
-    ``online``: the pass's use of the loader's online vocabularies, applied by the assembler thread
-    (``etl.loader.online``)."""
+    ``streams``: the pass's use of the loader's streaming states, applied by the assembler thread
+    (``etl.loader.stream_state``)."""
 
     def __init__(self, settings: PassSettings, groups: list[RowGroup], read: Callable[[Piece], Chunk], ring: Ring,
                  stats: LoaderStats, *, num_workers: int, prefetch: int, stage: DeviceStage | None = None, empty: Chunk,
-                 after: threading.Event | None = None, io_bound: bool = False, online: OnlinePass | None = None) -> None:  # fmt: skip
+                 after: threading.Event | None = None, io_bound: bool = False, streams: StreamPass | None = None) -> None:  # fmt: skip
         self.settings, self.epoch, self.ring = settings, settings.epoch, ring
         self.all_submitted = threading.Event()
         self.assembled = threading.Event()
@@ -49,7 +49,7 @@ class EpochPass:
         self.pool = ThreadPoolExecutor(num_workers + prefetch if io_bound else num_workers, thread_name_prefix="etl-loader")
         assembler = Assembler(settings, groups, read, self.pool, ring, stats, read_ahead=num_workers + prefetch,
                               stop=self.stop, all_submitted=self.all_submitted, after=after, stage=stage, empty=empty,
-                              online=online)  # fmt: skip
+                              streams=streams)  # fmt: skip
         self.thread = threading.Thread(target=_assemble, args=(assembler, self.ready, self.assembled), daemon=True, name="etl-assembler")
         self.thread.start()
         self._slots = _Slots(ring, self.ready)
@@ -125,13 +125,13 @@ class InlinePass:
     ``assembled`` are set as there."""
 
     def __init__(self, settings: PassSettings, groups: list[RowGroup], read: Callable[[Piece], Chunk], ring: Ring,
-                 stats: LoaderStats, *, stage: DeviceStage | None = None, empty: Chunk, online: OnlinePass | None = None) -> None:  # fmt: skip
+                 stats: LoaderStats, *, stage: DeviceStage | None = None, empty: Chunk, streams: StreamPass | None = None) -> None:  # fmt: skip
         self.settings, self.epoch, self.ring = settings, settings.epoch, ring
         self.all_submitted = threading.Event()
         self.assembled = threading.Event()
         self.stop = threading.Event()
         assembler = Assembler(settings, groups, read, InlineExecutor(), ring, stats, read_ahead=1, stop=self.stop,
-                              all_submitted=self.all_submitted, stage=stage, empty=empty, online=online)  # fmt: skip
+                              all_submitted=self.all_submitted, stage=stage, empty=empty, streams=streams)  # fmt: skip
         self._batches = assembler.batches()
         self._held: int | None = None
 

@@ -14,10 +14,10 @@ and its rows are delivered: in full batches, and, without ``drop_last``, a short
 buffer is closed only when that lets a batch out; otherwise its rows wait there for the next shard's (closing it
 would not deliver them, and short buffers would pile up). The pass ends only when it is closed.
 
-Online vocabularies (Categorify ``online: true``): the assembler gives ids to each batch's rows in its row order as
-it gathers the batch, as an epoch's assembler does (``etl.loader.online``), and the vocabulary state saved with a
-position is the state after the batch that position follows (a restart continues from there: the same ids and
-events for the batches an uninterrupted run with the same batches would deliver).
+Streaming states (online vocabularies, Categorify ``online: true``): the assembler gives values to each batch's rows
+in its row order as it gathers the batch, as an epoch's assembler does (``etl.loader.stream_state``), and the state
+saved with a position is the state after the batch that position follows (a restart continues from there: the same
+ids and events for the batches an uninterrupted run with the same batches would deliver).
 
 Position (``FollowPosition``, what ``Loader.state_dict`` saves in follow mode): the first buffer not yet wholly
 delivered, given by where its rows start in the stream (the shard, how many shards came before it, the row within
@@ -38,8 +38,8 @@ training step make the other ranks wait for it. Idle flushes follow each rank's 
 ``world_size > 1`` a quiet stream may give ranks different numbers of short batches: use ``drop_last=True`` there
 (only full batches, so the ranks' batch counts differ only by what has not arrived yet) or a long ``idle_flush``.
 
-Memory does not grow with the stream: the buffers, their positions (``closed``) and the online vocabularies' undo
-records (``etl.loader.online``) are those between the consumer and the assembler (bounded by the ring and the
+Memory does not grow with the stream: the buffers, their positions (``closed``) and the streaming states' undo
+records (``etl.loader.stream_state``) are those between the consumer and the assembler (bounded by the ring and the
 read-ahead), the pieces read ahead are ``num_workers + prefetch``, and the known shards not yet read hold a few
 objects a row group and a footer digest (``footers``, kept from the buffer being filled on; at start, those of
 every shard present). What grows with the shards seen is ``Arrivals``' record of their names (about 120 bytes a
@@ -71,10 +71,10 @@ from etl.io.parquet import read_footer
 from etl.loader.assembler import Assembler, Item, PassSettings, _pieces_from
 from etl.loader.chunk import Chunk
 from etl.loader.epoch import _assemble, _next_item, _shutdown, _Slots
-from etl.loader.online import OnlinePass
 from etl.loader.order import Piece, rank_pieces, row_groups
 from etl.loader.ring import Ring
 from etl.loader.stats import LoaderStats
+from etl.loader.stream_state import StreamPass
 
 
 @dataclass(frozen=True)
@@ -145,14 +145,14 @@ FollowItem = tuple[Item, FollowPosition]
 
 class FollowAssembler(Assembler):
     """The assembler of a following pass (see the module docstring): ``batches`` polls ``arrivals`` for shards,
-    reads their pieces on the pool, and yields ``FollowItem``s, forever (until ``stop``). ``online``: the pass's
-    use of the loader's online vocabularies, started at ``start``'s buffer (``etl.loader.online``)."""
+    reads their pieces on the pool, and yields ``FollowItem``s, forever (until ``stop``). ``streams``: the pass's
+    use of the loader's streaming states, started at ``start``'s buffer (``etl.loader.stream_state``)."""
 
     def __init__(self, settings: PassSettings, follow: FollowSettings, arrivals: Arrivals, start: FollowPosition,
                  read: Callable[[Piece], Chunk], pool: ThreadPoolExecutor, ring: Ring, stats: LoaderStats, *,
-                 read_ahead: int, stop: threading.Event, empty: Chunk, online: OnlinePass | None = None) -> None:  # fmt: skip
+                 read_ahead: int, stop: threading.Event, empty: Chunk, streams: StreamPass | None = None) -> None:  # fmt: skip
         super().__init__(settings, [], read, pool, ring, stats, read_ahead=read_ahead, stop=stop,
-                         all_submitted=threading.Event(), empty=empty, online=online)  # fmt: skip
+                         all_submitted=threading.Event(), empty=empty, streams=streams)  # fmt: skip
         self.follow, self.arrivals, self.start = follow, arrivals, start
         self.buffer_no, self.skip = start.buffer_no, start.delivered
         self.limit = start.buffer_rows  # the length of the first buffer, when the position fixed it
@@ -313,7 +313,7 @@ class FollowPass:
 
     def __init__(self, settings: PassSettings, follow: FollowSettings, directory: Location, start: FollowPosition,
                  read: Callable[[Piece], Chunk], ring: Ring, stats: LoaderStats, cursor: FollowCursor, *,
-                 num_workers: int, prefetch: int, empty: Chunk, io_bound: bool = False, online: OnlinePass | None = None,
+                 num_workers: int, prefetch: int, empty: Chunk, io_bound: bool = False, streams: StreamPass | None = None,
                  counted: CountedFiles | None = None) -> None:  # fmt: skip
         self.settings, self.epoch, self.ring, self.cursor = settings, settings.epoch, ring, cursor
         self.all_submitted = threading.Event()  # never set: a following pass always has more to read
@@ -323,7 +323,7 @@ class FollowPass:
         self.pool = ThreadPoolExecutor(num_workers + prefetch if io_bound else num_workers, thread_name_prefix="etl-loader")
         arrivals = Arrivals(directory, follow.arrivals, follow.artifacts_sha256, counted)
         assembler = FollowAssembler(settings, follow, arrivals, start, read, self.pool, ring, stats, read_ahead=num_workers + prefetch,
-                                    stop=self.stop, empty=empty, online=online)  # fmt: skip
+                                    stop=self.stop, empty=empty, streams=streams)  # fmt: skip
         self.thread = threading.Thread(target=_assemble, args=(assembler, self.ready, self.assembled), daemon=True, name="etl-follow")
         self.thread.start()
         self._slots = _Slots(ring, self.ready)

@@ -39,7 +39,6 @@ from etl.loader.device_columns import DeviceColumnReader, ReadColumns
 from etl.loader.device_stage import DeviceStage
 from etl.loader.order import Piece, RowGroup
 from etl.loader.stats import LoaderStats
-from etl.ops.categorical import online_columns
 from etl.pipeline import Pipeline
 
 
@@ -173,10 +172,10 @@ class HostReader(PieceReader):
     def __init__(self, pipeline: Pipeline, layout: Layout, stats: LoaderStats):
         super().__init__(pipeline.input_columns, stats)
         self.pipeline, self.layout = pipeline, layout
-        self.ops = [op for op in pipeline.ops if not online_columns([op])]  # online columns stay keys (etl.loader.online)
+        self.ops = [op for op in pipeline.ops if not op.stream_specs()]  # streaming states run in the assembler (etl.loader.stream_state)
 
     def convert(self, table: pa.Table, piece: Piece) -> Chunk:
-        if not self.layout.online:
+        if len(self.ops) == len(self.pipeline.ops):
             return Chunk.from_batch(self.pipeline.transform(_raw_batch(table, self.pipeline, piece)).batch, self.layout)
         batch = self.pipeline.run_ops(_raw_batch(table, self.pipeline, piece), self.ops, "raise", labels=True, output=True).batch
         return Chunk.from_batch(batch, self.layout)

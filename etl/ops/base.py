@@ -24,6 +24,10 @@ with the same bits out. Fittable ops add:
 - ``state() -> (json_dict, tables)`` and ``load_state(json_dict, tables)``: the fitted state as JSON plus named
   Arrow tables (saved as Parquet), never pickle.
 
+Ops whose values depend on the rows before them in a stream (an online vocabulary) declare the state they keep
+with ``stream_specs`` and make it with ``new_stream_state`` (``etl.ops.stream``): the loader drives it, row by
+row, and their ``transform`` raises.
+
 An op that finds invalid values raises ``InvalidRows``; the pipeline turns it into a ``RowError`` naming the file,
 row and column, or quarantines those rows and runs the op again on the rest. Fitted state is built on the host
 (numpy, Arrow) whatever the backend, so artifacts are the same bytes.
@@ -42,6 +46,7 @@ from etl.schema import ColumnSpec
 
 if TYPE_CHECKING:
     from etl.ops.counts import KeyCounts
+    from etl.ops.stream import StreamSpec, StreamState
 
 Stats = Any
 
@@ -151,6 +156,15 @@ class Op:
 
     def state(self) -> tuple[dict[str, Any], dict[str, pa.Table]]:
         return {}, {}
+
+    # ops with streaming state override these
+    def stream_specs(self) -> list[StreamSpec]:
+        """The streaming states this op keeps (``etl.ops.stream``), none by default."""
+        return []
+
+    def new_stream_state(self, name: str) -> StreamState:
+        """A new streaming state ``name`` (one of ``stream_specs``), starting from the fitted state."""
+        raise NotImplementedError
 
     def load_state(self, doc: dict[str, Any], tables: dict[str, pa.Table]) -> None:
         """Set the fitted state from what ``state`` returned; raise ``ValueError`` (``InvalidState`` naming the

@@ -27,7 +27,8 @@ from etl.ids import RESERVED, id_dtype
 from etl.io.arrow import from_numpy, strings, to_numpy
 from etl.ops.base import InvalidRows, InvalidState, Op, Stats, rows_with_bad_elements
 from etl.ops.counts import KeyCounts, merge_counts
-from etl.ops.online_vocab import OnlineVocab, check_online_params
+from etl.ops.online_vocab import STATE_ARRAYS, OnlineVocab, VocabularyStream, check_online_params
+from etl.ops.stream import StreamInput, StreamSpec, StreamState
 from etl.schema import ColumnSpec
 
 
@@ -185,7 +186,9 @@ class Categorify(Op):
     the vocabulary grows while the ``Loader`` streams rows (``etl.ops.online_vocab``): ids ``2 + B .. 2 + B + C -
     1``, cardinality ``2 + B + C`` whatever the keys. The fit (``max_size`` defaults to C) seeds it: the fitted keys
     keep their ids. Such an op gives ids only through the Loader, in row order: ``transform`` raises
-    ``ConfigError``."""
+    ``ConfigError``; each column's vocabulary is a streaming state (``stream_specs``, ``etl.ops.stream``) named
+    after the column, made by the op, the column and the parameters ``capacity``, ``admit_after``, ``evict``,
+    ``ttl_rows``, ``oov_buckets`` and ``seed`` (a saved state is refused by a pipeline where one differs)."""
 
     name = "Categorify"
     reads, writes = "keys", "ids"
@@ -235,6 +238,24 @@ class Categorify(Op):
         table = self.vocab[column]
         vocab.seed_from(to_numpy(table.column("key")), to_numpy(table.column("count")))
         return vocab
+
+    def stream_specs(self) -> list[StreamSpec]:
+        """One online vocabulary per column (none with ``online: false``): it reads the column's keys and writes
+        its ids."""
+        if self.online is None:
+            return []
+        o = self.online
+        params = {"capacity": o.capacity, "admit_after": o.admit_after, "evict": o.evict, "ttl_rows": o.ttl_rows,
+                  "oov_buckets": self.oov_buckets, "seed": self.seed}  # fmt: skip
+        return [StreamSpec(c, self.name, c, params, "online vocabulary", (StreamInput(c, np.dtype(np.uint64)),), (c,), ("rows",), STATE_ARRAYS)
+                for c in self.columns]  # fmt: skip
+
+    def new_stream_state(self, name: str) -> StreamState:
+        """The online vocabulary of column ``name``, seeded with the fitted vocabulary (``online_vocab``)."""
+        specs = {s.name: s for s in self.stream_specs()}
+        if name not in specs:
+            raise ValueError(f"Categorify: no online vocabulary named {name!r} (online columns: {list(specs)})")
+        return VocabularyStream(specs[name], self.online_vocab(name))
 
     # ---- fit
     def new_stats(self, xp: Backend, rows: int | None = None) -> Stats:
@@ -358,11 +379,6 @@ class Categorify(Op):
         first = RESERVED + self.oov_buckets
         if not np.array_equal(ids, np.arange(first, first + len(keys), dtype=np.int64)):
             raise bad(f"ids are not {first} .. {first} + {len(keys) - 1} in row order")
-
-
-def online_columns(ops: list[Op]) -> list[str]:
-    """The columns whose ids an online vocabulary gives (Categorify ops with ``online: true``), in op order."""
-    return [c for op in ops if isinstance(op, Categorify) and op.online is not None for c in op.columns]
 
 
 @dataclass(frozen=True)

@@ -53,13 +53,17 @@ few cache misses (its slot, the dropped candidate's entry and slot), and they ov
 
 ``update_with_undo`` also returns what the update changed (``Undo``: each entry it changed, as it was before), so
 that the state before a few updates is the state now with their undo records laid over it, newest first
-(``export(undo=...)``): the loader keeps those of the batches in flight (``etl.loader.online``).
+(``export(undo=...)``): the loader keeps those of the batches in flight (``etl.loader.stream_state``).
+
+``VocabularyStream`` is one column's online vocabulary as a streaming state (``etl.ops.stream``): how the loader
+drives it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numba as nb
 import numpy as np
@@ -68,9 +72,12 @@ from etl.backends.cpu import _fmix64, _prefetch, _reduce
 from etl.backends.hashing import check_buckets, check_seed, seed_word
 from etl.ids import MISSING, RESERVED
 from etl.ops.base import InvalidState
+from etl.ops.stream import Carried, StateArrays, StreamSpec, StreamState, StreamStep
 
 #: Eviction policies: least frequently used, or not seen in the last ``ttl_rows`` rows.
 EVICT = ("lfu", "ttl")
+#: The arrays of a state (``OnlineVocab.export``) with their dtypes; its one scalar is ``rows``, the clock.
+STATE_ARRAYS = {"key": np.dtype(np.uint64), "count": np.dtype(np.int64), "last": np.dtype(np.int64), "id": np.dtype(np.int64)}
 
 _jit = nb.njit(nogil=True, cache=True)
 # The kernels of the per-row loop allocate nothing, so they run without numba's reference-counting runtime: a call
@@ -268,6 +275,32 @@ class OnlineVocab:
         order = np.argsort(k, kind="stable")
         ranks = np.arange(n, dtype=np.int64)[order]
         self.restore({"rows": 0, "key": k[order], "count": np.asarray(counts[:n], np.int64)[order], "last": ranks - n, "id": ranks})
+
+
+class VocabularyStream(StreamState):
+    """One column's online vocabulary as a streaming state (``etl.ops.stream``): it reads the column's keys
+    (carried as uint64 with their valid mask) and writes its ids; its events are each batch's ``VocabEvents``, its
+    undo records ``Undo``, its state ``OnlineVocab.export``'s (scalar ``rows``, arrays ``STATE_ARRAYS``)."""
+
+    def __init__(self, spec: StreamSpec, vocab: OnlineVocab):
+        self.spec, self.vocab = spec, vocab
+
+    def advance(self, inputs: Mapping[str, Carried]) -> StreamStep:
+        keys, valid = inputs[self.spec.column]
+        ids, events, undo = self.vocab.update_with_undo(keys, valid)
+        return StreamStep({self.spec.column: ids}, events, undo)
+
+    def export(self, canonical: bool = True, undo: Sequence[Any] = ()) -> StateArrays:
+        return self.vocab.export(canonical, undo)
+
+    def canonical(self, state: StateArrays) -> StateArrays:
+        return canonical_state(state)
+
+    def check(self, state: StateArrays) -> None:
+        self.vocab.check(state)
+
+    def restore(self, state: StateArrays) -> None:
+        self.vocab.restore(state)
 
 
 def canonical_state(state: dict[str, np.ndarray | int]) -> dict[str, np.ndarray | int]:

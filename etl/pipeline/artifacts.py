@@ -4,9 +4,8 @@ An artifacts directory holds ``pipeline.json`` — format name and version, the 
 op's fitted JSON state, the output columns and their cardinalities — plus ``<op index>-<op>/<table>.parquet``
 for fitted tables (vocabularies). Loading never unpickles anything.
 
-The state of a loader's online vocabularies (``etl.loader.online``) is saved apart, in a directory of its own:
-``online_vocabulary.json`` (format name and version; per column its JSON fields and the path of its table) plus one
-Parquet table per column (``save_online``, ``load_online``).
+The state of a loader's streaming states (online vocabularies) is saved apart, in a directory of its own
+(``etl.pipeline.saved_streams``).
 """
 
 from __future__ import annotations
@@ -30,9 +29,6 @@ if TYPE_CHECKING:
 
 ARTIFACT_FORMAT = "etl-artifacts"
 ARTIFACT_VERSION = 1
-ONLINE_FORMAT = "etl-online-vocabulary"
-ONLINE_VERSION = 1
-ONLINE_FILE = "online_vocabulary.json"
 
 
 def save(pipeline: Pipeline, directory: str | Location) -> None:
@@ -105,45 +101,6 @@ def load(directory: str | Location, xp: Backend, build: type[Pipeline]) -> Pipel
     return pipe
 
 
-def save_online(directory: str | Location, columns: dict[str, dict[str, Any]], tables: dict[str, pa.Table]) -> None:
-    """Write the state of online vocabularies: per column its JSON fields (``columns``) and its table (atomic per
-    file; ``online_vocabulary.json`` last)."""
-    d = location(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    entries = {}
-    for i, (c, table) in enumerate(tables.items()):
-        rel = f"online-{i:02d}.parquet"
-        atomic_write_parquet(table, d / rel, use_dictionary=False)
-        entries[c] = {**columns[c], "table": rel}
-    doc = {"format": ONLINE_FORMAT, "version": ONLINE_VERSION, "columns": entries}
-    atomic_write_bytes(d / ONLINE_FILE, json.dumps(doc, indent=1, sort_keys=True).encode())
-
-
-def load_online(directory: str | Location) -> tuple[Location, dict[str, dict[str, Any]], dict[str, tuple[Location, pa.Table]]]:
-    """Read what ``save_online`` wrote: (path of ``online_vocabulary.json``, per column its JSON fields, per column
-    the path and contents of its table). ``ArtifactError`` naming the file and field when the JSON is not of this
-    format and version, or a table path is not a relative path inside the directory; the caller checks the
-    contents."""
-    d = location(directory)
-    path = d / ONLINE_FILE
-    try:
-        doc = json.loads(path.read_bytes())
-    except FileNotFoundError:
-        raise ArtifactError(f"{d}: no {ONLINE_FILE} (not a saved online vocabulary)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ArtifactError(f"{path}: cannot read: {e}") from None
-    if not isinstance(doc, dict) or doc.get("format") != ONLINE_FORMAT or doc.get("version") != ONLINE_VERSION:
-        raise ArtifactError(f"{path}: not format {ONLINE_FORMAT!r} version {ONLINE_VERSION}")
-    entries = _field(doc, "columns", dict, path)
-    tables = {}
-    for c, entry in entries.items():
-        if not isinstance(entry, dict):
-            raise ArtifactError(f"{path}: field 'columns.{c}': expected a JSON object")
-        rel = entry.get("table")
-        tables[c] = (d / rel if isinstance(rel, str) else path, _read_table(d, rel, f"columns.{c}.table"))
-    return path, entries, tables
-
-
 def _read_manifest(d: Location) -> dict[str, Any]:
     """The parsed ``pipeline.json`` of ``d``: a JSON object of this format and version."""
     path = d / "pipeline.json"
@@ -173,14 +130,14 @@ def _field(doc: dict[str, Any], key: str, kind: type, path: Location, where: str
     return doc[key]
 
 
-def _read_table(d: Location, rel: Any, field: str) -> pa.Table:
-    """Read the table at ``rel``, which must be a relative path resolving (symbolic links followed) inside ``d``
-    (in object storage: a relative key without ``..``)."""
+def _read_table(d: Location, rel: Any, field: str, doc: str = "pipeline.json") -> pa.Table:
+    """Read the table at ``rel`` (field ``field`` of the JSON file ``doc`` in ``d``), which must be a relative path
+    resolving (symbolic links followed) inside ``d`` (in object storage: a relative key without ``..``)."""
     if not isinstance(rel, str) or not rel or Path(rel).is_absolute():
-        raise ArtifactError(f"{d / 'pipeline.json'}: field '{field}': expected a relative path, got {rel!r}")
+        raise ArtifactError(f"{d / doc}: field '{field}': expected a relative path, got {rel!r}")
     target = d / rel
     if ".." in Path(rel).parts if isinstance(d, Url) else not is_within(target.resolve(), d.resolve()):
-        raise ArtifactError(f"{d / 'pipeline.json'}: field '{field}': {rel!r} resolves outside the artifacts directory")
+        raise ArtifactError(f"{d / doc}: field '{field}': {rel!r} resolves outside the artifacts directory")
     source, filesystem = arrow_source(target)
     try:  # ParquetFile, not pq.read_table: that one imports pyarrow.dataset, and pandas with it (half a second)
         with pq.ParquetFile(source, filesystem=filesystem) as f:

@@ -116,8 +116,8 @@ def check_replay(tmp_path: Path, batches: list[dict]) -> None:
     from etl import Loader
 
     loader = Loader(tmp_path / "raw", pipeline=tmp_path / "pipeline.yaml", artifacts=tmp_path / "work/artifacts", batch_size=512)
-    assert loader.vocabularies is not None
-    vocab = loader.vocabularies.vocabs["cat"]
+    assert loader.streams is not None
+    vocab = loader.streams.states["cat"].vocab
     for n, b in enumerate(batches):
         ids, ev = vocab.update(KEYS[b["rid"]].astype(np.uint64))
         assert ids.tolist() == b["id"], n

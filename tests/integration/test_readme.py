@@ -71,6 +71,6 @@ def test_following_with_online_vocabularies_runs_and_resumes(tmp_path: Path, mon
         exec(code, {})
         saved = torch.load(tmp_path / "ckpt.pt")
         positions.append(saved["loader"]["follow"])
-        assert set(saved["loader"]["online_vocab"]) == {f"C{i}" for i in range(1, 27)}
+        assert set(saved["loader"]["streams"]) == {f"C{i}" for i in range(1, 27)}
     # 20 batches of 1024 rows, then 20 more: the buffer the position names moved on (4096 rows to a buffer)
     assert positions[0]["buffer_no"] == 20 * 1024 // 4096 and positions[1]["buffer_no"] == 40 * 1024 // 4096

@@ -13,6 +13,7 @@ import torch
 
 from etl.io.parquet import batch_from_arrow
 from etl.loader.chunk import Chunk, ChunkRun, Layout
+from etl.ops.stream import Carried, StreamInput, StreamSpec
 from etl.pipeline import Pipeline
 from etl.schema import load_schema, parse_schema, schema_to_dict
 from etl.synth import generate
@@ -274,3 +275,34 @@ def test_from_batch_equals_from_table_of_the_arrow_output(which: str, criteo_fit
         np.testing.assert_array_equal(a.lists[k].values, b.lists[k].values)
         np.testing.assert_array_equal(a.lists[k].offsets, b.lists[k].offsets)
     assert list(a.lists) == lay.lists
+
+
+def test_carried_columns_follow_their_rows_through_slice_concat_and_gather() -> None:
+    keys, valid = np.arange(40, dtype=np.uint64) * 3, np.arange(40) % 5 != 0
+    c = Chunk(40, {"label": np.zeros(40, np.float32)}, {}, {"k": Carried(keys, valid)})
+    run = ChunkRun([c.slice(0, 7), c.slice(30, 40), Chunk.concat([c.slice(10, 12), c.slice(20, 21)])])
+    want = [*range(7), *range(30, 40), 10, 11, 20]
+    idx = np.random.default_rng(2).permutation(len(want))
+    label, out = np.ones(len(idx), np.float32), Carried(np.zeros(len(idx), np.uint64), np.zeros(len(idx), np.bool_))
+    run.gather(idx, {"label": label}, {"k": out})
+    rows = [want[i] for i in idx]
+    assert out.values.tolist() == keys[rows].tolist() and out.valid.tolist() == valid[rows].tolist() and not label.any()
+
+
+def test_layout_leaves_streamed_columns_to_their_states_and_carries_their_inputs(criteo_fitted, monkeypatch) -> None:
+    p, _ = criteo_fitted
+    op = next(op for op in p.ops if op.name == "Categorify")
+
+    def spec(output: str, dtype: type) -> StreamSpec:
+        return StreamSpec(output, "Test", output, {}, "test state", (StreamInput("C2", np.dtype(dtype)),), (output,), ("rows",))
+
+    monkeypatch.setattr(op, "stream_specs", lambda: [spec("C2", np.uint64), spec("I3", np.uint64)])
+    lay = Layout.of(p)
+    assert lay.streamed == ("C2", "I3") and lay.carried == (StreamInput("C2", np.dtype(np.uint64)),)
+    assert lay.stream_fields() == {"C2": ("sparse", 1), "I3": ("dense", 2)}
+    monkeypatch.setattr(op, "stream_specs", lambda: [spec("label", np.uint64)])
+    with pytest.raises(ValueError, match="writes column 'label', which is no dense or single-valued sparse column"):
+        Layout.of(p)
+    monkeypatch.setattr(op, "stream_specs", lambda: [spec("C2", np.uint64), spec("C3", np.int64)])
+    with pytest.raises(ValueError, match="read column 'C2' as uint64 and as int64"):
+        Layout.of(p)

@@ -1,14 +1,15 @@
-"""The Loader with online vocabularies (etl.loader.online): ids given per batch in its row order whatever the worker
-count, each batch with exactly its own events, state in state_dict and as artifacts, exact resume; the same under follow mode."""
+"""etl.loader.stream_state: any streaming state driven through its contract; the Loader with online vocabularies: ids given per batch in
+its row order whatever the worker count, each batch with exactly its own events, state in state_dict and as artifacts, exact
+resume; the same under follow mode."""
 
 from __future__ import annotations
 
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from types import SimpleNamespace
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -22,9 +23,11 @@ from etl.errors import ArtifactError, ConfigError, LoaderError
 from etl.io.fs import locations
 from etl.io.parquet import list_shards
 from etl.loader import Loader
-from etl.loader.online import OnlineVocabularies
+from etl.loader.stream_state import StreamStates
 from etl.ops import Categorify
+from etl.ops.base import InvalidState
 from etl.ops.online_vocab import OnlineVocab, canonical_state
+from etl.ops.stream import Carried, StreamInput, StreamSpec, StreamState, StreamStep
 from etl.pipeline import Pipeline
 from etl.schema import load_schema
 from etl.synth import generate
@@ -88,7 +91,7 @@ def test_online_columns_hold_ids_in_range_and_the_others_are_untouched(data: Pat
     ld = loader(data)
     first = 2 + 1  # one OOV bucket
     cols = [ld.layout.sparse.index(c) for c in ONLINE]
-    assert ld.layout.online == tuple(ONLINE) and ld.pipeline.cardinalities()["C1"] == first + 8
+    assert ld.layout.streamed == tuple(ONLINE) and ld.pipeline.cardinalities()["C1"] == first + 8
     got = list(batches(ld, range(1)))
     sparse = torch.cat([s for s, _ in got])
     assert sparse[:, cols].min() >= 1 and sparse[:, cols].max() < first + 8
@@ -130,7 +133,7 @@ def test_resume_gives_the_same_batches_and_events_as_an_uninterrupted_run(data: 
     it = batches(first, range(2))
     got = [next(it) for _ in range(stop)]
     state = first.state_dict()
-    assert isinstance(state["online_vocab"]["C1"]["key"], bytes)
+    assert isinstance(state["streams"]["C1"]["key"], bytes)
     first.close()
     resumed = loader(data, evict, num_workers=1)
     resumed.load_state_dict(state)
@@ -144,7 +147,7 @@ def test_an_epoch_holds_the_state_of_each_batch_in_flight(data: Path) -> None:
     ld = loader(data, prefetch=1)
     held = []
     for _ in ld:
-        held.append(ld.vocabularies.held()[0])
+        held.append(ld.streams.held()[0])
     assert max(held) <= 1 + 3 and min(held) >= 1 and len(held) == len(ld)
 
 
@@ -173,7 +176,7 @@ def test_the_consumer_never_waits_for_the_update_of_a_later_batch(data: Path, mo
         assert taken.wait(10), "the consumer waited for the assembler's update of a later batch"
     finally:
         release.set()
-    assert ld.state_dict()["online_vocab"] == ld.vocabularies.to_dict(ld.vocabularies.at(ld._vocab_here()))
+    assert ld.state_dict()["streams"] == ld.streams.to_dict(ld.streams.at(ld._vocab_here()))
     ld.close()
 
 
@@ -198,34 +201,34 @@ def test_save_and_load_vocabulary_round_trip_as_json_and_parquet(data: Path, tmp
     for _ in range(5):
         next(it)
     ld.save_vocabulary(tmp_path / "vocab")
-    doc = json.loads((tmp_path / "vocab/online_vocabulary.json").read_text())
-    assert sorted(doc["columns"]) == ONLINE
+    doc = json.loads((tmp_path / "vocab/stream_state.json").read_text())
+    assert sorted(doc["states"]) == ONLINE
     other = loader(data)
     other.load_vocabulary(tmp_path / "vocab")
-    assert other.state_dict()["online_vocab"] == ld.state_dict()["online_vocab"]
+    assert other.state_dict()["streams"] == ld.state_dict()["streams"]
 
 
 def test_load_vocabulary_refuses_a_broken_table_naming_the_file(data: Path, tmp_path: Path) -> None:
     ld = loader(data)
     ld.save_vocabulary(tmp_path / "vocab")
-    path = tmp_path / "vocab" / json.loads((tmp_path / "vocab/online_vocabulary.json").read_text())["columns"]["C2"]["table"]
+    path = tmp_path / "vocab" / json.loads((tmp_path / "vocab/stream_state.json").read_text())["states"]["C2"]["table"]
     t = pq.read_table(path)
     ids = t.column("id").to_numpy().copy()
     ids[:2] = 0  # one id, two keys
     pq.write_table(t.set_column(3, "id", pa.array(ids)), path)
     with pytest.raises(ArtifactError, match=str(path)):
         loader(data).load_vocabulary(tmp_path / "vocab")
-    with pytest.raises(ArtifactError, match="online_vocabulary.json"):
+    with pytest.raises(ArtifactError, match="stream_state.json"):
         loader(data).load_vocabulary(tmp_path)
 
 
 def test_load_state_dict_checks_the_online_state(data: Path) -> None:
     state = loader(data).state_dict()
-    bad = state | {"online_vocab": {c: v | {"id": np.zeros(len(v["id"]) // 8, "<i8").tobytes()} for c, v in state["online_vocab"].items()}}
+    bad = state | {"streams": {c: v | {"id": np.zeros(len(v["id"]) // 8, "<i8").tobytes()} for c, v in state["streams"].items()}}
     with pytest.raises(ConfigError, match="online vocabulary of 'C1'"):
         loader(data).load_state_dict(bad)
     with pytest.raises(ConfigError, match="no online_vocab"):
-        loader(data).load_state_dict({k: v for k, v in state.items() if k != "online_vocab"})
+        loader(data).load_state_dict({k: v for k, v in state.items() if k != "streams"})
 
 
 def test_a_refused_state_leaves_the_loader_where_it_was(data: Path) -> None:
@@ -237,7 +240,7 @@ def test_a_refused_state_leaves_the_loader_where_it_was(data: Path) -> None:
         next(it)
     state = ahead.state_dict()
     ahead.close()
-    state["online_vocab"]["C2"]["id"] = state["online_vocab"]["C2"]["id"][:8]
+    state["streams"]["C2"]["id"] = state["streams"]["C2"]["id"][:8]
     ld = loader(data)
     with pytest.raises(ConfigError, match="online vocabulary of 'C2'"):
         ld.load_state_dict(state)
@@ -252,12 +255,12 @@ def test_a_state_refused_in_the_middle_of_a_pass_leaves_the_loader_at_its_positi
     it = batches(ld, range(1))
     got = [next(it) for _ in range(5)]
     state = ld.state_dict()
-    bad = state | {"online_vocab": state["online_vocab"] | {"C2": state["online_vocab"]["C2"] | {"id": state["online_vocab"]["C2"]["id"][:8]}}}
+    bad = state | {"streams": state["streams"] | {"C2": state["streams"]["C2"] | {"id": state["streams"]["C2"]["id"][:8]}}}
     with pytest.raises(ConfigError, match="online vocabulary of 'C2'"):
         ld.load_state_dict(bad)
     assert ld.state_dict() == state
     ld.save_vocabulary(tmp_path / "vocab")
-    table = tmp_path / "vocab" / json.loads((tmp_path / "vocab/online_vocabulary.json").read_text())["columns"]["C2"]["table"]
+    table = tmp_path / "vocab" / json.loads((tmp_path / "vocab/stream_state.json").read_text())["states"]["C2"]["table"]
     t = pq.read_table(table)
     pq.write_table(t.set_column(3, "id", pa.array(np.zeros(len(t), np.int64))), table)  # one id, many keys
     with pytest.raises(ArtifactError, match=str(table)):
@@ -305,7 +308,7 @@ def test_after_a_failed_update_the_state_is_refused_until_one_is_loaded(data: Pa
         ld.state_dict()
     with pytest.raises(LoaderError, match="unknown after an update failed"):
         iter(ld)
-    bad = state | {"online_vocab": state["online_vocab"] | {"C3": state["online_vocab"]["C3"] | {"rows": -1}}}
+    bad = state | {"streams": state["streams"] | {"C3": state["streams"]["C3"] | {"rows": -1}}}
     with pytest.raises(ConfigError, match="online vocabulary of 'C3'"):
         ld.load_state_dict(bad)
     with pytest.raises(LoaderError, match="unknown after an update failed"):  # a refused state is no way out
@@ -356,14 +359,14 @@ def test_following_resumes_with_the_same_ids_and_events(data: Path, stop: int, t
     state = first.state_dict()
     first.save_vocabulary(tmp_path / "vocab")
     first.close()
-    assert state["online_vocab"] == first.state_dict()["online_vocab"]  # closing does not move the state
+    assert state["streams"] == first.state_dict()["streams"]  # closing does not move the state
     resumed = following(data, num_workers=1)
     resumed.load_state_dict(state)
     got += take(resumed, len(whole) - stop)
     assert same(got, whole)
     saved = following(data)
     saved.load_vocabulary(tmp_path / "vocab")
-    assert saved.state_dict()["online_vocab"] == state["online_vocab"]
+    assert saved.state_dict()["streams"] == state["streams"]
 
 
 def test_following_holds_a_bounded_number_of_states_while_small_shards_trickle_in(data: Path, tmp_path: Path) -> None:
@@ -385,7 +388,7 @@ def test_following_holds_a_bounded_number_of_states_while_small_shards_trickle_i
         add(i)
         if i % 7 == 0:
             next(it)
-            held.append(ld.vocabularies.held()[0])
+            held.append(ld.streams.held()[0])
         time.sleep(0.03)
     ld.close()
     assert len(held) == 8 and max(held) <= 4, held
@@ -403,7 +406,8 @@ def test_the_state_at_every_position_in_flight_is_the_state_after_its_batches(st
     kept by a twin vocabulary fed the same batches."""
     op = Categorify(["c"], online=True, capacity=2, admit_after=2, evict=evict, ttl_rows=4 if evict == "ttl" else None)
     op.vocab["c"] = pa.table({"key": pa.array([3, 9], pa.uint64()), "count": pa.array([5, 2], pa.int64())})
-    vocabs = OnlineVocabularies(SimpleNamespace(ops=[op]), ["c"], ["c"])  # type: ignore[arg-type]
+    vocabs = StreamStates.of([op], {"c": ("sparse", 0)})
+    assert vocabs is not None
     twin = op.online_vocab("c")
     states = [twin.export()]  # the state after each batch of the current pass (and those before it)
     assembled = consumer = 0
@@ -412,7 +416,7 @@ def test_the_state_at_every_position_in_flight_is_the_state_after_its_batches(st
         if isinstance(step, list) or step == "empty":
             keys = np.array(step if isinstance(step, list) else [], np.uint64)
             if len(keys):
-                vocabs.apply_step(lambda keys=keys: {"c": vocabs.vocabs["c"].update_with_undo(keys)[2]})
+                vocabs.apply_step(lambda keys=keys: {"c": vocabs.states["c"].advance({"c": Carried(keys, np.ones(len(keys), np.bool_))}).undo})
                 twin.update(keys)
             assembled += 1
             vocabs.name_step(assembled)
@@ -429,10 +433,167 @@ def test_the_state_at_every_position_in_flight_is_the_state_after_its_batches(st
                 vocabs.commit(consumer)
             else:
                 states[consumer] = states[(consumer * 7) % (assembled + 1)]
-                vocabs.load_dict(vocabs.to_dict({"c": states[consumer]}))
+                vocabs.load_dict({"streams": vocabs.to_dict({"c": states[consumer]})})
             twin.restore(states[consumer])
             del states[consumer + 1 :]
             assembled = consumer
             vocabs.start_pass(consumer)
     got = canonical_state(vocabs.at(consumer)["c"])
     assert all(np.array_equal(got[k], states[consumer][k]) for k in states[consumer])
+
+
+def test_a_state_made_by_another_pipeline_is_refused(data: Path, tmp_path: Path) -> None:
+    """A state made with other parameters (here: lfu eviction, given to a ttl loader), or under another column's name,
+    gives other ids than the run it claims to continue: refused, naming the state and what differs."""
+    lfu = loader(data, "lfu")
+    it = iter(lfu)
+    for _ in range(3):
+        next(it)
+    state = lfu.state_dict()
+    lfu.save_vocabulary(tmp_path / "vocab")
+    lfu.close()
+    ttl = loader(data, "ttl")
+    before = ttl.state_dict()
+    with pytest.raises(ConfigError, match=r"online vocabulary of 'C1'.*evict 'lfu' \(this pipeline: 'ttl'\)"):
+        ttl.load_state_dict(state)
+    with pytest.raises(ArtifactError, match=r"stream_state.json.*online vocabulary of 'C1'.*evict"):
+        ttl.load_vocabulary(tmp_path / "vocab")
+    swapped = state | {"streams": state["streams"] | {"C1": state["streams"]["C2"], "C2": state["streams"]["C1"]}}
+    with pytest.raises(ConfigError, match=r"online vocabulary of 'C1'.*column 'C2' \(this pipeline: 'C1'\)"):
+        loader(data, "lfu").load_state_dict(swapped)
+    doc = json.loads((tmp_path / "vocab/stream_state.json").read_text())
+    doc["states"]["C1"]["table"] = doc["states"]["C2"]["table"]  # C1's entry points at C2's table
+    (tmp_path / "vocab/stream_state.json").write_text(json.dumps(doc))
+    table = tmp_path / "vocab" / doc["states"]["C2"]["table"]
+    with pytest.raises(ArtifactError, match=rf"{table}: table of online vocabulary of 'C1'.*column 'C2' \(this pipeline: 'C1'\)"):
+        loader(data, "lfu").load_vocabulary(tmp_path / "vocab")
+    assert ttl.state_dict() == before
+
+
+def test_a_streaming_state_given_to_a_loader_without_one_is_refused(data: Path) -> None:
+    ld = loader(data)
+    with pytest.warns(DeprecationWarning, match="Loader.streams"):
+        assert ld.vocabularies is ld.streams  # the older name
+    state = ld.state_dict()
+    offline = Loader(data / "raw", pipeline=data / "offline.yaml", artifacts=_offline_artifacts(data), batch_size=256, shuffle=True,
+                     shuffle_buffer=700)  # fmt: skip
+    with pytest.raises(ConfigError, match="streaming states"):
+        offline.load_state_dict(state)
+
+
+def test_a_state_dict_and_a_saved_vocabulary_in_the_older_form_still_load(data: Path, tmp_path: Path) -> None:
+    """States saved before they carried the record of what made them: a state_dict with ``online_vocab`` (per column
+    ``rows`` and the little-endian bytes of ``key``, ``count``, ``last``, ``id``) and a directory with
+    ``online_vocabulary.json`` (format etl-online-vocabulary version 1, per column ``rows`` and its table); both
+    continue as the loader that saved them."""
+    whole = list(batches(loader(data, "ttl"), range(1)))
+    first = loader(data, "ttl")
+    it = batches(first, range(1))
+    got = [next(it) for _ in range(4)]
+    state = first.state_dict()
+    first.close()
+    arrays = {c: {k: np.frombuffer(v[k], "<u8" if k == "key" else "<i8") for k in ("key", "count", "last", "id")}
+              for c, v in state["streams"].items()}  # fmt: skip
+    rows = {c: v["rows"] for c, v in state["streams"].items()}
+    old = {k: v for k, v in state.items() if k != "streams"}
+    old["online_vocab"] = {c: {"rows": rows[c], **{k: a.tobytes() for k, a in arrays[c].items()}} for c in ONLINE}
+    resumed = loader(data, "ttl")
+    resumed.load_state_dict(old)
+    assert resumed.state_dict() == state
+    assert same(got + list(batches(resumed, range(1))), whole)
+    saved = tmp_path / "old-vocab"
+    saved.mkdir()
+    schema = pa.schema([("key", pa.uint64()), ("count", pa.int64()), ("last", pa.int64()), ("id", pa.int64())])
+    for i, c in enumerate(ONLINE):
+        pq.write_table(pa.Table.from_arrays([pa.array(arrays[c][k]) for k in schema.names], schema=schema), saved / f"online-{i:02d}.parquet")
+    columns = {c: {"rows": rows[c], "table": f"online-{i:02d}.parquet"} for i, c in enumerate(ONLINE)}
+    (saved / "online_vocabulary.json").write_text(json.dumps({"format": "etl-online-vocabulary", "version": 1, "columns": columns}))
+    from_dir = loader(data, "ttl")
+    from_dir.load_vocabulary(saved)
+    assert from_dir.state_dict()["streams"] == state["streams"]
+    # the older form has no record to check, but its contents are checked as ever
+    columns["C2"]["rows"] = "many"
+    (saved / "online_vocabulary.json").write_text(json.dumps({"format": "etl-online-vocabulary", "version": 1, "columns": columns}))
+    with pytest.raises(ArtifactError, match=r"online_vocabulary.json.*online vocabulary of 'C2'.*rows"):
+        loader(data, "ttl").load_vocabulary(saved)
+
+
+class _Undo(NamedTuple):
+    rows: int
+    before: dict[int, int | None]
+
+    @property
+    def nbytes(self) -> int:
+        return 16 * len(self.before)
+
+
+class RunningCount(StreamState):
+    """A streaming state that is no vocabulary: per key, the rows of that key before each row, written as a dense
+    float column (the shape of a running per-key statistic); it reports no events."""
+
+    spec = StreamSpec("n", "RunningCount", "k", {"start": 0}, "running count", (StreamInput("k", np.dtype(np.uint64)),), ("n",), ("rows",),
+                      {"key": np.dtype(np.uint64), "count": np.dtype(np.int64)})  # fmt: skip
+
+    def __init__(self) -> None:
+        self.counts: dict[int, int] = {}
+        self.rows = 0
+
+    def advance(self, inputs: Mapping[str, Carried]) -> StreamStep:
+        keys, valid = inputs["k"]
+        out, before = np.full(len(keys), np.nan, np.float32), {}
+        for i, k in enumerate(keys[valid].tolist()):
+            before.setdefault(k, self.counts.get(k))
+            out[np.flatnonzero(valid)[i]] = self.counts.get(k, 0)
+            self.counts[k] = self.counts.get(k, 0) + 1
+        undo = _Undo(self.rows, before)
+        self.rows += len(keys)
+        return StreamStep({"n": out}, None, undo)
+
+    def export(self, canonical: bool = True, undo=()) -> dict:
+        counts, rows = dict(self.counts), self.rows
+        for u in undo:
+            for k, v in u.before.items():
+                counts.pop(k) if v is None else counts.__setitem__(k, v)
+            rows = u.rows
+        keys = sorted(counts)
+        return {"rows": rows, "key": np.array(keys, np.uint64), "count": np.array([counts[k] for k in keys], np.int64)}
+
+    def canonical(self, state: dict) -> dict:
+        return state
+
+    def check(self, state: dict) -> None:
+        if state["rows"] < 0 or (state["count"] < 1).any():
+            raise InvalidState("running count: negative rows or a count below 1")
+
+    def restore(self, state: dict) -> None:
+        self.counts, self.rows = dict(zip(state["key"].tolist(), state["count"].tolist())), state["rows"]
+
+
+def test_the_loader_side_drives_any_streaming_state_through_the_contract(tmp_path: Path) -> None:
+    """The holder knows no op: a state that is no vocabulary gets its carried inputs, writes its dense column, keeps
+    the state of every position in flight, and saves and loads it with its record."""
+    holder = StreamStates({"n": RunningCount()}, {"n": ("dense", 1)})
+    one = holder.start_pass(0)
+    written = []
+    for b, keys in enumerate([[5, 7, 5], [7, 7, 9, 5]]):
+        inputs = one.new_inputs(len(keys))
+        inputs["k"].values[:] = keys
+        inputs["k"].valid[:] = [True] * (len(keys) - 1) + [b == 0]
+        views = {"dense": np.zeros((len(keys), 2), np.float32), "sparse": np.zeros((len(keys), 1), np.int32)}
+        assert one.apply(inputs, views) == {}  # no events reported
+        one.name_step(b + 1)
+        written.append(views["dense"][:, 1].tolist())
+    assert written[0] == [0, 0, 1] and written[1][:3] == [1, 2, 0] and np.isnan(written[1][3])
+    after_one = holder.at(1)
+    assert after_one["n"]["rows"] == 3 and after_one["n"]["key"].tolist() == [5, 7] and after_one["n"]["count"].tolist() == [2, 1]
+    saved = {"streams": holder.to_dict(holder.at(2))}
+    assert saved["streams"]["n"]["made_by"] == {"op": "RunningCount", "column": "k", "params": {"start": 0}}
+    holder.save(holder.at(1), tmp_path / "state")
+    other = StreamStates({"n": RunningCount()}, {"n": ("dense", 1)})
+    other.load_dict(saved)
+    assert other.to_dict(other.at(0)) == saved["streams"]
+    other.load(tmp_path / "state")
+    assert other.at(0)["n"]["count"].tolist() == [2, 1]
+    broken = saved["streams"]["n"] | {"count": np.zeros(3, "<i8").tobytes()}
+    with pytest.raises(ConfigError, match="running count of 'n': running count: negative rows or a count below 1"):
+        other.load_dict({"streams": {"n": broken}})

@@ -129,7 +129,7 @@ def test_a_dropped_loader_stops_its_threads(raw: Path) -> None:
     baseline = _loader_threads(0)
     loader = Loader(raw, pipeline=REPO / "pipelines/criteo_hash.yaml", batch_size=500, shuffle=True)
     assert sum(len(b) for b in loader) == 3000
-    assert loader._ahead is not None and loader._ahead.thread.is_alive()
+    assert loader._engine.ahead is not None and loader._engine.ahead.thread.is_alive()
     del loader
     assert _loader_threads(baseline) <= baseline
     loader = Loader(raw, pipeline=REPO / "pipelines/criteo_hash.yaml", batch_size=500, prefetch=1)
@@ -161,7 +161,7 @@ def test_no_workers_runs_in_the_calling_thread_with_the_batches_of_one_worker(ra
         got = _batches(inline)
         assert not {t for t in set(threading.enumerate()) - before if t.name.startswith("etl-")}  # no thread started
         assert _equal(got, want) and sum(len(b[0]) for b in got) == 3000
-    assert inline._ahead is None and _loader_threads(baseline) <= baseline
+    assert inline._engine.ahead is None and _loader_threads(baseline) <= baseline
     it = iter(inline)  # resumes exactly, as with workers
     next(it), next(it)
     state = inline.state_dict()

@@ -208,3 +208,16 @@ def test_a_pipeline_given_with_a_processed_output_must_be_its_own(raw: Path, tmp
         Loader(out, artifacts=other)
     with pytest.raises(ArtifactError, match="cannot read"):
         Loader(out, artifacts=tmp_path / "missing")
+
+
+def test_transform_selects_what_the_older_pair_selected(raw: Path) -> None:
+    settings = dict(pipeline=REPO / "pipelines/criteo_hash.yaml", batch_size=700, shuffle=True, seed=2, num_workers=1)
+    host = _batches(Loader(raw, **settings))
+    device = Loader(raw, transform="device", **settings)
+    assert device.stage is not None and _equal(_batches(device), host)
+    older = Loader(raw, transform_on="device", **settings)
+    assert older.stage is not None and _equal(_batches(older), host)
+    with pytest.raises(ConfigError, match="replaces transform_on= and reader="):
+        Loader(raw, transform="device", transform_on="device", **settings)
+    with pytest.raises(ConfigError, match="transform must be one of"):
+        Loader(raw, transform="gpu", **settings)

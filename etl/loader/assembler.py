@@ -107,7 +107,7 @@ class Assembler:
     def batches(self) -> Generator[Item, None, None]:
         """The pass's batches, in order; ends early once ``stop`` is set."""
         s = self.settings
-        pieces = _pieces_from(rank_pieces(self.groups, seed=s.seed, epoch=s.epoch, shuffle=s.shuffle, rank=s.rank,
+        pieces = pieces_from(rank_pieces(self.groups, seed=s.seed, epoch=s.epoch, shuffle=s.shuffle, rank=s.rank,
                                           world_size=s.world_size), self.buffer_no * s.shuffle_buffer)  # fmt: skip
         window: deque[Future] = deque(self.pool.submit(self.read, p) for p in pieces[: self.read_ahead])
         upcoming = iter(pieces[len(window) :])
@@ -253,7 +253,7 @@ def _put(q: queue.Queue, item: object, stop: threading.Event) -> bool:
     return False
 
 
-def _pieces_from(pieces: list[Piece], start_row: int) -> list[Piece]:
+def pieces_from(pieces: list[Piece], start_row: int) -> list[Piece]:
     """The pieces from rank-local row ``start_row`` on (the first one cut)."""
     out, pos = [], 0
     for p in pieces:

@@ -50,15 +50,15 @@ class EpochPass:
         assembler = Assembler(settings, groups, read, self.pool, ring, stats, read_ahead=num_workers + prefetch,
                               stop=self.stop, all_submitted=self.all_submitted, after=after, stage=stage, empty=empty,
                               streams=streams)  # fmt: skip
-        self.thread = threading.Thread(target=_assemble, args=(assembler, self.ready, self.assembled), daemon=True, name="etl-assembler")
+        self.thread = threading.Thread(target=assemble, args=(assembler, self.ready, self.assembled), daemon=True, name="etl-assembler")
         self.thread.start()
-        self._slots = _Slots(ring, self.ready)
-        self._finalizer = weakref.finalize(self, _shutdown, self.stop, self.pool, self.thread, self._slots, self.assembled)
+        self._slots = Slots(ring, self.ready)
+        self._finalizer = weakref.finalize(self, shutdown, self.stop, self.pool, self.thread, self._slots, self.assembled)
 
     def take(self) -> Item | None:
         """The next batch, waiting for it: (ring slot, rows, list columns); None when the pass was closed (by
         another thread) before it came. The error that ended the pass is raised instead, once the pass is closed."""
-        item = _next_item(self.ready, self.thread, "assembler", self.stop)
+        item = next_item(self.ready, self.thread, "assembler", self.stop)
         if item is None:
             return None
         if isinstance(item, BaseException):
@@ -77,7 +77,7 @@ class EpochPass:
         self._finalizer()
 
 
-class _Slots:
+class Slots:
     """The ring slots a pass holds: the one handed to the consumer last (``held``) and those of the batches queued
     in ``ready`` but never taken. Kept apart from the pass so that its shutdown can give them back after the pass
     itself was garbage-collected."""
@@ -99,7 +99,7 @@ class _Slots:
                 self.ring.release(item[0])
 
 
-def _next_item(ready: queue.Queue, thread: threading.Thread, name: str, stop: threading.Event) -> Any:
+def next_item(ready: queue.Queue, thread: threading.Thread, name: str, stop: threading.Event) -> Any:
     """The next item (a batch or the exception that ended the pass) that a pass's ``thread`` queued on ``ready``,
     waiting for it as long as that thread lives; None once the pass is closed (``stop`` set, possibly by another
     thread while this one waits: noticed within 0.1 s); ``LoaderError`` when the thread ended without an item."""
@@ -112,7 +112,7 @@ def _next_item(ready: queue.Queue, thread: threading.Thread, name: str, stop: th
     return None
 
 
-def _assemble(assembler: Assembler, ready: queue.Queue, assembled: threading.Event) -> None:
+def assemble(assembler: Assembler, ready: queue.Queue, assembled: threading.Event) -> None:
     """The assembler thread."""
     if assembler.run(ready):
         assembled.set()
@@ -161,8 +161,8 @@ class InlinePass:
         self.assembled.set()
 
 
-def _shutdown(stop: threading.Event, pool: ThreadPoolExecutor, thread: threading.Thread, slots: _Slots,
-              assembled: threading.Event) -> None:  # fmt: skip
+def shutdown(stop: threading.Event, pool: ThreadPoolExecutor, thread: threading.Thread, slots: Slots,
+             assembled: threading.Event) -> None:  # fmt: skip
     """End a pass, whether closed or garbage-collected (after ``break``): stop its threads, give back its ring
     slots, and set ``assembled`` so that the next epoch's pass, which waits on it, can go on."""
     stop.set()

@@ -65,12 +65,12 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from etl.errors import ConfigError, InputError
-from etl.io.arrivals import Arrivals, CountedFiles
+from etl.io.arrivals import Arrivals, CountedFiles, check_order
 from etl.io.fs import Location
 from etl.io.parquet import read_footer
-from etl.loader.assembler import Assembler, Item, PassSettings, _pieces_from
+from etl.loader.assembler import Assembler, Item, PassSettings, pieces_from
 from etl.loader.chunk import Chunk
-from etl.loader.epoch import _assemble, _next_item, _shutdown, _Slots
+from etl.loader.epoch import Slots, assemble, next_item, shutdown
 from etl.loader.order import Piece, rank_pieces, row_groups
 from etl.loader.ring import Ring
 from etl.loader.stats import LoaderStats
@@ -134,6 +134,15 @@ class FollowSettings:
     drop_last: bool
     arrivals: str = "names"
     artifacts_sha256: str | None = None
+
+    @classmethod
+    def of(cls, poll_interval: float, idle_flush: float | None, drop_last: bool, arrivals: str) -> FollowSettings:
+        """The settings of ``Loader(follow=True, ...)``'s keywords (``idle_flush`` None: ``poll_interval``);
+        ``ConfigError`` for values that cannot work."""
+        check_order(arrivals)
+        if not poll_interval > 0 or (idle_flush is not None and not idle_flush >= 0):
+            raise ConfigError(f"poll_interval must be > 0 and idle_flush >= 0, got poll_interval={poll_interval}, idle_flush={idle_flush}")
+        return cls(poll_interval, poll_interval if idle_flush is None else idle_flush, drop_last, arrivals)
 
 
 #: Where rows start in a rank's stream: (shards before, shard name, row within the shard's slice).
@@ -224,7 +233,7 @@ class FollowAssembler(Assembler):
         pieces = rank_pieces(groups, seed=s.seed, epoch=0, shuffle=False, rank=s.rank, world_size=s.world_size)
         row = self.start.row if index == self.start.before else 0
         out: list[tuple[Piece, _At]] = []
-        for piece in _pieces_from(pieces, row):
+        for piece in pieces_from(pieces, row):
             out.append((piece, (index, path.name, row)))
             row += piece.length
         return out
@@ -324,15 +333,15 @@ class FollowPass:
         arrivals = Arrivals(directory, follow.arrivals, follow.artifacts_sha256, counted)
         assembler = FollowAssembler(settings, follow, arrivals, start, read, self.pool, ring, stats, read_ahead=num_workers + prefetch,
                                     stop=self.stop, empty=empty, streams=streams)  # fmt: skip
-        self.thread = threading.Thread(target=_assemble, args=(assembler, self.ready, self.assembled), daemon=True, name="etl-follow")
+        self.thread = threading.Thread(target=assemble, args=(assembler, self.ready, self.assembled), daemon=True, name="etl-follow")
         self.thread.start()
-        self._slots = _Slots(ring, self.ready)
-        self._finalizer = weakref.finalize(self, _shutdown, self.stop, self.pool, self.thread, self._slots, self.assembled)
+        self._slots = Slots(ring, self.ready)
+        self._finalizer = weakref.finalize(self, shutdown, self.stop, self.pool, self.thread, self._slots, self.assembled)
 
     def take(self) -> Item | None:
         """The next batch, waiting for it as long as it takes; None once the pass is closed (the only way it ends,
         usually from another thread); the error that stopped the pass is raised instead."""
-        item = _next_item(self.ready, self.thread, "follow", self.stop)
+        item = next_item(self.ready, self.thread, "follow", self.stop)
         if item is None:
             return None
         if isinstance(item, BaseException):

@@ -24,6 +24,7 @@ import torch
 import etl.loader.chunk
 from etl.errors import LoaderError, RowError
 from etl.loader import Loader
+from etl.loader.threads import ThreadEngine
 from etl.pipeline import Pipeline
 from etl.schema import load_schema
 from etl.synth import generate
@@ -273,15 +274,15 @@ def test_a_stalled_consumer_bounds_the_reads(tmp_path: Path, monkeypatch) -> Non
     raw = build_raw(tmp_path, 30_000, 3, [500], seed=5)  # 60 pieces of 500 rows
     calls = []
     lock = threading.Lock()
-    original = Loader._read_piece
+    original = ThreadEngine.read
 
     def counting(self, piece):
         with lock:
             calls.append(piece)
         return original(self, piece)
 
-    monkeypatch.setattr(Loader, "_read_piece", counting)
-    monkeypatch.setattr(Loader, "_start_ahead", lambda self, epoch, after: None)  # count this pass's reads only
+    monkeypatch.setattr(ThreadEngine, "read", counting)
+    monkeypatch.setattr(ThreadEngine, "start_ahead", lambda self, loader, epoch, after: None)  # count this pass's reads only
     W, P, B, S, piece = 2, 2, 100, 1_000, 500
     loader = Loader(raw, pipeline=HASH, batch_size=B, shuffle=True, shuffle_buffer=S, num_workers=W, prefetch=P)
     total_pieces = len(loader.groups)
@@ -427,12 +428,12 @@ def test_the_next_epoch_starts_while_the_current_one_drains(small_raw: Path, dev
     kw = dict(pipeline=HASH, batch_size=500, shuffle=True, shuffle_buffer=800, seed=5, device=device)
     loader = Loader(small_raw, **kw)
     first = collect(loader)
-    assert loader._ahead is not None and loader._ahead.epoch == 1
+    assert loader._engine.ahead is not None and loader._engine.ahead.epoch == 1
     again = collect(loader)  # no set_epoch: epoch 0 again, the prepared epoch 1 is discarded
     assert all(torch.equal(u, v) for x, y in zip(first, again) for u, v in zip(x, y))
     loader.set_epoch(1)
     loader.set_epoch(1)  # setting the current epoch keeps the prepared pass
-    assert loader._ahead is not None and loader._ahead.epoch == 1
+    assert loader._engine.ahead is not None and loader._engine.ahead.epoch == 1
     second = collect(loader)
     fresh = Loader(small_raw, **kw)
     fresh.set_epoch(1)
@@ -441,7 +442,7 @@ def test_the_next_epoch_starts_while_the_current_one_drains(small_raw: Path, dev
     assert all(torch.equal(u, v) for x, y in zip(second, want) for u, v in zip(x, y))
     assert not all(torch.equal(x[0], y[0]) for x, y in zip(first, second))  # another shuffle
     loader.set_epoch(7)  # not the prepared epoch: it is discarded
-    assert loader._ahead is None
+    assert loader._engine.ahead is None
     assert sum(len(b[0]) for b in collect(loader)) == 3_000
     loader.close()
     fresh.close()

@@ -129,7 +129,7 @@ def test_a_dropped_loader_stops_its_threads(raw: Path) -> None:
     baseline = _loader_threads(0)
     loader = Loader(raw, pipeline=REPO / "pipelines/criteo_hash.yaml", batch_size=500, shuffle=True)
     assert sum(len(b) for b in loader) == 3000
-    assert loader._ahead is not None and loader._ahead.thread.is_alive()
+    assert loader._engine.ahead is not None and loader._engine.ahead.thread.is_alive()
     del loader
     assert _loader_threads(baseline) <= baseline
     loader = Loader(raw, pipeline=REPO / "pipelines/criteo_hash.yaml", batch_size=500, prefetch=1)
@@ -161,7 +161,7 @@ def test_no_workers_runs_in_the_calling_thread_with_the_batches_of_one_worker(ra
         got = _batches(inline)
         assert not {t for t in set(threading.enumerate()) - before if t.name.startswith("etl-")}  # no thread started
         assert _equal(got, want) and sum(len(b[0]) for b in got) == 3000
-    assert inline._ahead is None and _loader_threads(baseline) <= baseline
+    assert inline._engine.ahead is None and _loader_threads(baseline) <= baseline
     it = iter(inline)  # resumes exactly, as with workers
     next(it), next(it)
     state = inline.state_dict()
@@ -208,3 +208,16 @@ def test_a_pipeline_given_with_a_processed_output_must_be_its_own(raw: Path, tmp
         Loader(out, artifacts=other)
     with pytest.raises(ArtifactError, match="cannot read"):
         Loader(out, artifacts=tmp_path / "missing")
+
+
+def test_transform_selects_what_the_older_pair_selected(raw: Path) -> None:
+    settings = dict(pipeline=REPO / "pipelines/criteo_hash.yaml", batch_size=700, shuffle=True, seed=2, num_workers=1)
+    host = _batches(Loader(raw, **settings))
+    device = Loader(raw, transform="device", **settings)
+    assert device.stage is not None and _equal(_batches(device), host)
+    older = Loader(raw, transform_on="device", **settings)
+    assert older.stage is not None and _equal(_batches(older), host)
+    with pytest.raises(ConfigError, match="replaces transform_on= and reader="):
+        Loader(raw, transform="device", transform_on="device", **settings)
+    with pytest.raises(ConfigError, match="transform must be one of"):
+        Loader(raw, transform="gpu", **settings)

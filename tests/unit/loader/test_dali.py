@@ -62,6 +62,15 @@ def test_an_epoch_holds_the_rows_of_the_default_engine(processed: Path, shuffle:
 
 
 @needs_dali
+def test_dali_loader_is_the_loader_with_the_dali_engine(processed: Path) -> None:
+    from etl.loader.dali import DaliLoader
+
+    made = DaliLoader(processed, batch_size=512, shuffle=True, seed=1, shuffle_buffer=1500)
+    assert type(made) is Loader and len(made.groups) == 9  # its npy chunks, 600 rows each at most
+    assert rows(made) == rows(Loader(processed, batch_size=512, shuffle=True, seed=1, engine="dali", shuffle_buffer=1500))
+
+
+@needs_dali
 @pytest.mark.parametrize(("world_size", "drop_last"), [(2, False), (3, False), (3, True)])
 def test_ranks_are_disjoint_complete_and_equal_in_batches(processed: Path, world_size: int, drop_last: bool) -> None:
     seen, counts = [], []

@@ -3,6 +3,7 @@ and fitting on the rows they keep (threads, the single pass, a Dask cluster) as 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ from etl.errors import SpecError
 from etl.io.parquet import batch_from_arrow, open_shard
 from etl.io.processed import StageRows
 from etl.pipeline import Pipeline
+from etl.pipeline.filter import OPS
 from etl.pipeline.single_pass import fit_stashing
 from etl.pipeline.stages import read_staged, stage_totals, staged_batch
 from etl.pipeline.stash import Stash
@@ -171,3 +173,13 @@ def test_transform_table_gives_every_row_its_output_row(tmp_path: Path) -> None:
     pq.write_table(table, tmp_path / "s.parquet")
     p.fit([tmp_path / "s.parquet"])
     assert p.transform_table(table).num_rows == 60
+
+
+def test_the_documented_example_and_the_stages_section_hold() -> None:
+    text = (REPO / "pipelines/README.md").read_text()
+    section = text.split("\n## Stages\n", 1)[1].split("\n## ", 1)[0]
+    example = yaml.safe_load(re.search(r"```yaml\n(.*?)```", section, re.S).group(1))
+    p = Pipeline(example, SCHEMA, "pipelines/README.md")
+    assert [s.name for s in p.stages] == ["Filter", "Filter"]
+    assert "### Filter" in section and all(f"`{k}`" in section for k in ("where", "all", "any", "not"))
+    assert all(f"`{op}`" in section or f"op: {op}," in section for op in OPS), [op for op in OPS if f"`{op}`" not in section]

@@ -357,6 +357,7 @@ def preprocess(
     # and the shards listed
     with user_errors(), connecting(cluster) as client:
         from etl.io.parquet import list_shards
+        from etl.io.processed import describe_rows
         from etl.pipeline import Pipeline, check_match
         from etl.preprocess import COMPRESSIONS, check_apart, parse_formats
         from etl.preprocess import preprocess as run
@@ -381,7 +382,7 @@ def preprocess(
                           partitions=partitions, memory_budget=memory_budget, formats=formats, npy_chunk_rows=npy_chunk_rows)  # fmt: skip
     c = console
     c.print(f"files: {summary.files}" + (f" ({summary.files_skipped} already complete, skipped)" if summary.files_skipped else ""))
-    c.print(f"rows: {summary.rows_in:,} in = {summary.rows_out:,} out + {summary.rows_quarantined:,} quarantined")
+    c.print("rows: " + describe_rows(summary.rows_in, summary.rows_out, summary.rows_quarantined, summary.stages))
     if summary.fit_seconds is not None:
         c.print(f"fit: {summary.fit_seconds:.2f} s")
     if summary.stash_peak_bytes or summary.stash_spilled_bytes:
@@ -400,6 +401,7 @@ def _preprocess_follow(pipeline: Path, inputs: list[str], out: str, artifacts: s
 
     with user_errors():
         from etl.io.arrivals import ORDERS
+        from etl.io.processed import describe_rows
         from etl.pipeline import Pipeline, check_match
         from etl.preprocess import COMPRESSIONS
         from etl.preprocess_follow import preprocess_follow
@@ -431,7 +433,7 @@ def _preprocess_follow(pipeline: Path, inputs: list[str], out: str, artifacts: s
                 signal.signal(sig, handler)
     t = summary.totals
     console.print(f"files: {summary.files} ({summary.files_kept} already complete, {summary.files_committed} transformed now)")
-    console.print(f"rows: {t.rows_in:,} in = {t.rows_out:,} out + {t.rows_quarantined:,} quarantined")
+    console.print("rows: " + describe_rows(t.rows_in, t.rows_out, t.rows_quarantined, t.stages))
     console.print(f"output: {out}")
 
 
@@ -449,6 +451,7 @@ def demo(
 ) -> None:
     """The main job on an embedded default: generate synthetic shards, fit, preprocess, summarise."""
     from etl.io.parquet import list_shards
+    from etl.io.processed import describe_rows
     from etl.pipeline import Pipeline
     from etl.preprocess import preprocess as run
     from etl.resources import resource_path
@@ -465,7 +468,7 @@ def demo(
     if summary.fit_seconds is not None:
         console.print(f"fit: {summary.fit_seconds:.2f} s ({rows / max(summary.fit_seconds, 1e-9):,.0f} rows/s)")
     console.print(f"transform: {summary.rows_processed:,} rows in {summary.transform_seconds:.2f} s ({summary.rows_per_second:,.0f} rows/s)")
-    console.print(f"rows: {summary.rows_in:,} in = {summary.rows_out:,} out + {summary.rows_quarantined:,} quarantined")
+    console.print("rows: " + describe_rows(summary.rows_in, summary.rows_out, summary.rows_quarantined, summary.stages))
     _print_cardinalities(Pipeline.load(processed / "artifacts").cardinalities())
     console.print(f"processed shards, manifest and artifacts → {processed}  (see: etl inspect {processed})")
 

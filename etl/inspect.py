@@ -67,6 +67,8 @@ def describe_processed(path: Location) -> str:
         f"processed output: {path}   pipeline: {m.pipeline}   complete: {state}",
         f"files: {len(m.files)}   rows in: {t.rows_in:,}   out: {t.rows_out:,}   quarantined: {t.rows_quarantined:,}",
     ]
+    if t.stages is not None:
+        lines.append(f"stages: {t.rows_removed:,} rows removed   " + "   ".join(f"{s.stage}: {s.rows_in:,} in, {s.rows_out:,} out" for s in t.stages))
     if out.parts:
         lines.append(describe_parquet(out.parts))
     if (out.artifacts / "pipeline.json").is_file():

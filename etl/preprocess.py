@@ -27,7 +27,8 @@ A rerun skips the shards whose manifest entry still matches (``_complete``: the 
 modification time and footer checksum, the output present with the recorded checksum, and no quarantined row when
 the rerun's ``on_error`` is "raise"; and the same fitted artifacts), so a run killed at any point and rerun ends
 with the same bytes as an uninterrupted run. A rerun that fits again stashes only the shards it has to redo. Rows
-are accounted exactly: rows_in = rows_out + rows_quarantined.
+are accounted exactly: rows_in = rows_out + rows_quarantined + the rows the pipeline's reshaping stages removed
+(``etl.pipeline.stages``; each stage's rows in and out are in the manifest).
 
 In object storage (``etl.io.fs``) the "rename" is a copy onto the final key, where the file appears whole.
 """
@@ -57,13 +58,14 @@ from etl.io.fs import Location, Url, fingerprint, is_within
 from etl.io.fs import replace as replace_file
 from etl.io.lock import locked
 from etl.io.npy import DEFAULT_CHUNK_ROWS, NPY_DIR, ChunkWriter, FixedColumns, NpySpec, chunk_dir, chunk_file, chunk_files
-from etl.io.parquet import Shard, batch_from_arrow, footer_sha256, open_shard
+from etl.io.parquet import Shard, footer_sha256, open_shard
 from etl.io.processed import (
     ARTIFACTS,
     FORMATS,
     QUARANTINE,
     Manifest,
     ManifestEntry,
+    StageRows,
     Totals,
     part_path,
     quarantine_name,
@@ -73,6 +75,7 @@ from etl.io.processed import (
 from etl.ops.stream import stream_specs
 from etl.pipeline import ON_ERROR, OnError, Pipeline, Transformed, check_match
 from etl.pipeline.single_pass import Plan, fit_stashing, transform_stashed
+from etl.pipeline.stages import stage_totals, staged_batch
 from etl.pipeline.stash import Stash, default_budget, parse_budget
 from etl.progress import Progress
 from etl.workers import run_workers
@@ -86,7 +89,9 @@ COMPRESSIONS = ("none", "snappy", "lz4", "zstd")
 @dataclass
 class Summary:
     """Totals over all shards (skipped ones included); ``rows_processed`` counts the shards transformed now.
-    ``fit_seconds`` is None when this run fitted nothing (artifacts given, or a pipeline without ops to fit)."""
+    ``fit_seconds`` is None when this run fitted nothing (artifacts given, or a pipeline without ops to fit).
+    ``stages``: the rows in and out of each reshaping stage (None without stages): ``rows_in = rows_out +
+    rows_quarantined`` plus the rows they removed."""
 
     files: int
     files_skipped: int
@@ -100,6 +105,7 @@ class Summary:
     stash_peak_bytes: int = 0
     stash_spilled_bytes: int = 0
     memory_budget: int = 0
+    stages: tuple[StageRows, ...] | None = None
 
     @property
     def rows_per_second(self) -> float:
@@ -261,12 +267,15 @@ RowGroupTransform = Callable[[Shard, int], tuple[int, Transformed, pa.Table | No
 
 
 def transform_read(pipeline: Pipeline, on_error: OnError) -> RowGroupTransform:
-    """The ``RowGroupTransform`` that reads the row group from the shard and runs ``pipeline.transform``."""
+    """The ``RowGroupTransform`` that reads the row group from the shard, runs the pipeline's reshaping stages and
+    ``pipeline.transform``."""
 
     def run(shard: Shard, i: int) -> tuple[int, Transformed, pa.Table | None]:
         raw = shard.read_table(i)
-        batch = batch_from_arrow(raw, pipeline.schema, str(shard.path), i, shard.row_group_starts[i])
-        return raw.num_rows, pipeline.transform(batch, on_error), raw
+        batch, stages = staged_batch(pipeline.stages, pipeline.schema, raw, str(shard.path), i, shard.row_group_starts[i])
+        t = pipeline.transform(batch, on_error)
+        t.stages = stages
+        return raw.num_rows, t, raw
 
     return run
 
@@ -343,6 +352,7 @@ def _write_shard(
     schema = pipeline.output_schema()
     columns = _fixed_columns(pipeline) if chunks is not None else None
     rows_in = rows_out = rows_q = 0
+    staged: list[tuple[StageRows, ...]] = []  # the reshaping stages' rows of each row group
     q_writer: ExclusiveParquetWriter | None = None
     sink = HashingFile(out_tmp) if out_tmp is not None else None
     try:
@@ -362,6 +372,8 @@ def _write_shard(
                     chunks.write(columns.arrays(table))
                 rows_in += n
                 rows_out += t.batch.num_rows
+                if pipeline.stages:
+                    staged.append(t.stages)
                 if t.rejected:
                     if raw is None:
                         raise RuntimeError(f"{source}: rows of row group {i} were rejected without their raw rows")
@@ -376,8 +388,10 @@ def _write_shard(
     finally:
         if q_writer is not None:
             q_writer.close()
-    if rows_in != rows_out + rows_q:
-        raise RuntimeError(f"{source}: row accounting broke: {rows_in} in, {rows_out} out, {rows_q} quarantined")
+    stages = stage_totals(pipeline.stages, staged)
+    removed = sum(s.rows_in - s.rows_out for s in stages or ())
+    if rows_in != rows_out + rows_q + removed or (stages and stages[0].rows_in != rows_in):
+        raise RuntimeError(f"{source}: row accounting broke: {rows_in} in, {rows_out} out, {rows_q} quarantined, stages {stages}")
     if chunks is not None:
         chunks.close()
     return ManifestEntry(
@@ -392,6 +406,7 @@ def _write_shard(
         quarantine=quarantine_name(out.name) if rows_q else None,
         sha256=sink.hexdigest() if sink is not None else None,
         npy_chunks=tuple(chunks.chunks) if chunks is not None else None,
+        stages=stages,
     )
 
 
@@ -518,8 +533,8 @@ def _preprocess(
         summary = _transform(pipeline, shards, outputs, out_dir, {outputs[i].name: previous[outputs[i].name] for i in reused}, previous,
                              todo, saved.result, workers, on_error, compression, progress, client, transform, formats)  # fmt: skip
         saved.result()  # its error, when no shard was committed to raise it
-        stashed = {"stash_peak_bytes": stash.peak_bytes, "stash_spilled_bytes": stash.spilled_bytes, "memory_budget": memory_budget}
-        return replace(summary, fit_seconds=fit_seconds, **stashed)
+        return replace(summary, fit_seconds=fit_seconds, stash_peak_bytes=stash.peak_bytes, stash_spilled_bytes=stash.spilled_bytes,
+                       memory_budget=memory_budget)  # fmt: skip
 
 
 def _save_artifacts(pipeline: Pipeline, out_dir: Location) -> str:
@@ -645,6 +660,7 @@ def _transform(
         rows_in=totals.rows_in,
         rows_out=totals.rows_out,
         rows_quarantined=totals.rows_quarantined,
+        stages=totals.stages,
         fit_seconds=None,
         transform_seconds=seconds,
         rows_processed=sum(entries[outputs[i].name].rows_in for i in todo),

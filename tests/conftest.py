@@ -179,3 +179,33 @@ def wait_for_threads(baseline: int, timeout: float = 5.0) -> list[str]:
     while len(etl_threads()) > baseline and time.monotonic() < deadline:
         time.sleep(0.02)
     return etl_threads()
+
+
+def pipeline_with_stages(pipeline: Path, stages: list[dict], path: Path) -> Path:
+    """A copy of the pipeline file ``pipeline`` with ``stages`` (its schema path made absolute), written to
+    ``path``."""
+    import yaml
+
+    doc = yaml.safe_load(pipeline.read_text())
+    doc["schema"] = str((pipeline.parent / doc["schema"]).resolve())
+    doc["stages"] = stages
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def filtered_copies(shards: list[Path], keep, out: Path) -> list[Path]:
+    """Each of ``shards`` rewritten into ``out`` (same names) with the rows for which ``keep(table)`` (an Arrow
+    boolean array; null: not kept) is true, row group by row group (each keeps its size, less the rows left out)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for shard in shards:
+        f = pq.ParquetFile(shard)
+        tables = [f.read_row_group(i) for i in range(f.num_row_groups)]
+        with pq.ParquetWriter(out / shard.name, f.schema_arrow) as w:
+            for t in tables:
+                w.write_table(t.filter(pc.fill_null(keep(t), False)))
+        paths.append(out / shard.name)
+    return paths

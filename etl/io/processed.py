@@ -53,11 +53,24 @@ FORMATS = ("parquet", "npy")
 
 
 @dataclass(frozen=True)
+class StageRows:
+    """The rows one reshaping stage (``etl.pipeline.stages``) took in and passed on, for one file or summed over
+    several."""
+
+    stage: str
+    rows_in: int
+    rows_out: int
+
+
+@dataclass(frozen=True)
 class ManifestEntry:
     """One output file: ``output`` and ``quarantine`` are paths relative to the directory (``quarantine`` is None
     when no row was rejected); ``source`` is the absolute path of the input shard, ``source_bytes`` its size,
     ``source_mtime_ns`` its modification time and ``source_footer_sha256`` the checksum of its Parquet footer
-    (``etl.io.parquet.footer_sha256``), all taken before it was read; ``rows_in = rows_out + rows_quarantined``;
+    (``etl.io.parquet.footer_sha256``), all taken before it was read; ``rows_in = rows_out + rows_quarantined``
+    plus the rows its pipeline's reshaping stages removed: ``stages`` lists, in pipeline order, the rows each took
+    in and passed on (the first takes ``rows_in``, each takes what the one before passed on, and the last passes
+    on ``rows_out + rows_quarantined``), and is None (absent from the manifest) for a pipeline without stages;
     ``sha256`` is the checksum of the output file and ``artifacts_sha256`` that of the artifacts' pipeline.json it
     was transformed with. The fields that default to None are absent from manifests written before they existed.
     ``output`` names the shard's output whatever the formats: ``sha256`` is None when its Parquet file was not
@@ -76,23 +89,57 @@ class ManifestEntry:
     source_mtime_ns: int | None = None
     source_footer_sha256: str | None = None
     npy_chunks: tuple[NpyChunk, ...] | None = None
+    stages: tuple[StageRows, ...] | None = None
 
 
 @dataclass(frozen=True)
 class Totals:
-    """Row counts summed over a manifest's entries."""
+    """Row counts summed over a manifest's entries; ``stages``: the rows of each reshaping stage, summed over the
+    entries (None for a pipeline without stages)."""
 
     rows_in: int
     rows_out: int
     rows_quarantined: int
+    stages: tuple[StageRows, ...] | None = None
 
     @classmethod
     def of(cls, entries: list[ManifestEntry]) -> Totals:
+        """The totals of ``entries``. ValueError when they do not list the same stages (by name, in order)."""
         return cls(
             rows_in=sum(e.rows_in for e in entries),
             rows_out=sum(e.rows_out for e in entries),
             rows_quarantined=sum(e.rows_quarantined for e in entries),
+            stages=sum_stages([e.stages for e in entries]),
         )
+
+    @property
+    def rows_removed(self) -> int:
+        """The rows the reshaping stages removed: ``rows_in - rows_out - rows_quarantined``."""
+        return sum(s.rows_in - s.rows_out for s in self.stages or ())
+
+
+def sum_stages(per_file: list[tuple[StageRows, ...] | None]) -> tuple[StageRows, ...] | None:
+    """The stage rows of several files summed stage by stage (None when there is no file or no stage).
+    ValueError when the files do not list the same stages, by name and in order."""
+    if not per_file or per_file[0] is None:
+        if any(s is not None for s in per_file):
+            raise ValueError("some files list reshaping stages and others none")
+        return None
+    names = [s.stage for s in per_file[0]]
+    if any(s is None or [x.stage for x in s] != names for s in per_file):
+        raise ValueError(f"the files do not all list the reshaping stages {names}")
+    return tuple(StageRows(name, sum(s[k].rows_in for s in per_file if s), sum(s[k].rows_out for s in per_file if s))
+                 for k, name in enumerate(names))  # fmt: skip
+
+
+def describe_rows(rows_in: int, rows_out: int, rows_quarantined: int, stages: tuple[StageRows, ...] | None) -> str:
+    """The row accounting in one line: ``1,000 in = 900 out + 0 quarantined``, and with reshaping stages
+    ``+ 100 removed by stages (Filter: 1,000 → 900)``."""
+    line = f"{rows_in:,} in = {rows_out:,} out + {rows_quarantined:,} quarantined"
+    if stages is None:
+        return line
+    removed = sum(s.rows_in - s.rows_out for s in stages)
+    return line + f" + {removed:,} removed by stages (" + ", ".join(f"{s.stage}: {s.rows_in:,} → {s.rows_out:,}" for s in stages) + ")"
 
 
 @dataclass(frozen=True)
@@ -156,8 +203,8 @@ def write_manifest(directory: Location, manifest: Manifest) -> None:
         "pipeline": manifest.pipeline,
         "artifacts": ARTIFACTS,
         "complete": manifest.complete,
-        "totals": asdict(manifest.totals),
-        "files": [{k: v for k, v in asdict(e).items() if k != "npy_chunks" or v is not None} for e in manifest.files],
+        "totals": _without_none(asdict(manifest.totals), ("stages",)),
+        "files": [_without_none(asdict(e), ("npy_chunks", "stages")) for e in manifest.files],
     }
     if manifest.formats != ("parquet",):
         doc["formats"] = list(manifest.formats)
@@ -166,9 +213,15 @@ def write_manifest(directory: Location, manifest: Manifest) -> None:
     atomic_write_bytes(directory / MANIFEST, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
 
 
+def _without_none(doc: dict[str, Any], optional: tuple[str, ...]) -> dict[str, Any]:
+    """``doc`` without the ``optional`` keys whose value is None (the manifest of earlier versions lacks them)."""
+    return {k: v for k, v in doc.items() if k not in optional or v is not None}
+
+
 def read_manifest(directory: Location) -> Manifest:
     """The manifest of ``directory``. Raises ``InputError`` naming manifest.json when it is missing or
-    unreadable, not JSON, of another format or version, or lacks a field (or has one of the wrong type)."""
+    unreadable, not JSON, of another format or version, lacks a field (or has one of the wrong type), or when its
+    files do not list the same reshaping stages."""
     path = directory / MANIFEST
     try:
         doc = json.loads(path.read_bytes())
@@ -184,11 +237,17 @@ def read_manifest(directory: Location) -> Manifest:
     totals = _field(doc, "totals", dict, path)
     files = _field(doc, "files", list, path)
     formats = _formats(doc, path)
+    entries = [_entry(e, path, f"files[{i}]") for i, e in enumerate(files)]
+    try:
+        sum_stages([e.stages for e in entries])
+    except ValueError as e:
+        raise InputError(str(path), f"manifest field 'files': {e}") from None
+    counts = {k: _field(totals, k, int, path, "totals") for k in ("rows_in", "rows_out", "rows_quarantined")}
     return Manifest(
         pipeline=_field(doc, "pipeline", str, path),
         complete=_field(doc, "complete", bool, path),
-        totals=Totals(**{k: _field(totals, k, int, path, "totals") for k in ("rows_in", "rows_out", "rows_quarantined")}),
-        files=[_entry(e, path, f"files[{i}]") for i, e in enumerate(files)],
+        totals=Totals(**counts, stages=_stage_rows(totals, path, "totals")),
+        files=entries,
         formats=formats,
         npy=_npy_spec(_field(doc, "npy", dict, path), path) if "npy" in formats else None,
     )
@@ -328,8 +387,7 @@ def _readable_part(directory: Location, root: Location, manifest: Manifest, i: i
         raise InputError(str(path), f"{where}: output is not a shard file name such as {shard_name(0)}")
     if e.quarantine is not None and e.quarantine != quarantine_name(e.output):
         raise InputError(str(path), f"{where}: quarantine {json.dumps(e.quarantine)}, expected {quarantine_name(e.output)!r}")
-    if min(e.rows_in, e.rows_out, e.rows_quarantined) < 0 or e.rows_in != e.rows_out + e.rows_quarantined:
-        raise InputError(str(path), f"{where}: rows_in {e.rows_in} is not rows_out {e.rows_out} + rows_quarantined {e.rows_quarantined}")
+    _check_rows(e, path, where)
     part = directory / e.output
     try:
         resolved = part.resolve()
@@ -346,6 +404,23 @@ def _readable_part(directory: Location, root: Location, manifest: Manifest, i: i
     if manifest.npy is not None:
         _check_chunks(directory, manifest.npy, e, where)
     return part
+
+
+def _check_rows(e: ManifestEntry, path: Location, where: str) -> None:
+    """``InputError`` unless the row counts of ``e`` are >= 0 and add up: ``rows_in = rows_out + rows_quarantined``
+    without stages; with stages, the first takes ``rows_in``, each the rows the one before passed on, and the last
+    passes on ``rows_out + rows_quarantined``."""
+    stages = e.stages or ()
+    counts = (e.rows_in, e.rows_out, e.rows_quarantined, *(n for s in stages for n in (s.rows_in, s.rows_out)))
+    rows = e.rows_in
+    for k, s in enumerate(stages):
+        if s.rows_in != rows:
+            took = "rows_in" if k == 0 else f"stages[{k - 1}] ({stages[k - 1].stage}) passed on"
+            raise InputError(str(path), f"{where}: stages[{k}] ({s.stage}) took {s.rows_in} rows in, but {took} {rows}")
+        rows = s.rows_out
+    if min(counts) < 0 or rows != e.rows_out + e.rows_quarantined:
+        what = f"rows_in {e.rows_in}" if not stages else f"the {rows} rows the stages passed on"
+        raise InputError(str(path), f"{where}: {what} is not rows_out {e.rows_out} + rows_quarantined {e.rows_quarantined}")
 
 
 def _check_chunks(directory: Location, spec: NpySpec, e: ManifestEntry, where: str) -> None:
@@ -391,8 +466,9 @@ _ENTRY_TYPES: dict[str, type | tuple[type, ...]] = {
     "source_mtime_ns": (int, type(None)),
     "source_footer_sha256": (str, type(None)),
     "npy_chunks": (list, type(None)),
+    "stages": (list, type(None)),
 }
-_ENTRY_OPTIONAL = ("artifacts_sha256", "source_mtime_ns", "source_footer_sha256", "npy_chunks")
+_ENTRY_OPTIONAL = ("artifacts_sha256", "source_mtime_ns", "source_footer_sha256", "npy_chunks", "stages")
 
 
 def _entry(doc: Any, path: Location, where: str) -> ManifestEntry:
@@ -402,7 +478,25 @@ def _entry(doc: Any, path: Location, where: str) -> ManifestEntry:
     fields = {k: _field(doc, k, _ENTRY_TYPES[k], path, where) for k in present}
     if fields.get("npy_chunks") is not None:
         fields["npy_chunks"] = tuple(_chunk(c, path, f"{where}.npy_chunks[{i}]") for i, c in enumerate(fields["npy_chunks"]))
+    fields["stages"] = _stage_rows(doc, path, where)
     return ManifestEntry(**fields)
+
+
+def _stage_rows(doc: dict[str, Any], path: Location, where: str) -> tuple[StageRows, ...] | None:
+    """``doc["stages"]`` (of an entry or the totals) as stage rows; None when absent or null (no stages)."""
+    items = doc.get("stages")
+    if items is None:
+        return None
+    name = f"{where}.stages"
+    if not isinstance(items, list) or not items:
+        raise InputError(str(path), f"manifest field '{name}' is {json.dumps(items)}, expected a non-empty array")
+    out = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise InputError(str(path), f"manifest field '{name}[{i}]' is {json.dumps(item)}, expected an object")
+        out.append(StageRows(_field(item, "stage", str, path, f"{name}[{i}]"), _field(item, "rows_in", int, path, f"{name}[{i}]"),
+                             _field(item, "rows_out", int, path, f"{name}[{i}]")))  # fmt: skip
+    return tuple(out)
 
 
 def _chunk(doc: Any, path: Location, where: str) -> NpyChunk:

@@ -328,12 +328,17 @@ def open_processed_with(directory: Location, pipeline: str | Path | None, artifa
 
 def raw_pipeline(pipeline: str | Path | None, artifacts: Location | None) -> Pipeline:
     """The fitted pipeline that transforms raw shards: loaded from ``artifacts`` (checked against ``pipeline``), or
-    ``pipeline`` itself when it has nothing to fit."""
+    ``pipeline`` itself when it has nothing to fit. A pipeline with reshaping stages is refused (``ConfigError``):
+    the loader streams raw rows through the ops only, and the stages' output is made by ``etl preprocess``."""
     if pipeline is None:
         raise ConfigError("raw shards need a pipeline (or give the output directory of etl preprocess)")
     p = Pipeline.load(artifacts) if artifacts is not None else Pipeline.from_file(pipeline)
     if artifacts is not None:
         check_match(p, Pipeline.from_file(pipeline), artifacts)
+    if p.stages:
+        names = ", ".join(s.name for s in p.stages)
+        raise ConfigError(f"{pipeline} has reshaping stages ({names}), which the loader does not run on raw shards: run `etl preprocess` "
+                          "first, then load its output directory")  # fmt: skip
     if not p.is_fitted:
         raise ConfigError(f"{pipeline} has ops to fit: run `etl fit` and pass artifacts=")
     return p

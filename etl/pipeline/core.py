@@ -4,6 +4,8 @@ A pipeline file (YAML)::
 
     name: criteo
     schema: ../schemas/criteo.yaml     # relative to this file
+    stages:                            # optional: reshaping stages on the raw rows (etl.pipeline.stages)
+      - {stage: Filter, where: {column: label, op: not_null}}
     ops:
       - {op: FillMissing, columns: "@dense", value: 0}
       - {op: Clamp, columns: "@dense", min: 0}
@@ -26,6 +28,9 @@ column (dropped ones aside), in schema order, then the columns ops create, in pi
 float32, ids as int32 (int64 when an op's cardinality needs it), lists as list<id>, passthrough columns unchanged
 in their raw-layout type (``etl.io.text.raw_arrow_schema``). Ops and their parameters are documented in
 ``pipelines/README.md``.
+
+``stages`` (optional) lists reshaping stages, which run on the raw rows before the fit and the ops and may change
+the row count; ``etl preprocess`` runs them, and ``Pipeline.transform`` does not (see ``etl.pipeline.stages``).
 
 Fitting over shards is in ``etl.pipeline.fit``, saving and loading the fitted state in ``etl.pipeline.artifacts``;
 ``Pipeline.fit``, ``save`` and ``load`` call them.
@@ -50,10 +55,12 @@ from etl.io.arrow import from_numpy, validity
 from etl.io.fs import Location
 from etl.io.memory import SOURCE, arrow_table
 from etl.io.parquet import batch_from_arrow
+from etl.io.processed import StageRows
 from etl.io.text import raw_arrow_schema
 from etl.ops import REGISTRY, InvalidRows, Op
 from etl.pipeline import artifacts
 from etl.pipeline.fit import fit_shards
+from etl.pipeline.stages import Stage, parse_stages
 from etl.progress import Progress
 from etl.schema import ColumnSpec, Schema, load_schema, read_yaml
 
@@ -87,14 +94,22 @@ class Rejected:
 
 @dataclass
 class Transformed:
-    """A transformed batch and the rows left out of it (with ``on_error="quarantine"``)."""
+    """A transformed batch and the rows left out of it (with ``on_error="quarantine"``); ``stages``: when the
+    batch was read through the pipeline's reshaping stages, the rows each took in and passed on."""
 
     batch: Batch
     rejected: list[Rejected] = field(default_factory=list)
+    stages: tuple[StageRows, ...] = ()
 
     @property
     def num_rejected(self) -> int:
         return sum(len(r.rows) for r in self.rejected)
+
+    @property
+    def rows_read(self) -> int:
+        """The rows the batch was made from: those read, before the stages, when it went through stages; else its
+        rows and the rejected ones."""
+        return self.stages[0].rows_in if self.stages else self.batch.num_rows + self.num_rejected
 
 
 #: Where ops and their parameters are documented (named in errors about unknown ops and parameters).
@@ -148,11 +163,13 @@ def _role_columns(sel: dict[str, Any], schema: Schema, created: dict[str, Column
 
 
 class Pipeline:
-    """An ordered list of ops over a schema. Build with ``Pipeline.from_file`` or ``Pipeline.load``."""
+    """An ordered list of ops over a schema, after optional reshaping stages (``stages``). Build with
+    ``Pipeline.from_file`` or ``Pipeline.load``."""
 
     def __init__(self, doc: dict[str, Any], schema: Schema, path: str = "<memory>", xp: Backend = cpu):
         self.doc, self.schema, self.path, self.xp = doc, schema, path, xp
         self.name = str(doc.get("name", schema.name))
+        self.stages: list[Stage] = parse_stages(doc.get("stages"), schema, path)
         self.ops: list[Op] = []
         raw_ops = doc.get("ops")
         if not isinstance(raw_ops, list) or not raw_ops:
@@ -373,7 +390,8 @@ class Pipeline:
 
         ``data``: a pyarrow Table, a pandas or polars DataFrame, or a dict of column name → list of values, holding
         the schema's columns (others are ignored). ``None`` is a missing value in any column, also in a column
-        of only ``None`` (see ``etl.io.memory``). The label may be left out: the output then has no label
+        of only ``None`` (see ``etl.io.memory``). Every row given has its output row: the reshaping stages
+        (``stages``) are not run here, only the ops. The label may be left out: the output then has no label
         column (a label that is given must be valid, as in training). Invalid values raise ``RowError`` naming
         the row within ``data`` (source ``<table>``); a missing or unreadable column raises ``InputError``."""
         table = arrow_table(data, self.schema)

@@ -56,6 +56,7 @@ from etl.ops import Op
 from etl.ops.counts import KeyCounts, merge_counts, merge_ranked
 from etl.pipeline.fit import fit_plan
 from etl.pipeline.spill import read_partition, read_ranked, write_partial, write_ranked
+from etl.pipeline.stages import read_staged
 
 if TYPE_CHECKING:
     from distributed import Client, Future
@@ -301,10 +302,12 @@ def _count_piece(
     for g in range(piece.first, piece.stop):
         if stop.is_set():
             return None
-        t = pipeline.run_ops(shard.read(g, columns), prep, on_error, labels=True, output=False)
+        batch, stages = read_staged(pipeline.stages, shard, g, columns)
+        t = pipeline.run_ops(batch, prep, on_error, labels=True, output=False)
+        t.stages = stages
         for op, st in zip(stage, stats):
             op.partial_fit(st, t.batch, xp)
-        rows = t.batch.num_rows + t.num_rejected
+        rows = t.rows_read
         out.rows += rows
         progress(rows)
     for i, op, st in zip(positions, stage, stats):

@@ -24,6 +24,7 @@ from etl.errors import ConfigError, InputError
 from etl.io.fs import Location, Url, location
 from etl.io.parquet import open_shard, read_footer
 from etl.ops import Op
+from etl.pipeline.stages import read_staged
 from etl.progress import Progress
 from etl.workers import run_staged, run_workers
 
@@ -126,13 +127,17 @@ def emit_prepared(
     emit: Callable[[Transformed], None],
     stop: threading.Event,
 ) -> None:
-    """Read ``columns`` of each row group of shard ``path``, run the label check and the ops ``prep`` on it (as
-    ``fit_plan`` says) and ``emit`` the result, until the shard ends or ``stop`` is set."""
+    """Read ``columns`` of each row group of shard ``path``, run the pipeline's reshaping stages, the label check
+    and the ops ``prep`` on it (as ``fit_plan`` says) and ``emit`` the result, until the shard ends or ``stop`` is
+    set."""
     shard = open_shard(path, pipeline.schema)
     for i in range(shard.num_row_groups):
         if stop.is_set():
             return
-        emit(pipeline.run_ops(shard.read(i, columns), prep, on_error, labels=True, output=False))
+        batch, stages = read_staged(pipeline.stages, shard, i, columns)
+        t = pipeline.run_ops(batch, prep, on_error, labels=True, output=False)
+        t.stages = stages
+        emit(t)
 
 
 def fit_batches(
@@ -147,8 +152,9 @@ def fit_batches(
 ) -> None:
     """Fit the ops of ``stage`` on the batches ``prepare(item, emit, stop)`` emits for every item of ``items``
     (prepared batches: rows rejected before fitting listed in them), then finalize them. ``progress`` hears of
-    the rows of each batch, rejected ones included (``lock`` serializes its calls). ``rows``: the rows of all
-    the batches, when known (the accumulators' sizing hint, ``Op.new_stats``).
+    the rows each batch was read from (``Transformed.rows_read``: rejected ones, and those reshaping stages
+    removed, included; ``lock`` serializes its calls). ``rows``: the rows of all the batches, when known (the
+    accumulators' sizing hint, ``Op.new_stats``).
 
     ``prepare`` runs in ``workers`` threads. Every prepared batch then goes to ``workers`` fitting threads that
     share its (op, column) units: each thread claims the next unclaimed unit of the batch and adds it to that
@@ -166,7 +172,7 @@ def fit_batches(
             emit((t, itertools.count()))  # the batch and its unit claims, shared by the fitting threads
             if progress is not None:
                 with lock:
-                    progress(t.batch.num_rows + t.num_rejected)
+                    progress(t.rows_read)
 
         prepare(item, emit_claimed, stop)
 

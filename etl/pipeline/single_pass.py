@@ -7,7 +7,9 @@ feed the stage (``fit_plan``: Decode...), and puts the result in a ``Stash`` (``
   ops first is the same as running every op in pipeline order (``runs_first``: no earlier op reads or writes what
   they write, nor writes what they read);
 - otherwise the row group as read (``RawRows``): later stages and the transform then treat it exactly as a
-  two-pass run treats the source.
+  two-pass run treats the source. A pipeline with reshaping stages (``etl.pipeline.stages``) stashes every row
+  group this way: the fit and the transform each run the stages on it, as a two-pass run does, and the transform
+  has their row counts for the manifest.
 
 Later stages fit from the stash, never from the shards: from a prepared batch by running the feeding ops not yet
 run (label check and the first stage's feeding ops already passed on every row), from raw rows as a fit from the
@@ -32,9 +34,11 @@ import pyarrow as pa
 from etl.batch import Batch
 from etl.io.fs import Location
 from etl.io.parquet import Shard, open_shard
+from etl.io.processed import StageRows
 from etl.ops import Op
 from etl.pipeline.core import OnError, Pipeline, Transformed
 from etl.pipeline.fit import emit_prepared, fit_batches, fit_plan, fit_stages, rows_of, stage_name
+from etl.pipeline.stages import staged_batch
 from etl.pipeline.stash import Key, RawRows, Stash
 from etl.progress import Progress
 
@@ -95,8 +99,10 @@ def fit_stashing(
             if stop.is_set():
                 return
             raw = RawRows(shard.read_table(i), str(path), i, shard.row_group_starts[i])
-            t = pipeline.run_ops(raw.batch(pipeline.schema), first, on_error, labels=True, output=False)
-            stash.put((index, i), raw if t.rejected or not exact else t.batch)
+            batch, staged = _staged(pipeline, raw)
+            t = pipeline.run_ops(batch, first, on_error, labels=True, output=False)
+            t.stages = staged
+            stash.put((index, i), raw if t.rejected or not exact or pipeline.stages else t.batch)
             with lock:
                 keys.append((index, i))
             emit(t)
@@ -134,7 +140,10 @@ def _fit_from_stash(
         if isinstance(item, tuple):  # a stashed row group
             entry = stash.get(item)
             if isinstance(entry, RawRows):
-                emit(pipeline.run_ops(entry.batch(pipeline.schema, columns), prep, on_error, labels=True, output=False))
+                batch, staged = _staged(pipeline, entry, columns)
+                t = pipeline.run_ops(batch, prep, on_error, labels=True, output=False)
+                t.stages = staged
+                emit(t)
             else:
                 emit(pipeline.run_ops(entry, more, on_error, labels=False, output=False))
             return
@@ -151,9 +160,23 @@ def transform_stashed(
     batch, whose raw rows are not at hand). A prepared batch in which a row is rejected is transformed again from
     the source."""
     if isinstance(entry, RawRows):
-        return entry.table.num_rows, pipeline.transform(entry.batch(pipeline.schema), on_error), entry.table
+        return entry.table.num_rows, _transform_raw(pipeline, entry, on_error), entry.table
     t = pipeline.run_ops(entry, plan.rest, "quarantine", labels=False, output=True)
     if not t.rejected:
         return entry.num_rows, t, None
     raw = RawRows(shard.read_table(entry.row_group), entry.source, entry.row_group, shard.row_group_starts[entry.row_group])
-    return raw.table.num_rows, pipeline.transform(raw.batch(pipeline.schema), on_error), raw.table
+    return raw.table.num_rows, _transform_raw(pipeline, raw, on_error), raw.table
+
+
+def _staged(pipeline: Pipeline, raw: RawRows, columns: list[str] | None = None) -> tuple[Batch, tuple[StageRows, ...]]:
+    """The rows of ``raw`` (its ``columns``, default all) that the pipeline's reshaping stages pass on, as a batch,
+    and the stages' rows in and out."""
+    return staged_batch(pipeline.stages, pipeline.schema, raw.table, raw.source, raw.row_group, raw.first_row, columns)
+
+
+def _transform_raw(pipeline: Pipeline, raw: RawRows, on_error: OnError) -> Transformed:
+    """``raw`` through the reshaping stages, then ``pipeline.transform``."""
+    batch, staged = _staged(pipeline, raw)
+    t = pipeline.transform(batch, on_error)
+    t.stages = staged
+    return t

@@ -44,8 +44,6 @@ from etl.batch import Batch, Column, InlineStrings, Strings
 from etl.errors import ConfigError
 from etl.io.arrow import from_numpy, to_numpy
 from etl.io.files import temporary_path
-from etl.io.parquet import batch_from_arrow
-from etl.schema import Schema
 
 #: The default budget: this fraction of the machine's memory (``MemTotal`` of /proc/meminfo).
 DEFAULT_BUDGET_FRACTION = 0.25
@@ -107,10 +105,6 @@ class RawRows:
     source: str
     row_group: int
     first_row: int
-
-    def batch(self, schema: Schema, columns: list[str] | None = None) -> Batch:
-        """The rows as a ``Batch`` (of ``columns``, default every schema column), as read from the shard."""
-        return batch_from_arrow(self.table, schema, self.source, self.row_group, self.first_row, columns)
 
 
 #: What the stash holds for a row group.

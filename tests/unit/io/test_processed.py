@@ -20,9 +20,11 @@ from etl.io.processed import (
     Manifest,
     ManifestEntry,
     ProcessedOutput,
+    StageRows,
     Totals,
     check_npy_layout,
     committed_parts,
+    describe_rows,
     is_processed,
     open_processed,
     part_path,
@@ -287,3 +289,94 @@ def test_malformed_manifest_names_the_file_and_field(tmp_path: Path, doc: dict, 
         open_processed(tmp_path)
     assert e.value.path == str(path)
     assert fragment in str(e.value)
+
+
+# ---------------------------------------------------------------- reshaping stages
+
+
+def staged_entry(i: int, rows_in: int, after: list[int], quarantined: int = 0) -> ManifestEntry:
+    """An entry of a pipeline with a Filter per number in ``after`` (the rows it passes on)."""
+    counts = [rows_in, *after]
+    stages = tuple(StageRows("Filter", a, b) for a, b in zip(counts, counts[1:]))
+    return replace(entry(i, rows_in, quarantined), rows_out=after[-1] - quarantined, stages=stages)
+
+
+def test_stage_rows_round_trip_and_sum_per_stage(tmp_path: Path) -> None:
+    files = [staged_entry(0, 10, [8, 5], quarantined=1), staged_entry(1, 7, [7, 2])]
+    m = Manifest.of("criteo", files, complete=True)
+    assert m.totals == Totals(17, 6, 1, (StageRows("Filter", 17, 15), StageRows("Filter", 15, 7)))
+    assert m.totals.rows_removed == 10 == m.totals.rows_in - m.totals.rows_out - m.totals.rows_quarantined
+    write_manifest(tmp_path, m)
+    doc = json.loads((tmp_path / MANIFEST).read_text())
+    assert doc["files"][0]["stages"] == [{"stage": "Filter", "rows_in": 10, "rows_out": 8}, {"stage": "Filter", "rows_in": 8, "rows_out": 5}]
+    assert doc["totals"]["stages"][1] == {"stage": "Filter", "rows_in": 15, "rows_out": 7}
+    assert read_manifest(tmp_path) == m
+    for e in files:
+        pq.write_table(pa.table({"x": list(range(e.rows_out))}), tmp_path / e.output)
+    assert open_processed(tmp_path).manifest == m
+
+
+def test_a_manifest_without_stages_has_no_stage_keys(tmp_path: Path, manifest: Manifest) -> None:
+    write_manifest(tmp_path, manifest)
+    assert "stages" not in (tmp_path / MANIFEST).read_text()
+    assert read_manifest(tmp_path).totals.stages is None and read_manifest(tmp_path).totals.rows_removed == 0
+
+
+def test_describe_rows_shows_what_the_stages_removed() -> None:
+    assert describe_rows(300, 250, 0, None) == "300 in = 250 out + 0 quarantined"
+    stages = (StageRows("Filter", 300_000, 260_000), StageRows("Filter", 260_000, 250_010))
+    assert describe_rows(300_000, 250_000, 10, stages) == ("300,000 in = 250,000 out + 10 quarantined + 49,990 removed by stages "
+                                                            "(Filter: 300,000 → 260,000, Filter: 260,000 → 250,010)")  # fmt: skip
+
+
+def _staged_doc(tmp_path: Path, change) -> Path:
+    m = Manifest.of("criteo", [staged_entry(0, 10, [8, 5], quarantined=1)], complete=True)
+    write_manifest(tmp_path, m)
+    pq.write_table(pa.table({"x": list(range(4))}), tmp_path / "part-00000.parquet")
+    doc = json.loads((tmp_path / MANIFEST).read_text())
+    change(doc)
+    if change.__name__ == "change_file":  # the totals stay the sum of the file's counts: only the file's are at fault
+        doc["totals"]["stages"] = doc["files"][0]["stages"]
+    return write_doc(tmp_path, doc)
+
+
+def _set(path: str, value: object):
+    def change(doc: dict) -> None:
+        *keys, last = path.split(".")
+        d = doc
+        for k in keys:
+            d = d[int(k)] if isinstance(d, list) else d[k]
+        d[int(last) if isinstance(d, list) else last] = value
+
+    change.__name__ = "change_file" if path.startswith("files") else "change_totals"
+    return change
+
+
+@pytest.mark.parametrize(
+    "change, fragment",
+    [
+        (_set("files.0.stages.0.rows_in", 9), "stages[0] (Filter) took 9 rows in, but rows_in 10"),
+        (_set("files.0.stages.1.rows_in", 7), "stages[1] (Filter) took 7 rows in, but stages[0] (Filter) passed on 8"),
+        (_set("files.0.stages.1.rows_out", 6), "the 6 rows the stages passed on is not rows_out 4 + rows_quarantined 1"),
+        (_set("files.0.stages.1.rows_out", "5"), "'files[0].stages[1].rows_out' is \"5\", expected an integer"),
+        (_set("files.0.stages", []), "'files[0].stages' is [], expected a non-empty array"),
+        (_set("files.0.stages.0", 3), "'files[0].stages[0]' is 3, expected an object"),
+        (_set("totals.stages.0.rows_out", 7), "manifest totals"),
+        (_set("totals.stages", None), "manifest totals"),
+    ],
+)
+def test_stage_rows_that_do_not_add_up_are_refused(tmp_path: Path, change, fragment: str) -> None:
+    path = _staged_doc(tmp_path, change)
+    with pytest.raises(InputError) as e:
+        open_processed(tmp_path)
+    assert e.value.path == str(path) and fragment in str(e.value)
+
+
+def test_files_listing_other_stages_are_refused(tmp_path: Path) -> None:
+    m = Manifest.of("criteo", [staged_entry(0, 10, [8, 5])], complete=True)
+    write_manifest(tmp_path, m)
+    doc = json.loads((tmp_path / MANIFEST).read_text())
+    doc["files"].append(MANIFEST_DOC["files"][1] | {"output": "part-00001.parquet"})
+    write_doc(tmp_path, doc)
+    with pytest.raises(InputError, match="the files do not all list the reshaping stages"):
+        read_manifest(tmp_path)

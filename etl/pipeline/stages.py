@@ -1,0 +1,145 @@
+"""Reshaping stages: steps that run on raw rows before the fit and the ops, and may change the row count.
+
+A pipeline file lists them under ``stages``, before ``ops``::
+
+    stages:
+      - {stage: Filter, where: {column: label, op: not_null}}
+    ops:
+      - ...
+
+Ops keep every row (a row leaves only through the quarantine, with its reason); stages are where rows may be
+removed, or, in later stages, regrouped. The contract:
+
+- A stage reads raw columns: the schema's columns as decoded from Parquet (``columns`` names those it reads),
+  before any op. Stages run in the order listed, each on what the one before passed on.
+- Everything downstream sees the stages' output: the fit (vocabularies and statistics are fitted on the rows the
+  stages keep: ``etl fit``, ``Pipeline.fit``, ``etl preprocess`` in threads, in its single pass and on a Dask
+  cluster), the label check, the ops and the quarantine. A row a stage removes is never quarantined; a row it
+  keeps keeps its row number in the source file, so errors and quarantine files name the source row.
+- Row accounting: per output file, ``etl preprocess`` records each stage's rows in and out (``StageRows`` in the
+  manifest, ``etl.io.processed``), so that ``rows_in = rows_out + rows_quarantined + rows removed by stages``
+  holds, and is checked, per file and in total.
+- Stages are not run by the ``Loader`` on raw shards (it refuses a pipeline that has them: run ``etl preprocess``,
+  then load its output, which the loader reads like any other) nor by ``Pipeline.transform`` and
+  ``transform_table``, which transform the rows they are given (the serving path keeps one output row per request).
+
+Scopes (``scope``):
+
+- ``"rows"``: shard-local. The stage sees one row group at a time (``select(table, rows)``: the row group as read,
+  and the positions of the rows reaching the stage; it returns the positions of the rows it passes on, in the
+  order it passes them) and needs nothing from other row groups or shards. Such stages run wherever a row group is
+  read (threads, Dask tasks, the single pass's stash, a rerun, ``--follow``), with no step of their own.
+  ``Filter`` (``etl.pipeline.filter``) is one.
+- ``"key"``: keyed, for stages that need every row of a key at once (grouping a key's events into time-ordered
+  sessions, time splits). This is the extension point, with no stage yet. Such a stage cannot run per row group:
+  its plan is an exchange before it. Each shard's rows (after the row-scope stages before it) are partitioned by a
+  hash of the key into P partition files (spilled Parquet, as the distributed fit spills count tables:
+  ``etl.pipeline.spill``), each row carrying its input position (shard index in name order, row number in the
+  file); each partition is then read whole, sorted by (key, time, tiebreak columns, input position) and given to
+  the stage, whose output is partition ``p``'s rows, written as the ``p``-th intermediate shard. The fit and the
+  ops then run over those shards as over raw ones, so results depend neither on shard cuts nor on worker count;
+  the manifest records the exchange as one more stage (rows in and out). ``parse_stages`` accepts only stages in
+  ``REGISTRY``, and ``run_stages`` only row-scope ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+import pyarrow as pa
+
+from etl.batch import Batch
+from etl.errors import SpecError
+from etl.io.parquet import Shard, batch_from_arrow
+from etl.io.processed import StageRows, sum_stages
+from etl.pipeline.filter import Filter
+from etl.schema import Schema
+
+#: Where stages and their parameters are documented (named in errors about unknown stages).
+STAGE_DOCS = "pipelines/README.md#stages"
+
+
+class Stage(Protocol):
+    """A reshaping stage (see the module docstring): its ``name`` in pipeline files, its ``scope`` ("rows" or
+    "key") and the raw ``columns`` it reads."""
+
+    name: ClassVar[str]
+    scope: ClassVar[str]
+    columns: list[str]
+
+    def select(self, table: pa.Table, rows: np.ndarray) -> np.ndarray:
+        """The positions (in ``table``) of the rows passed on, from ``rows``: the positions of the rows reaching
+        the stage, in order (int64)."""
+        ...
+
+
+#: The stages a pipeline file may name; each class has ``parse(params, schema, path, where)``.
+REGISTRY: dict[str, Any] = {"Filter": Filter}
+
+
+def parse_stages(doc: Any, schema: Schema, path: str) -> list[Stage]:
+    """The stages of a pipeline document's ``stages`` field (``doc``; None when the field is absent: no stages),
+    checked against ``schema``. ``SpecError`` naming ``path`` and the field for anything but a list of mappings
+    with a known ``stage`` and its parameters."""
+    if doc is None:
+        return []
+    if not isinstance(doc, list):
+        raise SpecError(path, "stages", f"expected a list of stages, got {doc!r}")
+    stages = []
+    for i, raw in enumerate(doc):
+        where = f"stages[{i}]"
+        if not isinstance(raw, dict) or "stage" not in raw:
+            raise SpecError(path, where, "expected a mapping with a 'stage' key")
+        cls = REGISTRY.get(raw["stage"])
+        if cls is None:
+            raise SpecError(path, f"{where}.stage", f"unknown stage {raw['stage']!r}; known: {sorted(REGISTRY)} (see {STAGE_DOCS})")
+        stages.append(cls.parse({k: v for k, v in raw.items() if k != "stage"}, schema, path, f"{where} ({raw['stage']})"))
+    return stages
+
+
+def run_stages(stages: list[Stage], table: pa.Table) -> tuple[np.ndarray, tuple[StageRows, ...]]:
+    """Run the row-scope ``stages`` on a row group as read (``table``): the positions of the rows they pass on,
+    in order, and each stage's rows in and out."""
+    rows = np.arange(table.num_rows, dtype=np.int64)
+    counts = []
+    for stage in stages:
+        if stage.scope != "rows":
+            raise ValueError(f"stage {stage.name} has scope {stage.scope!r}: it needs an exchange by key, not a row group")
+        kept = stage.select(table, rows)
+        counts.append(StageRows(stage.name, len(rows), len(kept)))
+        rows = kept
+    return rows, tuple(counts)
+
+
+def staged_batch(
+    stages: list[Stage], schema: Schema, table: pa.Table, source: str, row_group: int, first_row: int, columns: list[str] | None = None
+) -> tuple[Batch, tuple[StageRows, ...]]:
+    """The batch the ops read from a row group as read (``table``, row ``first_row`` of ``source`` onwards; its
+    columns ``columns``, default every schema column), and each stage's rows in and out: the rows ``stages`` pass
+    on, with their row numbers in the source. Without stages: ``batch_from_arrow``'s batch, and no counts."""
+    batch = batch_from_arrow(table, schema, source, row_group, first_row, columns)
+    if not stages:
+        return batch, ()
+    rows, counts = run_stages(stages, table)
+    if len(rows) != table.num_rows or not np.array_equal(rows, np.arange(table.num_rows)):
+        batch = batch.take(rows)
+    return batch, counts
+
+
+def read_staged(stages: list[Stage], shard: Shard, i: int, columns: list[str] | None = None) -> tuple[Batch, tuple[StageRows, ...]]:
+    """Row group ``i`` of ``shard`` as ``staged_batch`` gives it (``columns`` read, and those the stages read)."""
+    if not stages:
+        return shard.read(i, columns), ()
+    names = shard.schema.names
+    read = None if columns is None else [c for c in names if c in columns or any(c in s.columns for s in stages)]
+    return staged_batch(stages, shard.schema, shard.read_table(i, read), str(shard.path), i, shard.row_group_starts[i], columns)
+
+
+def stage_totals(stages: list[Stage], per_batch: list[tuple[StageRows, ...]]) -> tuple[StageRows, ...] | None:
+    """The rows in and out of each of ``stages`` summed over batches (``per_batch``: each batch's counts, as
+    ``staged_batch`` gives them; a shard without rows has none); None when there are no stages. ValueError when a
+    batch's counts are not those of ``stages``."""
+    if not stages:
+        return None
+    return sum_stages([tuple(StageRows(s.name, 0, 0) for s in stages), *per_batch])

@@ -46,7 +46,6 @@ from typing import Any
 
 import torch
 
-from etl.allocator import tune_allocator
 from etl.errors import ArtifactError, ConfigError
 from etl.io.arrivals import PROCESSED, CountedFiles, check_order
 from etl.io.files import sha256_file
@@ -66,6 +65,7 @@ from etl.loader.ring import Ring
 from etl.loader.stats import LoaderStats
 from etl.ops.online_vocab import VocabEvents
 from etl.pipeline import Pipeline, check_match
+from etl.runtime.allocator import tune_allocator
 
 __all__ = ["Loader", "LoaderBatch", "LoaderStats"]
 

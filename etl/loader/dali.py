@@ -43,7 +43,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from etl.allocator import tune_allocator
 from etl.backends.rows import scatter_rows
 from etl.errors import ConfigError
 from etl.io.fs import Url, locations
@@ -53,6 +52,7 @@ from etl.loader.api import Loader, LoaderBatch, _open_source, rank_and_world_siz
 from etl.loader.chunk import Layout
 from etl.loader.order import Piece, batches_per_rank, chunk_groups, epoch_rng, rank_pieces
 from etl.loader.stats import LoaderStats
+from etl.runtime.allocator import tune_allocator
 
 INSTALL = "pip install 'etl[dali]'"
 

@@ -24,8 +24,8 @@ from etl.errors import ConfigError, InputError
 from etl.io.fs import Location, Url, location
 from etl.io.parquet import open_shard, read_footer
 from etl.ops import Op
-from etl.progress import Progress
-from etl.workers import run_staged, run_workers
+from etl.runtime.progress import Progress
+from etl.runtime.workers import run_staged, run_workers
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -50,7 +50,7 @@ def fit_shards(
 ) -> None:
     """Fit every fittable op of ``pipeline``, streaming over ``shards`` row group by row group in bounded memory,
     one pass per stage. Invalid rows raise ``RowError`` or, with ``on_error="quarantine"``, are left out of the
-    statistics. ``progress`` (``etl.progress``) is called with the pass name (``"fit"``, or ``"fit 1/2"``,
+    statistics. ``progress`` (``etl.runtime.progress``) is called with the pass name (``"fit"``, or ``"fit 1/2"``,
     ``"fit 2/2"``... with several stages) and the rows of each row group read; on a cluster, a stage with count
     tables has a second pass, ``"fit merge"`` (``"fit 1/2 merge"``...), while their partitions are merged.
 

@@ -36,7 +36,7 @@ from etl.ops import Op
 from etl.pipeline.core import OnError, Pipeline, Transformed
 from etl.pipeline.fit import emit_prepared, fit_batches, fit_plan, fit_stages, rows_of, stage_name
 from etl.pipeline.stash import Key, RawRows, Stash
-from etl.progress import Progress
+from etl.runtime.progress import Progress
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ from etl.io.fs import Location, remove_tree
 from etl.io.parquet import open_shard
 from etl.ops import Op
 from etl.ops.counts import KeyCounts, merge_counts, merge_ranked
-from etl.pipeline.fit import fit_plan
+from etl.pipeline.plan import fit_plan
 from etl.pipeline.spill import read_partition, read_ranked, write_partial, write_ranked
 from etl.runtime.cluster_tasks import Stop, run_tasks
 

@@ -34,7 +34,8 @@ from etl.io.fs import Location
 from etl.io.parquet import Shard, open_shard
 from etl.ops import Op
 from etl.pipeline.core import OnError, Pipeline, Transformed
-from etl.pipeline.fit import emit_prepared, fit_batches, fit_plan, fit_stages, rows_of, stage_name
+from etl.pipeline.fit import emit_prepared, fit_batches, rows_of
+from etl.pipeline.plan import fit_plan, fit_stages, stage_name
 from etl.pipeline.stash import Key, RawRows, Stash
 from etl.runtime.progress import Progress
 

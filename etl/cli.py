@@ -23,14 +23,14 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
-from etl.allocator import tune_allocator
 from etl.errors import ConfigError, EtlError
 from etl.io.fs import Location, location
 from etl.io.paths import expand_globs
+from etl.runtime.allocator import tune_allocator
 
 if TYPE_CHECKING:
     from etl.pipeline import OnError
-    from etl.progress import Progress as PassProgress
+    from etl.runtime.progress import Progress as PassProgress
 
 
 class _Group(TyperGroup):
@@ -111,7 +111,7 @@ def _show_version(show: bool) -> None:
 def _before_every_command(
     show_version: bool = typer.Option(False, "--version", is_eager=True, callback=_show_version, help="Show the version and exit."),
 ) -> None:
-    """Process-wide setup before any command runs: tune the allocator for batch processing (``etl.allocator``)."""
+    """Process-wide setup before any command runs: tune the allocator for batch processing (``etl.runtime.allocator``)."""
     tune_allocator()
 
 
@@ -145,7 +145,7 @@ def _print_error(message: str) -> None:
 
 @contextmanager
 def progress_bars(total: int | None) -> Iterator[PassProgress]:
-    """Row progress bars on stderr, one per pass (``etl.progress``); yields ``report(pass_name, rows)``. A pass's
+    """Row progress bars on stderr, one per pass (``etl.runtime.progress``); yields ``report(pass_name, rows)``. A pass's
     bar, labelled with its name, appears with its first report (the bar of the pass before goes) and counts up to
     ``total`` rows (unknown when None). When stderr is not a terminal, nothing is shown (and rich's progress
     display is not even loaded)."""
@@ -226,7 +226,7 @@ def schema_infer(
     """Guess a schema and a starter pipeline from a sample; every guess is explained in a YAML comment."""
     import os
 
-    from etl.infer import infer
+    from etl.tools.infer import infer
 
     with user_errors():
         if pipeline is not None and out is None:
@@ -256,7 +256,7 @@ def generate(
 ) -> None:
     """Generate synthetic shards shaped like the schema's data (Zipf categoricals, nulls, heavy tails)."""
     from etl.schema import load_schema
-    from etl.synth import generate as run
+    from etl.tools.synth import generate as run
 
     with user_errors():
         s = load_schema(schema)
@@ -281,10 +281,10 @@ def fit(
     interrupted one)."""
     import time
 
-    from etl.cluster import connect
     from etl.io.files import remove_temporaries
     from etl.io.parquet import list_shards
     from etl.pipeline import Pipeline
+    from etl.runtime.cluster import connect
 
     with user_errors():
         _check_choice("--on-error", on_error, ("raise", "quarantine"))
@@ -351,7 +351,7 @@ def preprocess(
     if poll_interval != 1.0 or stop_after_idle is not None or arrivals != "names":
         with user_errors():
             raise ConfigError("--poll-interval, --stop-after-idle and --arrivals go with --follow")
-    from etl.cluster import connecting
+    from etl.runtime.cluster import connecting
 
     # a local cluster starts in the background while the pipeline is imported and read (or loaded from --artifacts)
     # and the shards listed
@@ -455,7 +455,7 @@ def demo(
     from etl.pipeline import Pipeline
     from etl.preprocess import preprocess as run
     from etl.resources import resource_path
-    from etl.synth import generate as gen
+    from etl.tools.synth import generate as gen
 
     with user_errors():
         p = Pipeline.from_file(pipeline or resource_path("pipelines", "criteo.yaml"))
@@ -513,8 +513,8 @@ def bench(
 
     from etl.bench.report import plot
     from etl.bench.run import run_bench
-    from etl.cluster import connect
     from etl.resources import resource_path
+    from etl.runtime.cluster import connect
 
     if follow:
         from etl.bench.freshness import FreshnessSettings
@@ -604,7 +604,7 @@ def _print_report(report) -> None:
 @app.command()
 def inspect(path: str = typer.Argument(..., help="A raw or processed shard directory/file, or an artifacts directory.")) -> None:
     """Show the schema, row counts and vocabulary sizes of a raw, processed or artifacts directory."""
-    from etl.inspect import describe
+    from etl.tools.inspect import describe
 
     with user_errors():
         text = describe(location(path))

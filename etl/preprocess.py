@@ -8,7 +8,7 @@ the source), _column and _reason. The Parquet files are the same bytes whether o
 Every file is written under a unique temporary name; the driver (the process that called ``preprocess``, sole
 owner of the manifest and of the directory's lock) renames it onto its final name and rewrites the manifest
 (atomically) after each shard. The manifest written last is the commit record: readers trust only the files it
-lists. Shards are transformed by worker threads, or, given a Dask ``client`` (``etl.cluster``), by tasks on its
+lists. Shards are transformed by worker threads, or, given a Dask ``client`` (``etl.runtime.cluster``), by tasks on its
 workers, each loading the fitted pipeline from the artifacts this run saved (``etl.preprocess_tasks``): the input and output
 paths must then name the same files on every worker (shared storage). A task whose worker dies is run again
 elsewhere, and what the killed attempt left under a temporary name is removed at the end of the run. In threads,
@@ -51,7 +51,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from etl.cluster_tasks import Stop, run_tasks
 from etl.errors import ConfigError, InputError, OutputError
 from etl.io.files import ExclusiveParquetWriter, HashingFile, buffered_stream, is_shard_name, remove_temporaries, sha256_file, temporary_path
 from etl.io.fs import Location, Url, fingerprint, is_within
@@ -77,8 +76,9 @@ from etl.pipeline import ON_ERROR, OnError, Pipeline, Transformed, check_match
 from etl.pipeline.single_pass import Plan, fit_stashing, transform_stashed
 from etl.pipeline.stages import stage_totals, staged_batch
 from etl.pipeline.stash import Stash, default_budget, parse_budget
-from etl.progress import Progress
-from etl.workers import run_workers
+from etl.runtime.cluster_tasks import Stop, run_tasks
+from etl.runtime.progress import Progress
+from etl.runtime.workers import run_workers
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -438,7 +438,7 @@ def preprocess(
     storage), removed when the run ends, however it ends. A fit on a Dask cluster reads the shards twice (fit,
     then transform); with artifacts, or a pipeline with nothing to fit, there is one pass anyway.
 
-    ``progress`` (``etl.progress``) hears of the fitting passes and of the ``"transform"`` pass, which counts the
+    ``progress`` (``etl.runtime.progress``) hears of the fitting passes and of the ``"transform"`` pass, which counts the
     rows of the shards a previous run completed (skipped now) at its start.
 
     ``out_dir`` must lie apart from the inputs (OutputError otherwise, see ``check_apart``). The run holds

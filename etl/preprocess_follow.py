@@ -31,7 +31,7 @@ from etl.io.lock import locked
 from etl.io.processed import QUARANTINE, Manifest, ManifestEntry, Totals, part_path, write_manifest
 from etl.pipeline import OnError, Pipeline
 from etl.preprocess import Formats, _complete, _previous, _remove_stale, _save_artifacts, check_apart, commit_shard, process_shard
-from etl.workers import run_workers
+from etl.runtime.workers import run_workers
 
 
 @dataclass(frozen=True)

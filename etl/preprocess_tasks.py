@@ -14,13 +14,13 @@ import socket
 import threading
 from collections.abc import Callable, Iterator
 
-from etl.allocator import tune_allocator
-from etl.cluster_tasks import Stop
 from etl.errors import ConfigError
 from etl.io.files import is_temporary, sha256_file
 from etl.io.fs import Location
 from etl.pipeline import OnError, Pipeline
 from etl.preprocess import Formats, WrittenShard, process_shard
+from etl.runtime.allocator import tune_allocator
+from etl.runtime.cluster_tasks import Stop
 
 _lock = threading.Lock()
 _loaded: tuple[str, str, Pipeline] | None = None  # (run, digest of the artifacts, pipeline) of the last load here
@@ -39,7 +39,7 @@ def shard_task(
 ) -> WrittenShard | None:
     """``process_shard`` for ``shard`` = (source, output path), with the pipeline the run ``run`` saved in
     ``artifacts`` (see ``fitted``). The worker process's allocator is tuned as the command line tunes its own
-    (``etl.allocator``; Dask starts workers with malloc handing freed memory back at once, which makes every row
+    (``etl.runtime.allocator``; Dask starts workers with malloc handing freed memory back at once, which makes every row
     group page-fault its arrays in again)."""
     tune_allocator()
     source, out = shard

@@ -49,10 +49,10 @@ def tree_digest(root: Path) -> dict[str, str]:
 
 def phases(data: Path, artifacts: Path, workers: int) -> None:
     """Print the seconds of each phase of a fresh ``--cluster local:N`` run, in this process (see the docstring)."""
-    from etl.cluster import connect
     from etl.io.parquet import list_shards
     from etl.pipeline import Pipeline
     from etl.preprocess import preprocess
+    from etl.runtime.cluster import connect
 
     def load(where: Path) -> float:
         t = time.perf_counter()

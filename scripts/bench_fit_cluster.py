@@ -16,9 +16,9 @@ import json
 import time
 from pathlib import Path
 
-from etl.cluster import connect
 from etl.io.parquet import list_shards
 from etl.pipeline import Pipeline
+from etl.runtime.cluster import connect
 
 
 def peak_rss() -> int:

@@ -35,7 +35,7 @@ from etl.loader.pieces import HostReader, ProcessedReader
 from etl.pipeline import Pipeline
 from etl.preprocess import preprocess
 from etl.schema import load_schema
-from etl.synth import generate
+from etl.tools.synth import generate
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -33,7 +33,7 @@ from etl.loader import Loader
 from etl.pipeline import Pipeline
 from etl.preprocess import preprocess
 from etl.resources import resource_path
-from etl.synth import generate
+from etl.tools.synth import generate
 
 #: S3 requests made by this process, by operation (counted by ``instrument``)
 REQUESTS: Counter[str] = Counter()

@@ -30,14 +30,14 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from etl.allocator import tune_allocator
 from etl.bench.baselines import first_difference, numpy_categorify, numpy_hash
 from etl.bench.polars_baselines import polars_categorify, polars_hash
 from etl.io.parquet import list_shards
 from etl.pipeline import Pipeline
 from etl.preprocess import preprocess
+from etl.runtime.allocator import tune_allocator
 from etl.schema import load_schema
-from etl.synth import generate
+from etl.tools.synth import generate
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -13,7 +13,7 @@ the end-to-end rate is at most twice the "per core" figure.
 
 Last, whether the loader's two worker threads overlap (the GIL is held by Python code, released by polars, numpy
 loops and the numba kernels): the worker path (read → chunk) over every row group with one thread, then with two
-(``etl.workers.run_workers``), best of ``--repeat``; and the same for the transform alone (tables already in
+(``etl.runtime.workers.run_workers``), best of ``--repeat``; and the same for the transform alone (tables already in
 memory: no polars). A speed-up of 2× is perfect overlap; on a machine shared with other jobs it reads low.
 
     python scripts/bench_profile.py --data /tmp/g2m --repeat 3
@@ -31,14 +31,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from etl.allocator import tune_allocator
 from etl.backends import cpu
 from etl.io.parquet import batch_from_arrow, list_shards, read_rows
 from etl.loader.chunk import Chunk, ChunkRun, Layout
 from etl.loader.order import epoch_rng, row_groups
 from etl.loader.ring import Ring
 from etl.pipeline import Pipeline
-from etl.workers import run_workers
+from etl.runtime.allocator import tune_allocator
+from etl.runtime.workers import run_workers
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -3,7 +3,7 @@
 rate, as a log shipper would, for ``scripts/train_dlrm.py --follow`` or ``etl bench --follow`` to follow.
 
 Each shard is written under a temporary name and renamed once complete, named ``part-NNNNNN.parquet`` so that name
-order is arrival order (``etl.io.arrivals``). Shard ``k`` holds ``--shard-rows`` rows of ``etl.synth`` data with
+order is arrival order (``etl.io.arrivals``). Shard ``k`` holds ``--shard-rows`` rows of ``etl.tools.synth`` data with
 the row ids ``k * shard_rows .. k * shard_rows + shard_rows - 1`` in the schema's first integer dense column and
 ``k`` in its second (``etl.bench.freshness.traced_shard``), so a consumer can trace every row. A producer started
 on a directory that already holds shards continues after the last one.

@@ -128,11 +128,11 @@ def criteo_table(n: int, seed: int = 0) -> pa.Table:
 
 @pytest.fixture(scope="session")
 def local_cluster() -> Iterator[Client | None]:
-    """A Dask cluster of two worker processes (``etl.cluster.connect("local:2")``) for the whole session: its
+    """A Dask cluster of two worker processes (``etl.runtime.cluster.connect("local:2")``) for the whole session: its
     client. Shared by the tests that only run work on such a cluster, so that it starts once; a test that kills
     workers or changes Dask's configuration starts a cluster of its own."""
     pytest.importorskip("distributed")
-    from etl.cluster import connect
+    from etl.runtime.cluster import connect
 
     with connect("local:2") as client:
         yield client

@@ -18,7 +18,7 @@ The must-hold of follow mode: lag p99 < 2 × ``poll_interval`` + one shard's tra
 most one poll to be seen, its rows at most ``idle_flush`` = ``poll_interval`` in a shuffle buffer that is not
 full, and one transform). ``Freshness.holds`` records whether this run met it.
 
-Shards are traceable: shard ``k`` is a template of ``shard_rows`` synthetic rows (``etl.synth``) whose first dense
+Shards are traceable: shard ``k`` is a template of ``shard_rows`` synthetic rows (``etl.tools.synth``) whose first dense
 column (``trace_columns``) holds the row id ``k * shard_rows + i`` and whose second holds ``k``. The consumer knows
 the shard of a row by the value the pipeline makes of ``k`` (``shard_codes``).
 """
@@ -49,7 +49,7 @@ from etl.io.parquet import batch_from_arrow
 from etl.loader import Loader
 from etl.pipeline import Pipeline
 from etl.schema import Schema
-from etl.synth import generate
+from etl.tools.synth import generate
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ def trace_columns(schema: Schema) -> tuple[str, str]:
 
 
 def template_shard(schema: Schema, rows: int, work: Path, seed: int = 0) -> pa.Table:
-    """``rows`` synthetic rows of ``schema`` (``etl.synth.generate`` into ``work``), as a table in the raw layout."""
+    """``rows`` synthetic rows of ``schema`` (``etl.tools.synth.generate`` into ``work``), as a table in the raw layout."""
     (path,) = generate(schema, rows, 1, work / "template", seed=seed)
     return pq.read_table(str(path))
 

@@ -61,8 +61,8 @@ from etl.loader.order import row_groups
 from etl.loader.ring import Ring
 from etl.pipeline import Pipeline
 from etl.preprocess import preprocess
-from etl.synth import generate
-from etl.workers import run_workers
+from etl.runtime.workers import run_workers
+from etl.tools.synth import generate
 
 if TYPE_CHECKING:
     from distributed import Client

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ROW_GROUP_ROWS", "ARROW_SCALAR", "raw_arrow_schema", "convert", "read_text", "header_names", "ShardSetWriter"]
 
-#: Largest row group written by ``convert`` and ``etl.synth.generate``.
+#: Largest row group written by ``convert`` and ``etl.tools.synth.generate``.
 ROW_GROUP_ROWS = 131_072
 
 _BLOCK_SIZE = 16 << 20  # bytes of text per CSV block: bounds memory while streaming

@@ -44,7 +44,6 @@ from typing import Any, Protocol
 
 import torch
 
-from etl.allocator import tune_allocator
 from etl.errors import ConfigError
 from etl.io.arrivals import check_order
 from etl.io.fs import Location, location, locations
@@ -60,6 +59,7 @@ from etl.loader.stats import LoaderStats
 from etl.loader.stream_state import Key, StreamStates
 from etl.loader.threads import ThreadEngine
 from etl.pipeline import Pipeline, saved_streams
+from etl.runtime.allocator import tune_allocator
 
 __all__ = ["Loader", "LoaderBatch", "LoaderStats"]
 

@@ -61,7 +61,7 @@ from etl.ops import REGISTRY, InvalidRows, Op
 from etl.pipeline import artifacts
 from etl.pipeline.fit import fit_shards
 from etl.pipeline.stages import Stage, parse_stages
-from etl.progress import Progress
+from etl.runtime.progress import Progress
 from etl.schema import ColumnSpec, Schema, load_schema, read_yaml
 
 if TYPE_CHECKING:
@@ -281,7 +281,7 @@ class Pipeline:
         threads, or on the workers of the Dask ``client`` (see ``etl.pipeline.fit``: ``partitions`` and
         ``workdir`` are for a cluster). The fitted state does not depend on shard order, worker count, executor
         or partitions. Invalid rows raise ``RowError`` or, with ``on_error="quarantine"``, are left out;
-        ``progress`` (``etl.progress``) is called with the name of the fitting pass and numbers of rows read."""
+        ``progress`` (``etl.runtime.progress``) is called with the name of the fitting pass and numbers of rows read."""
         fit_shards(self, shards, workers, on_error, progress, client, partitions, workdir)
 
     def save(self, directory: str | Location) -> None:

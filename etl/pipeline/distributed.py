@@ -20,7 +20,7 @@
    (``Op.finalize_ranked``), column after column as their partitions are merged, while the workers merge the
    next. The other partials are merged with ``Op.merge`` and finalized.
 
-Both kinds of task run through ``etl.cluster_tasks.run_tasks``: the first error stops the others, a user error
+Both kinds of task run through ``etl.runtime.cluster_tasks.run_tasks``: the first error stops the others, a user error
 reaches the client as itself, and a task whose workers keep dying is a ``ClusterError`` naming its piece or
 partition.
 
@@ -47,22 +47,22 @@ from dataclasses import dataclass, field
 from functools import partial, reduce
 from typing import TYPE_CHECKING, Any, cast
 
-from etl.cluster_tasks import Stop, run_tasks
 from etl.errors import ConfigError
 from etl.io.files import temporary_path
 from etl.io.fs import Location, remove_tree
 from etl.io.parquet import open_shard
 from etl.ops import Op
 from etl.ops.counts import KeyCounts, merge_counts, merge_ranked
-from etl.pipeline.fit import fit_plan
+from etl.pipeline.plan import fit_plan
 from etl.pipeline.spill import read_partition, read_ranked, write_partial, write_ranked
 from etl.pipeline.stages import read_staged
+from etl.runtime.cluster_tasks import Stop, run_tasks
 
 if TYPE_CHECKING:
     from distributed import Client, Future
 
     from etl.pipeline.core import OnError, Pipeline
-    from etl.progress import Progress
+    from etl.runtime.progress import Progress
 
 #: The most rows one counting task reads (whole row groups, at least one).
 TASK_ROWS = 1 << 20

@@ -1,9 +1,6 @@
-"""Fitting a pipeline over shards: stages of ops, the plan of a stage, and the threaded executor (the Dask
-executor is ``etl.pipeline.distributed``).
-
-Ops are fitted in stages: a stage is every unfitted op whose inputs do not depend on another unfitted op (an op
-that reads what an unfitted op writes waits for a later stage). For each stage, the plan says which fitted ops
-feed it and which columns to read; the executor then streams the shards once, row group by row group.
+"""Fitting a pipeline over shards: the threaded executor (the Dask executor is ``etl.pipeline.distributed``; the
+stages and the plan of each, which both follow, are ``etl.pipeline.plan``). For each stage the executor streams
+the shards once, row group by row group.
 
 Statistics are sums (counts, exact float sums) and ``finalize`` orders everything canonically, so the fitted
 state (and the artifact bytes) do not depend on shard order, batch order or worker count.
@@ -24,9 +21,10 @@ from etl.errors import ConfigError, InputError
 from etl.io.fs import Location, Url, location
 from etl.io.parquet import open_shard, read_footer
 from etl.ops import Op
+from etl.pipeline.plan import fit_plan, fit_stages, stage_name
 from etl.pipeline.stages import read_staged
-from etl.progress import Progress
-from etl.workers import run_staged, run_workers
+from etl.runtime.progress import Progress
+from etl.runtime.workers import run_staged, run_workers
 
 if TYPE_CHECKING:
     from distributed import Client
@@ -51,7 +49,7 @@ def fit_shards(
 ) -> None:
     """Fit every fittable op of ``pipeline``, streaming over ``shards`` row group by row group in bounded memory,
     one pass per stage. Invalid rows raise ``RowError`` or, with ``on_error="quarantine"``, are left out of the
-    statistics. ``progress`` (``etl.progress``) is called with the pass name (``"fit"``, or ``"fit 1/2"``,
+    statistics. ``progress`` (``etl.runtime.progress``) is called with the pass name (``"fit"``, or ``"fit 1/2"``,
     ``"fit 2/2"``... with several stages) and the rows of each row group read; on a cluster, a stage with count
     tables has a second pass, ``"fit merge"`` (``"fit 1/2 merge"``...), while their partitions are merged.
 
@@ -78,12 +76,6 @@ def fit_shards(
 
             work = Path(tempfile.gettempdir()) if workdir is None else location(workdir)
             fit_stage_on_cluster(pipeline, stage, shards, client, on_error, progress, name, partitions, work)
-
-
-def stage_name(k: int, stages: int) -> str:
-    """The progress pass name of fitting stage ``k`` of ``stages``: ``"fit"``, or ``"fit 1/2"``, ``"fit 2/2"``...
-    with several stages."""
-    return "fit" if stages == 1 else f"fit {k + 1}/{stages}"
 
 
 def _fit_stage(
@@ -221,45 +213,6 @@ def _fit_unit(unit: Unit, held: threading.Lock, t: Transformed, xp: Backend) -> 
         held.release()
 
 
-def fit_stages(ops: list[Op]) -> list[list[Op]]:
-    """The stages that fit the unfitted ops of ``ops``, in order: each is every op not yet fitted (by then) whose
-    inputs do not depend on another such op, in pipeline order."""
-    done = {id(op) for op in ops if op.is_fitted}
-    stages = []
-    while len(done) < len(ops):
-        stale: set[str] = set()
-        stage = []
-        for op in ops:
-            if stale & set(op.columns):
-                stale |= set(op.outputs)
-            elif id(op) not in done:
-                stage.append(op)
-                stale |= set(op.outputs)
-        stages.append(stage)
-        done |= {id(op) for op in stage}
-    return stages
-
-
-def fit_plan(pipeline: Pipeline, stage: list[Op]) -> tuple[list[Op], list[str]]:
-    """What fitting ``stage`` needs: the fitted ops that feed it, in pipeline order, and the columns to read
-    (theirs, the stage's and the labels: rows without a label are skipped by fit as by transform).
-
-    An op that does not depend on an unfitted op never writes a column a stage op reads (ops write in place
-    what they read, or new columns), so all of them can run before the stage ops gather statistics."""
-    needed = set(pipeline.schema.by_role("label"))
-    feeding = []
-    for op in reversed(pipeline.ops):
-        if op in stage or needed & set(op.outputs):
-            feeding.append(op)
-            needed |= set(op.columns)
-    stale: set[str] = set()
-    prep = []
-    for op in feeding[::-1]:
-        if op in stage or stale & set(op.columns):
-            stale |= set(op.outputs)
-        else:
-            prep.append(op)
-    return prep, [c for c in pipeline.schema.names if c in needed]
 
 
 def _columns_of(stats: dict[str, Any], column: str) -> dict[str, Any]:

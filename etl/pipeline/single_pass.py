@@ -37,10 +37,11 @@ from etl.io.parquet import Shard, open_shard
 from etl.io.processed import StageRows
 from etl.ops import Op
 from etl.pipeline.core import OnError, Pipeline, Transformed
-from etl.pipeline.fit import emit_prepared, fit_batches, fit_plan, fit_stages, rows_of, stage_name
+from etl.pipeline.fit import emit_prepared, fit_batches, rows_of
+from etl.pipeline.plan import fit_plan, fit_stages, stage_name
 from etl.pipeline.stages import staged_batch
 from etl.pipeline.stash import Key, RawRows, Stash
-from etl.progress import Progress
+from etl.runtime.progress import Progress
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import torch
 
 from etl.loader import Loader
 from etl.schema import load_schema
-from etl.synth import generate
+from etl.tools.synth import generate
 
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINE = ROOT / "pipelines/criteo_hash.yaml"

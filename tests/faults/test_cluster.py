@@ -15,14 +15,14 @@ from pathlib import Path
 import psutil
 import pytest
 
-from etl.cluster import connect
 from etl.io.files import is_temporary
 from etl.io.parquet import list_shards
 from etl.io.processed import read_manifest
 from etl.pipeline import Pipeline
 from etl.preprocess import preprocess
+from etl.runtime.cluster import connect
 from etl.schema import load_schema
-from etl.synth import generate
+from etl.tools.synth import generate
 from tests.conftest import REPO, run_etl, tree_bytes
 
 PIPELINE = REPO / "pipelines/criteo.yaml"

@@ -9,8 +9,8 @@ import signal
 import pyarrow.parquet as pq
 import pytest
 
-from etl.cluster import connect
 from etl.pipeline import Pipeline, distributed
+from etl.runtime.cluster import connect
 from tests.conftest import criteo_table
 from tests.unit.pipeline.conftest import PIPELINES
 from tests.unit.pipeline.test_fit import tree_bytes

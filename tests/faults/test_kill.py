@@ -19,7 +19,7 @@ import pytest
 
 from etl.io.files import is_shard_name, is_temporary
 from etl.schema import load_schema
-from etl.synth import generate
+from etl.tools.synth import generate
 from tests.conftest import REPO, run_etl
 
 PIPELINE = REPO / "pipelines/criteo.yaml"

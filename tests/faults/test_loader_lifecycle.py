@@ -17,7 +17,7 @@ import pytest
 from etl import Loader
 from etl.errors import InputError
 from etl.schema import load_schema
-from etl.synth import generate
+from etl.tools.synth import generate
 from tests.conftest import REPO, run_etl
 
 HASH = REPO / "pipelines/criteo_hash.yaml"

@@ -107,7 +107,7 @@ def _run_cli(*args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def raw(tmp_path: Path) -> Path:
-    from etl.synth import generate
+    from etl.tools.synth import generate
 
     generate(load_schema(REPO / "schemas" / "movielens.yaml"), rows=2000, files=2, out_dir=tmp_path / "raw")
     return tmp_path / "raw"
@@ -298,7 +298,7 @@ def tiny_fs(tmp_path: Path):
 
 
 def test_disk_full_is_one_line_exit_2_and_leaves_no_lock_or_temporaries(tiny_fs: Path, tmp_path: Path) -> None:
-    from etl.synth import generate
+    from etl.tools.synth import generate
 
     raw = tmp_path / "raw"
     generate(load_schema(REPO / "schemas" / "movielens.yaml"), rows=100_000, files=2, out_dir=raw)
@@ -356,7 +356,7 @@ def test_write_error_inside_a_part_file_leaves_no_final_name_and_the_rerun_is_id
 def test_rerun_with_fewer_shards_removes_the_stale_outputs_the_old_manifest_lists(tmp_path: Path) -> None:
     from etl.pipeline import Pipeline
     from etl.preprocess import preprocess
-    from etl.synth import generate
+    from etl.tools.synth import generate
 
     spec = REPO / "pipelines" / "movielens.yaml"
     shards = generate(load_schema(REPO / "schemas" / "movielens.yaml"), rows=3000, files=3, out_dir=tmp_path / "raw")

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from etl.schema import load_schema
-from etl.synth import generate
+from etl.tools.synth import generate
 from tests.conftest import REPO, run_etl
 
 STAGES_CATEGORIFY = ["floor", "fit", "columns", "0:FillMissing", "1:Clamp", "2:Log1p", "3:Decode", "4:Categorify"]

@@ -17,7 +17,7 @@ import pytest
 
 from etl.pipeline import Pipeline
 from etl.schema import load_schema
-from etl.synth import generate
+from etl.tools.synth import generate
 from tests.conftest import REPO, criteo_table, run_etl, tree_bytes
 
 CRITEO = REPO / "pipelines/criteo.yaml"

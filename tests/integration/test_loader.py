@@ -27,7 +27,7 @@ from etl.loader import Loader
 from etl.loader.threads import ThreadEngine
 from etl.pipeline import Pipeline
 from etl.schema import load_schema
-from etl.synth import generate
+from etl.tools.synth import generate
 from tests.conftest import REPO, etl_threads, run_etl, wait_for_threads
 
 HASH = REPO / "pipelines/criteo_hash.yaml"

@@ -11,7 +11,7 @@ import torch
 
 from etl.loader import Loader
 from etl.schema import load_schema
-from etl.synth import generate
+from etl.tools.synth import generate
 from tests.conftest import REPO, run_etl
 
 PIPELINE = REPO / "pipelines/criteo.yaml"

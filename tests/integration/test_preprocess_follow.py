@@ -20,7 +20,7 @@ from etl.io.processed import open_processed, verify_part
 from etl.pipeline import Pipeline
 from etl.preprocess import preprocess
 from etl.schema import load_schema
-from etl.synth import generate
+from etl.tools.synth import generate
 from tests.conftest import REPO, run_etl, tree_bytes
 
 HASH = REPO / "pipelines/criteo_hash.yaml"

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from etl.schema import load_schema
-from etl.synth import generate
+from etl.tools.synth import generate
 from tests.conftest import REPO
 
 STAGES = ["Parquet read", "hex decode", "counting", "count table growth", "stash put", "stash pop", "lookup table build",

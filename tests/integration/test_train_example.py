@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from etl.schema import load_schema
-from etl.synth import generate
+from etl.tools.synth import generate
 from tests.conftest import REPO, run_etl
 
 

@@ -454,7 +454,7 @@ def test_npy_chunks_beside_the_same_parquet_bytes_with_quarantined_rows(tmp_path
 def test_npy_refuses_a_pipeline_with_list_columns(tmp_path: Path) -> None:
     from etl.io.npy import ListColumnsError
     from etl.schema import load_schema
-    from etl.synth import generate
+    from etl.tools.synth import generate
 
     raw = generate(load_schema(REPO / "schemas/movielens.yaml"), 300, 1, tmp_path / "raw", seed=0)
     with pytest.raises(ListColumnsError, match="genres"):

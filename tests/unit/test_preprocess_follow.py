@@ -15,7 +15,7 @@ from etl.pipeline import Pipeline
 from etl.preprocess import preprocess
 from etl.preprocess_follow import preprocess_follow
 from etl.schema import load_schema
-from etl.synth import generate
+from etl.tools.synth import generate
 from tests.conftest import REPO, tree_bytes
 
 HASH = REPO / "pipelines/criteo_hash.yaml"

@@ -16,7 +16,7 @@ from etl.io.parquet import list_shards
 from etl.pipeline import Pipeline
 from etl.preprocess import preprocess
 from etl.schema import load_schema
-from etl.synth import generate
+from etl.tools.synth import generate
 
 REPO = Path(__file__).resolve().parents[3]
 BUCKETS = 40_000_000

@@ -13,7 +13,7 @@ from etl.io.parquet import list_shards
 from etl.ops.online_vocab import VocabEvents
 from etl.pipeline import Pipeline
 from etl.schema import load_schema
-from etl.synth import generate
+from etl.tools.synth import generate
 from tests.conftest import REPO
 
 

@@ -14,7 +14,7 @@ from etl.io.parquet import list_shards
 from etl.pipeline import Pipeline
 from etl.preprocess import preprocess
 from etl.schema import load_schema
-from etl.synth import generate
+from etl.tools.synth import generate
 
 REPO = Path(__file__).resolve().parents[3]
 CATEGORIFY = REPO / "pipelines/criteo.yaml"

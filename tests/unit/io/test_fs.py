@@ -15,7 +15,7 @@ from etl.io.parquet import footer_sha256, list_shards, open_shard, read_footer
 from etl.io.paths import expand_globs
 from etl.io.text import ShardSetWriter, raw_arrow_schema
 from etl.schema import ColumnSpec, Schema, load_schema
-from etl.synth import generate
+from etl.tools.synth import generate
 from tests.conftest import REPO
 
 

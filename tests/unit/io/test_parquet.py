@@ -21,7 +21,7 @@ from etl.io import parquet
 from etl.io.parquet import batch_from_arrow, list_shards, open_shard, read_rows
 from etl.pipeline import Pipeline
 from etl.schema import ColumnSpec, load_schema
-from etl.synth import generate
+from etl.tools.synth import generate
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -14,7 +14,7 @@ import torch
 from etl.errors import ConfigError
 from etl.loader import Loader, LoaderBatch
 from etl.schema import load_schema
-from etl.synth import generate
+from etl.tools.synth import generate
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -16,7 +16,7 @@ from etl.loader.chunk import Chunk, ChunkRun, Layout
 from etl.ops.stream import Carried, StreamInput, StreamSpec
 from etl.pipeline import Pipeline
 from etl.schema import load_schema, parse_schema, schema_to_dict
-from etl.synth import generate
+from etl.tools.synth import generate
 
 ROOT = Path(__file__).resolve().parents[3]
 DENSE = [f"I{i}" for i in range(1, 14)]

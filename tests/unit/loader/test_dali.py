@@ -18,7 +18,7 @@ from etl.loader import Loader
 from etl.pipeline import Pipeline
 from etl.preprocess import preprocess
 from etl.schema import load_schema
-from etl.synth import generate
+from etl.tools.synth import generate
 from tests.conftest import REPO
 
 HAS_DALI = importlib.util.find_spec("nvidia") is not None and importlib.util.find_spec("nvidia.dali") is not None

@@ -17,7 +17,7 @@ from etl.loader.sources import FollowedSource, ProcessedSource, Resume, ShardSou
 from etl.pipeline import Pipeline
 from etl.preprocess import preprocess
 from etl.schema import load_schema
-from etl.synth import generate
+from etl.tools.synth import generate
 from tests.conftest import REPO
 
 HASH = REPO / "pipelines/criteo_hash.yaml"

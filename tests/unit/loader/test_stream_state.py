@@ -30,7 +30,7 @@ from etl.ops.online_vocab import OnlineVocab, canonical_state
 from etl.ops.stream import Carried, StreamInput, StreamSpec, StreamState, StreamStep
 from etl.pipeline import Pipeline
 from etl.schema import load_schema
-from etl.synth import generate
+from etl.tools.synth import generate
 
 REPO = Path(__file__).resolve().parents[3]
 ONLINE = ["C1", "C2", "C3"]

@@ -14,10 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from etl.cluster import connect
 from etl.errors import ClusterError, ConfigError, RowError
 from etl.io.fs import Url
 from etl.pipeline import Pipeline, distributed
+from etl.runtime.cluster import connect
 from tests.unit.pipeline.conftest import DLRM, PIPELINES, ROOT, write_pipeline
 from tests.unit.pipeline.test_fit import tree_bytes
 

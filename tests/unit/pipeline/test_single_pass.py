@@ -14,7 +14,7 @@ import yaml
 from etl.batch import Batch
 from etl.io.parquet import open_shard
 from etl.pipeline import Pipeline
-from etl.pipeline.fit import fit_plan, fit_stages
+from etl.pipeline.plan import fit_plan, fit_stages
 from etl.pipeline.single_pass import fit_stashing, runs_first, transform_stashed
 from etl.pipeline.stash import RawRows, Stash
 from tests.conftest import tree_bytes

@@ -1,4 +1,4 @@
-"""etl.workers.run_workers: ordering, error propagation, validation."""
+"""etl.runtime.workers.run_workers: ordering, error propagation, validation."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 import polars  # noqa: F401 - loaded as in every run: its SIGINT handler is what an untimed join sleeps through
 import pytest
 
-from etl.workers import run_workers
+from etl.runtime.workers import run_workers
 
 
 @pytest.mark.parametrize("workers", [1, 2, 3, 8])

@@ -1,4 +1,4 @@
-"""etl.inspect.describe of raw Parquet, a processed output and an artifacts directory: the key facts appear; a
+"""etl.tools.inspect.describe of raw Parquet, a processed output and an artifacts directory: the key facts appear; a
 manifest or file that cannot be read is a typed error naming it."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from etl.errors import ArtifactError, InputError
-from etl.inspect import describe
 from etl.pipeline import Pipeline
 from etl.preprocess import preprocess
+from etl.tools.inspect import describe
 from tests.conftest import REPO, criteo_table
 
 SIZES = [250, 130]

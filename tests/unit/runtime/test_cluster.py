@@ -4,8 +4,8 @@ import threading
 
 import pytest
 
-from etl.cluster import SCHEDULER_ENV, cluster_spec, connect, connecting
 from etl.errors import ConfigError
+from etl.runtime.cluster import SCHEDULER_ENV, cluster_spec, connect, connecting
 
 
 def test_spec_given_wins_over_the_environment(monkeypatch):

@@ -1,4 +1,4 @@
-"""etl.cluster_tasks.run_tasks on a LocalCluster of two worker processes: every result reaches the driver once, rows
+"""etl.runtime.cluster_tasks.run_tasks on a LocalCluster of two worker processes: every result reaches the driver once, rows
 are reported once, a task's error reaches the driver as itself and the other tasks see ``stop``, shared arguments
 (a scattered value) reach every task, and a task whose workers keep dying is a ``ClusterError`` naming its item."""
 
@@ -14,9 +14,9 @@ from pathlib import Path
 import dask
 import pytest
 
-from etl.cluster import connect
-from etl.cluster_tasks import Stop, _RowCounter, run_tasks
 from etl.errors import ClusterError, RowError
+from etl.runtime.cluster import connect
+from etl.runtime.cluster_tasks import Stop, _RowCounter, run_tasks
 
 
 @pytest.fixture

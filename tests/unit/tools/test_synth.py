@@ -1,4 +1,4 @@
-"""etl.synth: synthetic raw-layout shards."""
+"""etl.tools.synth: synthetic raw-layout shards."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-import etl.synth as synth
+import etl.tools.synth as synth
 from etl.errors import SpecError
 from etl.io.text import ROW_GROUP_ROWS, raw_arrow_schema
 from etl.schema import Schema, load_schema, parse_schema
-from etl.synth import default_cardinalities, generate
+from etl.tools.synth import default_cardinalities, generate
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 ROWS = 30_000
 
 

@@ -1,4 +1,4 @@
-"""etl.infer: the guessed schema and starter pipeline for text and Parquet samples."""
+"""etl.tools.infer: the guessed schema and starter pipeline for text and Parquet samples."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import pytest
 import yaml
 
 from etl.errors import InputError
-from etl.infer import HASH_BUCKETS, Values, infer, summarise
 from etl.io.text import convert
 from etl.pipeline import Pipeline
 from etl.preprocess import preprocess
 from etl.schema import ColumnSpec, load_schema
+from etl.tools.infer import HASH_BUCKETS, Values, infer, summarise
 from tests.conftest import REPO, criteo_table
 
 

@@ -1,4 +1,4 @@
-"""etl.allocator: the malloc tuning happens only when asked for (command line, Loader), never on import, once."""
+"""etl.runtime.allocator: the malloc tuning happens only when asked for (command line, Loader), never on import, once."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from etl import allocator
+from etl.runtime import allocator
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the tuning applies to glibc on Linux")
 
@@ -29,7 +29,7 @@ class Spy(ctypes.CDLL):
 
 ctypes.CDLL = Spy
 import etl.backends.cpu, etl.backends.tensor, etl.ops, etl.pipeline, etl.preprocess, etl.loader, etl.cli
-from etl import allocator
+from etl.runtime import allocator
 print(looked_up.count("mallopt"), allocator._tuned)
 allocator.tune_allocator()
 allocator.tune_allocator()

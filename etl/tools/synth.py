@@ -45,8 +45,8 @@ from etl.backends.cpu import encode_hex
 from etl.errors import SpecError
 from etl.io.fs import Location
 from etl.io.text import ARROW_SCALAR, ROW_GROUP_ROWS, ShardSetWriter, raw_arrow_schema
+from etl.runtime.workers import run_workers
 from etl.schema import ColumnSpec, Schema
-from etl.workers import run_workers
 
 __all__ = ["generate", "default_cardinalities"]
 

@@ -1,4 +1,4 @@
-"""Work as tasks on a Dask cluster: the counterpart of ``etl.workers.run_workers`` for ``--cluster``, and the one
+"""Work as tasks on a Dask cluster: the counterpart of ``etl.runtime.workers.run_workers`` for ``--cluster``, and the one
 way the package runs tasks there (``etl.preprocess``: a task per shard; ``etl.pipeline.distributed``: counting
 and merging tasks of the fit).
 

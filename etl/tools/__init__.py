@@ -1,0 +1,2 @@
+"""Tools around the pipeline: synthetic data (``synth``), a schema and starter pipeline guessed from a sample
+(``infer``), and what a raw, processed or artifacts directory holds (``inspect``)."""

@@ -339,7 +339,7 @@ def preprocess(
     """Fit (when no artifacts are given) and transform every shard, reading each shard once (the fit keeps what the
     transform needs, see --memory-budget); resumable after an interruption. With --cluster, both run on the
     cluster's workers (the fit's count tables spilled inside --out), and each shard is read by both. With --follow,
-    keep transforming the shards a producer adds to the input directory (etl.preprocess_follow)."""
+    keep transforming the shards a producer adds to the input directory (etl.preprocess.follow)."""
     if follow:
         with user_errors():
             if memory_budget is not None or partitions is not None:
@@ -404,7 +404,7 @@ def _preprocess_follow(pipeline: Path, inputs: list[str], out: str, artifacts: s
         from etl.io.processed import describe_rows
         from etl.pipeline import Pipeline, check_match
         from etl.preprocess import COMPRESSIONS
-        from etl.preprocess_follow import preprocess_follow
+        from etl.preprocess.follow import preprocess_follow
 
         _check_choice("--on-error", on_error, ("raise", "quarantine"))
         _check_choice("--compression", compression, COMPRESSIONS)

@@ -360,7 +360,7 @@ def _readable_parts(directory: Location, manifest: Manifest) -> list[Location]:
 def committed_parts(directory: Location, manifest: Manifest, start: int) -> list[tuple[Location, ManifestEntry]]:
     """The Parquet files ``start``, ``start + 1``, ... of the output in ``directory`` whose ``manifest`` (read
     now) lists them, in output order (file ``i`` is the output of the ``i``-th input shard, ``part_path``), up to
-    the first one it does not list yet (a following run, ``etl.preprocess_follow``, may commit a file before the
+    the first one it does not list yet (a following run, ``etl.preprocess.follow``, may commit a file before the
     one ahead of it), each with its entry, checked as ``open_processed`` checks the files it reads. ``InputError``
     naming manifest.json for an output without Parquet files, a file listed twice, or an entry that fails a check."""
     path = directory / MANIFEST

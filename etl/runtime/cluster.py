@@ -130,9 +130,9 @@ def dask_setup(worker: object) -> None:
     the group is what counts: polars answers SIGINT itself, with a KeyboardInterrupt inside a running query,
     whatever Python's handler is. The worker still stops with the ``etl`` process (Dask ties it to its parent).
 
-    It then imports what etl's tasks run (``etl.preprocess_tasks``: the pipeline, its ops, Parquet and Arrow), while
+    It then imports what etl's tasks run (``etl.preprocess.tasks``: the pipeline, its ops, Parquet and Arrow), while
     the cluster is starting, rather than in the worker's first task."""
     with contextlib.suppress(OSError):  # already a session leader
         os.setsid()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    import etl.preprocess_tasks  # noqa: F401
+    import etl.preprocess.tasks  # noqa: F401

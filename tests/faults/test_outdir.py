@@ -370,14 +370,14 @@ def test_rerun_with_fewer_shards_removes_the_stale_outputs_the_old_manifest_list
 
 def test_stale_removal_ignores_names_it_does_not_make(tmp_path: Path) -> None:
     from etl.io.processed import ManifestEntry
-    from etl.preprocess import _remove_stale
+    from etl.preprocess.output import remove_stale
 
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")
     out = tmp_path / "out"
     out.mkdir()
     e = ManifestEntry("../victim.txt", "s", 1, 1, 1, 0, "../victim.txt", "0")
-    _remove_stale(out, {e.output: e}, set())
+    remove_stale(out, {e.output: e}, set())
     assert victim.exists()
 
 

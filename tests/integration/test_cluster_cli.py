@@ -60,7 +60,7 @@ def test_a_bad_value_on_a_worker_is_one_line_and_exit_2(raw: Path, tmp_path: Pat
 
 
 def kill_own_worker(*args: object) -> None:
-    """Stands for ``etl.preprocess_tasks.shard_task`` in the test below: it kills the worker process running it."""
+    """Stands for ``etl.preprocess.tasks.shard_task`` in the test below: it kills the worker process running it."""
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -70,8 +70,8 @@ def test_a_shard_whose_workers_keep_dying_is_one_line_and_exit_2(raw: Path, tmp_
     fitted = Pipeline.from_file(CRITEO)
     fitted.fit([raw / "0.parquet"])
     fitted.save(tmp_path / "artifacts")
-    main = ("import etl.preprocess_tasks, tests.integration.test_cluster_cli as t; "
-            "etl.preprocess_tasks.shard_task = t.kill_own_worker; from etl.cli import app; app()")  # fmt: skip
+    main = ("import etl.preprocess.tasks, tests.integration.test_cluster_cli as t; "
+            "etl.preprocess.tasks.shard_task = t.kill_own_worker; from etl.cli import app; app()")  # fmt: skip
     args = ["preprocess", "--pipeline", CRITEO, "--input", raw / "2.parquet", "--out", tmp_path / "out", "--artifacts", tmp_path / "artifacts",
             "--cluster", "local:1"]  # fmt: skip
     env = os.environ | {"DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "0"}

@@ -376,7 +376,7 @@ def test_follows_the_output_of_preprocess_follow_in_output_order(stream: Path) -
     """The output of ``etl preprocess --follow`` followed as it grows: the batches of its input followed the same
     way, then the rows of a shard committed later, and a restart from ``state_dict`` delivers the rest exactly once."""
     from etl.pipeline import Pipeline
-    from etl.preprocess_follow import preprocess_follow
+    from etl.preprocess.follow import preprocess_follow
 
     for i in range(3):
         add_shard(stream, i, 300 * i, 300, row_group=70)

@@ -64,7 +64,7 @@ def test_connecting_starts_a_local_cluster_in_the_background_and_closes_it_after
         started = client()
         assert started is not None
         # the preload imported etl's task modules in the worker, while the cluster started
-        assert started.run(lambda: "etl.preprocess_tasks" in sys.modules) == {w: True for w in started.scheduler_info()["workers"]}
+        assert started.run(lambda: "etl.preprocess.tasks" in sys.modules) == {w: True for w in started.scheduler_info()["workers"]}
         raise RuntimeError("in the block")
     assert started.status == "closed"
     assert not any(t.name == "etl-cluster" for t in threading.enumerate())

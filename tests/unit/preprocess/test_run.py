@@ -13,13 +13,13 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from etl import preprocess as preprocess_module
 from etl.errors import ConfigError, InputError, RowError
 from etl.io import parquet
 from etl.io.files import is_temporary, sha256_file, temporary_path
 from etl.io.processed import MANIFEST, read_manifest
 from etl.pipeline import Pipeline
 from etl.preprocess import Summary, preprocess
+from etl.preprocess import run as preprocess_module
 from tests.conftest import REPO, criteo_table, tree_bytes
 
 CRITEO = REPO / "pipelines/criteo.yaml"

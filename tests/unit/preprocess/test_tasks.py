@@ -1,4 +1,4 @@
-"""etl.preprocess_tasks.fitted, as a cluster worker calls it: the artifacts the run saved, loaded once per run and
+"""etl.preprocess.tasks.fitted, as a cluster worker calls it: the artifacts the run saved, loaded once per run and
 not again while their bytes stay the same; a worker that cannot read them, or reads others, says so."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from etl.errors import ConfigError
 from etl.io.files import sha256_file
 from etl.pipeline import Pipeline
 from etl.preprocess import preprocess
-from etl.preprocess_tasks import fitted
+from etl.preprocess.tasks import fitted
 from tests.conftest import REPO, criteo_table
-from tests.unit.test_preprocess import write
+from tests.unit.preprocess.test_run import write
 
 CRITEO = REPO / "pipelines/criteo.yaml"
 

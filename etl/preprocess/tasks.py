@@ -18,7 +18,7 @@ from etl.errors import ConfigError
 from etl.io.files import is_temporary, sha256_file
 from etl.io.fs import Location
 from etl.pipeline import OnError, Pipeline
-from etl.preprocess import Formats, WrittenShard, process_shard
+from etl.preprocess.shard import Formats, WrittenShard, process_shard
 from etl.runtime.allocator import tune_allocator
 from etl.runtime.cluster_tasks import Stop
 

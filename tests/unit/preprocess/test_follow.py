@@ -13,7 +13,7 @@ from etl.errors import ConfigError
 from etl.io.processed import read_manifest
 from etl.pipeline import Pipeline
 from etl.preprocess import preprocess
-from etl.preprocess_follow import preprocess_follow
+from etl.preprocess.follow import preprocess_follow
 from etl.schema import load_schema
 from etl.tools.synth import generate
 from tests.conftest import REPO, tree_bytes

@@ -30,7 +30,8 @@ from etl.io.fs import Location
 from etl.io.lock import locked
 from etl.io.processed import QUARANTINE, Manifest, ManifestEntry, Totals, part_path, write_manifest
 from etl.pipeline import OnError, Pipeline
-from etl.preprocess import Formats, _complete, _previous, _remove_stale, _save_artifacts, check_apart, commit_shard, process_shard
+from etl.preprocess.output import check_apart, is_complete, previous_run, remove_stale, save_artifacts
+from etl.preprocess.shard import Formats, commit_shard, process_shard
 from etl.runtime.workers import run_workers
 
 
@@ -83,9 +84,9 @@ class _Follower:
         self.lock = threading.Lock()
         remove_temporaries(out_dir)  # left by an interrupted run
         remove_temporaries(out_dir / QUARANTINE)
-        self.previous, formats = _previous(out_dir)
+        self.previous, formats = previous_run(out_dir)
         self.same_formats = formats == Formats()  # Parquet only, as a following run writes; otherwise every shard is redone
-        self.artifacts_sha = _save_artifacts(pipeline, out_dir)
+        self.artifacts_sha = save_artifacts(pipeline, out_dir)
 
     def run(self, stop: threading.Event, poll_interval: float, stop_after_idle: float | None, workers: int) -> FollowSummary:
         last_arrival = time.monotonic()
@@ -95,7 +96,7 @@ class _Follower:
             new = list(enumerate(self.arrivals.poll(), start))
             todo = [(i, src) for i, src in new if not self._keep(i, src)]
             if first:  # the earlier run's files not kept go before the first manifest of this run lists anything
-                _remove_stale(self.out_dir, self.previous, set(self.entries))
+                remove_stale(self.out_dir, self.previous, set(self.entries))
                 self._save_manifest()
                 first = False
             if new:
@@ -114,7 +115,7 @@ class _Follower:
         e = self.previous.get(out.name)
         if e is None or not self.same_formats or e.artifacts_sha256 != self.artifacts_sha:
             return False
-        if not _complete(e, source, out, self.on_error, parquet=True, npy=False):
+        if not is_complete(e, source, out, self.on_error, parquet=True, npy=False):
             return False
         self.entries[out.name] = e
         self.kept += 1

@@ -144,8 +144,30 @@ def preprocess(
     check_apart(out_dir, shards)
     out_dir.mkdir(parents=True, exist_ok=True)
     with locked(out_dir):
-        return _preprocess(pipeline, shards, out_dir, artifacts, workers, on_error, compression, progress, client, partitions, budget,
-                           formats, npy_chunk_rows)  # fmt: skip
+        run = RunSettings(shards, out_dir, workers, on_error, compression, progress, client, partitions)
+        return _preprocess(run, pipeline, artifacts, budget, formats, npy_chunk_rows)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """A run's inputs, output directory and how it works, as ``preprocess`` was called (checked): the ``shards``
+    (input order: shard ``i`` becomes ``outputs[i]``), ``out_dir``, ``workers`` threads (or the cluster of
+    ``client``, its count tables in ``partitions`` partitions), ``on_error``, the Parquet ``compression`` and the
+    ``progress`` callback."""
+
+    shards: list[Location]
+    out_dir: Location
+    workers: int
+    on_error: OnError
+    compression: str
+    progress: Progress | None
+    client: Client | None
+    partitions: int | None
+
+    @property
+    def outputs(self) -> list[Location]:
+        """The processed file of each shard, in shard order."""
+        return [part_path(self.out_dir, i) for i in range(len(self.shards))]
 
 
 def _npy_spec(pipeline: Pipeline, chunk_rows: int) -> NpySpec:
@@ -153,29 +175,17 @@ def _npy_spec(pipeline: Pipeline, chunk_rows: int) -> NpySpec:
     return NpySpec.of(fixed_columns(pipeline), chunk_rows)
 
 
-def _preprocess(
-    pipeline: Pipeline,
-    shards: list[Location],
-    out_dir: Location,
-    artifacts: Location | None,
-    workers: int,
-    on_error: OnError,
-    compression: str,
-    progress: Progress | None,
-    client: Client | None,
-    partitions: int | None,
-    memory_budget: int,
-    format_names: tuple[str, ...],
-    npy_chunk_rows: int,
-) -> Summary:
-    """``preprocess`` once the arguments are checked and ``out_dir`` is locked."""
+def _preprocess(run: RunSettings, pipeline: Pipeline, artifacts: Location | None, memory_budget: int, format_names: tuple[str, ...],
+                npy_chunk_rows: int) -> Summary:  # fmt: skip
+    """``preprocess`` once the arguments are checked and ``run.out_dir`` is locked."""
+    out_dir, shards, on_error = run.out_dir, run.shards, run.on_error
     remove_temporaries(out_dir)  # left by an interrupted run (a stash's spill directory among them)
     remove_temporaries(out_dir / QUARANTINE)
     if (out_dir / NPY_DIR).is_dir():
         for d in (out_dir / NPY_DIR).iterdir():
             remove_temporaries(d)
     previous, before = previous_run(out_dir)
-    outputs = [part_path(out_dir, i) for i in range(len(shards))]
+    outputs = run.outputs
     # the shards whose earlier output may be kept; whether the npy spec is the earlier run's is known once the fit
     # has fixed the id dtype (then ``same_formats``)
     parquet, npy = "parquet" in format_names, "npy" in format_names
@@ -187,7 +197,7 @@ def _preprocess(
                 complete.add(i)
     with Stash(memory_budget, out_dir if isinstance(out_dir, Path) else Path(tempfile.gettempdir())) as stash, \
             ThreadPoolExecutor(1, thread_name_prefix="etl-save") as saver:  # fmt: skip
-        pipeline, plan, fit_seconds = _fitted(pipeline, shards, out_dir, artifacts, workers, on_error, progress, client, partitions, stash, complete)
+        pipeline, plan, fit_seconds = _fitted(run, pipeline, artifacts, stash, complete)
         formats = Formats(parquet, _npy_spec(pipeline, npy_chunk_rows) if npy else None)
         saved = saver.submit(save_artifacts, pipeline, out_dir)
         # Threads transform while the artifacts are saved (a shard is committed once they are); a rerun needs
@@ -195,7 +205,7 @@ def _preprocess(
         same_formats = formats == before  # the npy spec's id dtype is final now that the pipeline is fitted
         reused = [i for i in sorted(complete) if same_formats and previous[outputs[i].name].artifacts_sha256 == saved.result()]
         todo = [i for i in range(len(shards)) if i not in reused]
-        if client is not None or not todo:
+        if run.client is not None or not todo:
             saved.result()
 
         def transform(i: int) -> RowGroupTransform | None:
@@ -204,29 +214,18 @@ def _preprocess(
                 return None
             return functools.partial(_transform_from_stash, pipeline, plan, stash, i, on_error)
 
-        summary = _transform(pipeline, shards, outputs, out_dir, {outputs[i].name: previous[outputs[i].name] for i in reused}, previous,
-                             todo, saved.result, workers, on_error, compression, progress, client, transform, formats)  # fmt: skip
+        kept = {outputs[i].name: previous[outputs[i].name] for i in reused}
+        summary = _transform(run, pipeline, kept, previous, todo, saved.result, transform, formats)
         saved.result()  # its error, when no shard was committed to raise it
         return replace(summary, fit_seconds=fit_seconds, stash_peak_bytes=stash.peak_bytes, stash_spilled_bytes=stash.spilled_bytes,
                        memory_budget=memory_budget)  # fmt: skip
 
 
-def _fitted(
-    pipeline: Pipeline,
-    shards: list[Location],
-    out_dir: Location,
-    artifacts: Location | None,
-    workers: int,
-    on_error: OnError,
-    progress: Progress | None,
-    client: Client | None,
-    partitions: int | None,
-    stash: Stash,
-    complete: set[int],
-) -> tuple[Pipeline, Plan | None, float | None]:
+def _fitted(run: RunSettings, pipeline: Pipeline, artifacts: Location | None, stash: Stash,
+            complete: set[int]) -> tuple[Pipeline, Plan | None, float | None]:  # fmt: skip
     """The fitted pipeline (loaded from ``artifacts``, or ``pipeline`` fitted now unless it is fitted already),
     the plan of the transform from ``stash`` (None when nothing was stashed) and the seconds the fit took (None
-    when nothing was fitted). Without ``client``, the fit stashes the row groups of the shards not ``complete``."""
+    when nothing was fitted). Without ``run.client``, the fit stashes the row groups of the shards not ``complete``."""
     if artifacts is not None:
         fitted = Pipeline.load(artifacts)
         check_match(fitted, pipeline, artifacts)
@@ -235,11 +234,12 @@ def _fitted(
         return pipeline, None, None
     t0 = time.perf_counter()
     plan = None
-    if client is None:
-        plan = fit_stashing(pipeline, shards, stash, set(range(len(shards))) - complete, workers, on_error, progress)
+    if run.client is None:
+        plan = fit_stashing(pipeline, run.shards, stash, set(range(len(run.shards))) - complete, run.workers, run.on_error, run.progress)
     else:
         # the count tables spill inside out_dir (a URL too)
-        pipeline.fit(shards, workers=workers, on_error=on_error, progress=progress, client=client, partitions=partitions, workdir=out_dir)
+        pipeline.fit(run.shards, workers=run.workers, on_error=run.on_error, progress=run.progress, client=run.client, partitions=run.partitions,
+                     workdir=run.out_dir)  # fmt: skip
     return pipeline, plan, time.perf_counter() - t0
 
 
@@ -251,34 +251,28 @@ def _transform_from_stash(
 
 
 def _transform(
+    run: RunSettings,
     pipeline: Pipeline,
-    shards: list[Location],
-    outputs: list[Location],
-    out_dir: Location,
     entries: dict[str, ManifestEntry],
     previous: dict[str, ManifestEntry],
     todo: list[int],
     artifacts_sha: Callable[[], str],
-    workers: int,
-    on_error: OnError,
-    compression: str,
-    progress: Progress | None,
-    client: Client | None,
     transform: Callable[[int], RowGroupTransform | None],
     formats: Formats,
 ) -> Summary:
     """Write the shards ``todo`` (``entries``: those of the others, kept from the earlier run's ``previous``
-    ones), with ``transform(i)`` for shard ``i`` in threads, or on the cluster of ``client``. ``artifacts_sha()``
+    ones), with ``transform(i)`` for shard ``i`` in threads, or on the cluster of ``run.client``. ``artifacts_sha()``
     is the checksum of the saved artifacts: the first shard committed waits for it (the save may still run while
     shards are transformed), so a manifest lists a shard only once the artifacts it was made with are saved; it
     raises what failed the save."""
+    shards, outputs, out_dir, on_error, compression = run.shards, run.outputs, run.out_dir, run.on_error, run.compression
     lock = threading.Lock()
 
     def save_manifest() -> None:
         files = list(entries.values())  # Manifest.of puts them in shard order
         write_manifest(out_dir, Manifest.of(pipeline.name, files, complete=len(files) == len(shards), formats=formats.names, npy=formats.npy))
 
-    transformed = None if progress is None else functools.partial(progress, "transform")
+    transformed = None if run.progress is None else functools.partial(run.progress, "transform")
     if transformed is not None and len(entries):
         transformed(sum(e.rows_in for e in entries.values()))
 
@@ -306,14 +300,14 @@ def _transform(
     t1 = time.perf_counter()
     remove_stale(out_dir, previous, set(entries))
     save_manifest()
-    if client is None:
-        run_workers(todo, workers, work)
+    if run.client is None:
+        run_workers(todo, run.workers, work)
     else:
         from etl.preprocess.tasks import shard_task  # it imports this module
 
         task = functools.partial(shard_task, out_dir / ARTIFACTS, artifacts_sha(), uuid.uuid4().hex, on_error, compression, formats)
         try:
-            run_tasks(client, task, [(shards[i], outputs[i]) for i in todo], lambda k, w: record(todo[k], w), transformed,
+            run_tasks(run.client, task, [(shards[i], outputs[i]) for i in todo], lambda k, w: record(todo[k], w), transformed,
                       describe=lambda shard: str(shard[0]))  # fmt: skip
         finally:  # what the attempts of tasks whose worker died, or that were stopped, left behind
             remove_temporaries(out_dir)

@@ -37,7 +37,7 @@ _UINT64_MAX_LAST_DIGIT = np.uint64((2**64 - 1) % 10)
 
 
 @intrinsic
-def _prefetch(typingctx, arr, idx):
+def prefetch(typingctx, arr, idx):
     """Hint the CPU to fetch the cache line of ``arr[idx]`` (a 1-d or 2-d array; ``idx`` an int or a tuple)
     ahead of use: probes into large hash tables then overlap their memory latency."""
     if not isinstance(arr, types.Array):
@@ -66,7 +66,9 @@ _NEAR = 1 << 15  # tables of up to this many 16-byte slots (512 KB) stay in L2: 
 
 
 @_jit
-def _fmix64(k):
+def fmix64(k):
+    """MurmurHash3's 64-bit finaliser of a uint64 (``etl.backends.hashing.fmix64``, the documented formula), in
+    numba: callable from the kernels of other modules."""
     k ^= k >> _S33
     k *= _C1
     k ^= k >> _S33
@@ -76,7 +78,8 @@ def _fmix64(k):
 
 
 @_jit
-def _reduce(h, n):
+def reduce_range(h, n):
+    """A hash ``h`` reduced to ``[0, n)`` by the documented rule (``etl.backends.hashing.reduce``), in numba."""
     return np.int64((h >> _S32) * np.uint64(n) >> _S32)
 
 
@@ -343,7 +346,7 @@ def _decode_string(data, starts, ends, valid, keys):
         h = _FNV_OFFSET
         for j in range(starts[i], ends[i]):
             h = (h ^ np.uint64(data[j])) * _FNV_PRIME
-        keys[i] = _fmix64(h)
+        keys[i] = fmix64(h)
 
 
 @_jit
@@ -556,8 +559,8 @@ def date_parts(values: np.ndarray | Strings, valid: np.ndarray | None, fmt: Date
 @_jit
 def _bucket_ids(keys, valid, rehash, sw, n, out):
     for i in range(len(keys)):  # no branch on validity: the loop vectorises
-        h = _fmix64(keys[i] ^ sw) if rehash else keys[i]
-        b = 2 + _reduce(h, n)
+        h = fmix64(keys[i] ^ sw) if rehash else keys[i]
+        b = 2 + reduce_range(h, n)
         out[i] = b if valid is None or valid[i] else 1
 
 
@@ -588,7 +591,7 @@ def bucket_ids(hashes: np.ndarray, valid: np.ndarray | None, n: int, out_dtype: 
 def _cross_step(h, k, sw, first):
     for i in range(len(h)):
         x = k[i] if first else (h[i] ^ k[i])
-        h[i] = _fmix64(x ^ sw)
+        h[i] = fmix64(x ^ sw)
 
 
 def cross_keys(keys: list[np.ndarray], valids: list[np.ndarray | None], seed: int) -> tuple[np.ndarray, np.ndarray | None]:
@@ -614,7 +617,7 @@ def cross_keys(keys: list[np.ndarray], valids: list[np.ndarray | None], seed: in
 
 @_jit
 def _slot(k, mask):
-    return np.int64(_fmix64(k) & mask)
+    return np.int64(fmix64(k) & mask)
 
 
 @_jit
@@ -636,7 +639,7 @@ def _lookup(tab, keys, valid, oov_base, oov_n, sw, out):
     far = len(tab) > _NEAR
     for i in range(n):
         if far and i + _PREFETCH < n:
-            _prefetch(tab, (_slot(keys[i + _PREFETCH], mask), 0))
+            prefetch(tab, (_slot(keys[i + _PREFETCH], mask), 0))
         if valid is not None and not valid[i]:
             out[i] = 1
             continue
@@ -652,7 +655,7 @@ def _lookup(tab, keys, valid, oov_base, oov_n, sw, out):
                 break
             j = (j + 1) & np.int64(mask)
         if v < 0:
-            v = oov_base + _reduce(_fmix64(k ^ sw), oov_n)
+            v = oov_base + reduce_range(fmix64(k ^ sw), oov_n)
         out[i] = v
 
 
@@ -709,7 +712,7 @@ def _count(tab, keys, valid, start, size):
         if size >= limit:
             return i, size
         if far and i + _PREFETCH < n:
-            _prefetch(tab, (_slot(keys[i + _PREFETCH], mask), 0))
+            prefetch(tab, (_slot(keys[i + _PREFETCH], mask), 0))
         if valid is not None and not valid[i]:
             continue
         k = keys[i]

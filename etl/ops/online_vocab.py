@@ -68,7 +68,7 @@ from typing import Any
 import numba as nb
 import numpy as np
 
-from etl.backends.cpu import _fmix64, _prefetch, _reduce
+from etl.backends.cpu import fmix64, prefetch, reduce_range
 from etl.backends.hashing import check_buckets, check_seed, seed_word
 from etl.ids import MISSING, RESERVED
 from etl.ops.base import InvalidState
@@ -472,7 +472,7 @@ def _hash(keys, seed_word, out):
     """``out[i]``: the hash of key ``i`` (int64 bits of ``fmix64(key ^ seed_word)``, the hash of Categorify's
     out-of-vocabulary bucket). A bijection of the keys: the hash table holds hashes, not keys."""
     for i in range(len(keys)):
-        out[i] = np.int64(_fmix64(np.uint64(keys[i]) ^ seed_word))
+        out[i] = np.int64(fmix64(np.uint64(keys[i]) ^ seed_word))
 
 
 @_kernel
@@ -578,16 +578,16 @@ def _prefetch_ahead(r, hashes, ent, slots, queue, meta):
     would drop."""
     mask = len(slots) - 1
     if r + _AHEAD < len(hashes):
-        _prefetch(slots, (hashes[r + _AHEAD] & mask, 0))
+        prefetch(slots, (hashes[r + _AHEAD] & mask, 0))
     if r + _AHEAD // 2 < len(hashes):
         h = hashes[r + _AHEAD // 2]
         s = h & mask
         if slots[s, 1] > 0 and slots[s, 0] == h:
-            _prefetch(ent, (slots[s, 1] - 1, 0))
+            prefetch(ent, (slots[s, 1] - 1, 0))
     if meta[_QUEUE_SIZE] > _AHEAD:
         ring = len(queue) - 1
-        _prefetch(ent, (queue[(meta[_QUEUE_HEAD] + _AHEAD) & ring, 0], 0))
-        _prefetch(slots, (ent[queue[(meta[_QUEUE_HEAD] + _AHEAD // 2) & ring, 0], _HASH] & mask, 0))
+        prefetch(ent, (queue[(meta[_QUEUE_HEAD] + _AHEAD) & ring, 0], 0))
+        prefetch(slots, (ent[queue[(meta[_QUEUE_HEAD] + _AHEAD // 2) & ring, 0], _HASH] & mask, 0))
 
 
 @_kernel
@@ -666,7 +666,7 @@ def _update(keys, hashes, valid, out, events, counts, ent, free_entries, admitte
         if new_id < 0:
             if not in_heap and count == 2:  # seen again: from the queue to the heap
                 meta[_N_HEAP] = _heap_push(cands, meta[_N_HEAP], e, ent, True)
-            out[r] = RESERVED + _reduce(np.uint64(h), oov_n)
+            out[r] = RESERVED + reduce_range(np.uint64(h), oov_n)
             continue
         if in_heap:
             meta[_N_HEAP] = _heap_remove(cands, meta[_N_HEAP], ent[e, _POS], ent, True)

@@ -92,7 +92,7 @@ def load(directory: str | Location, xp: Backend, build: type[Pipeline]) -> Pipel
             raise ArtifactError(f"{path}: field '{where}': expected the state of op {op.name}")
         state = _field(entry, "state", dict, path, where)
         rels = _field(entry, "tables", dict, path, where)
-        tables = {name: _read_table(d, rel, f"{where}.tables.{name}") for name, rel in rels.items()}
+        tables = {name: read_table(d, rel, f"{where}.tables.{name}") for name, rel in rels.items()}
         try:
             op.load_state(state, tables)
         except (KeyError, TypeError, ValueError) as e:
@@ -130,7 +130,7 @@ def _field(doc: dict[str, Any], key: str, kind: type, path: Location, where: str
     return doc[key]
 
 
-def _read_table(d: Location, rel: Any, field: str, doc: str = "pipeline.json") -> pa.Table:
+def read_table(d: Location, rel: Any, field: str, doc: str = "pipeline.json") -> pa.Table:
     """Read the table at ``rel`` (field ``field`` of the JSON file ``doc`` in ``d``), which must be a relative path
     resolving (symbolic links followed) inside ``d`` (in object storage: a relative key without ``..``)."""
     if not isinstance(rel, str) or not rel or Path(rel).is_absolute():

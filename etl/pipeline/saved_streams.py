@@ -32,7 +32,7 @@ from etl.io.arrow import from_numpy, to_numpy
 from etl.io.files import atomic_write_bytes, atomic_write_parquet
 from etl.io.fs import Location, location
 from etl.ops.stream import StateArrays, StreamSpec
-from etl.pipeline.artifacts import _read_table
+from etl.pipeline.artifacts import read_table
 
 #: States by name.
 State = dict[str, StateArrays]
@@ -131,7 +131,7 @@ def load(directory: str | Location, specs: Mapping[str, StreamSpec]) -> tuple[St
                 raise error(f"arrays {entry.get('arrays')!r}, expected {_dtypes(spec)}")
         scalars = _scalars(entry if legacy else entry.get("scalars"), spec, error)
         rel = entry.get("table")
-        table = _read_table(d, rel, f"{where}.table", path.name)  # a relative path inside d
+        table = read_table(d, rel, f"{where}.table", path.name)  # a relative path inside d
         tables[n] = d / str(rel)
         schema = _schema(spec)
         if not table.schema.equals(schema) or any(table.column(k).null_count for k in spec.arrays):

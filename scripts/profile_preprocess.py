@@ -108,7 +108,7 @@ def measure_stages(profile: Profile) -> None:
     import etl.backends.cpu as cpu
     import etl.io.parquet as parquet
     import etl.pipeline.stash as stash
-    import etl.preprocess as preprocess
+    import etl.preprocess.run as run
 
     for owner, name, stage in [
         (parquet, "read_rows", "Parquet read (calling thread)"),
@@ -121,7 +121,7 @@ def measure_stages(profile: Profile) -> None:
         (cpu.LookupTable, "lookup", "lookup"),
         (pq.ParquetWriter, "write_table", "Parquet write + sha256"),
         (pq.ParquetWriter, "close", "Parquet write + sha256"),  # the file's last buffered bytes
-        (preprocess, "_save_artifacts", "artifact save"),
+        (run, "save_artifacts", "artifact save"),
     ]:
         profile.measure(owner, name, stage)
 

@@ -33,7 +33,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from etl.errors import SpecError
 from etl.io.arrow import strings, to_numpy
@@ -45,7 +44,9 @@ NULL_TESTS = ("is_null", "not_null")
 OPS = COMPARISONS + SETS + NULL_TESTS
 
 _NUMPY = {"==": np.equal, "!=": np.not_equal, "<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal}
-_ARROW = {"==": pc.equal, "!=": pc.not_equal, "<": pc.less, "<=": pc.less_equal, ">": pc.greater, ">=": pc.greater_equal}
+#: pyarrow.compute's function of each comparison (the module is imported when a filter runs, not with this one:
+#: ``etl preprocess`` without a Filter stage never loads it)
+_ARROW = {"==": "equal", "!=": "not_equal", "<": "less", "<=": "less_equal", ">": "greater", ">=": "greater_equal"}
 
 
 def _array(table: pa.Table, name: str) -> pa.Array:
@@ -57,6 +58,8 @@ def _array(table: pa.Table, name: str) -> pa.Array:
 
 def _bools(arr: pa.Array) -> np.ndarray:
     """A boolean Arrow array as a numpy bool array, null as False."""
+    import pyarrow.compute as pc
+
     return np.asarray(pc.fill_null(arr, False).to_numpy(zero_copy_only=False), dtype=np.bool_)
 
 
@@ -71,6 +74,8 @@ class Leaf:
     text: bool
 
     def mask(self, table: pa.Table) -> np.ndarray:
+        import pyarrow.compute as pc
+
         arr = _array(table, self.column)
         if self.op in NULL_TESTS:
             nulls = _bools(arr.is_null())
@@ -81,7 +86,7 @@ class Leaf:
             if self.op in SETS:
                 found = _bools(pc.is_in(binary, value_set=strings(self.value).cast(pa.large_binary())))
             else:
-                return _bools(_ARROW[self.op](binary, strings([self.value]).cast(pa.large_binary())[0]))
+                return _bools(getattr(pc, _ARROW[self.op])(binary, strings([self.value]).cast(pa.large_binary())[0]))
         else:
             values = to_numpy(pc.fill_null(arr, 0)) if arr.null_count else to_numpy(arr)
             if self.op in SETS:

@@ -364,9 +364,34 @@ def _explain(path: Location, schema: Schema, err: Exception, header: bool, *, si
 
 def _finish(batch: pa.RecordBatch, schema: Schema, path: Location, arrow_schema: pa.Schema, first_line: int) -> pa.RecordBatch:
     """A batch as the CSV reader gives it → the raw layout (``first_line``: the 1-based line of its first row)."""
+    for i, c in enumerate(schema.columns):
+        check_one_line(batch.column(i), c.name, path, first_line)
     own_nulls = _own_nulls(schema)
     arrays = [_finish_column(batch.column(i), c, schema, own_nulls, path, first_line) for i, c in enumerate(schema.columns)]
     return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema)
+
+
+def check_one_line(a: pa.Array, column: str, path: Location, first_line: int) -> None:
+    """Raise InputError when a text value of ``a`` (column ``column`` of ``path``, its first value on line
+    ``first_line``, 1-based) holds a line break: a row is one line, so such a value is a quoted
+    field that ran past the end of its line (an unterminated quote swallows the lines after it, up to the end of
+    the file); the error names the line where the field opened. Scans the column's bytes once (a line break is
+    rare: the row is looked for only when one is found)."""
+    if not (pa.types.is_string(a.type) or pa.types.is_large_string(a.type)) or len(a) == 0:
+        return
+    width = np.int32 if pa.types.is_string(a.type) else np.int64
+    offsets = np.frombuffer(a.buffers()[1], width, len(a) + 1, a.offset * np.dtype(width).itemsize)
+    data = a.buffers()[2]
+    if data is None:
+        return
+    text = np.frombuffer(data, np.uint8)[offsets[0]:offsets[-1]]
+    if not ((text == 10).any() or (text == 13).any()):
+        return
+    import pyarrow.compute as pc
+
+    row = int(np.flatnonzero(pc.fill_null(pc.match_substring_regex(a, "[\r\n]"), False).to_numpy(zero_copy_only=False))[0])
+    raise InputError(str(path), f"line {first_line + row}: a quoted field opens on this line and runs past its end (a quote "
+                     "without its closing quote?); each row must be one line", column=column)  # fmt: skip
 
 
 def _finish_column(a: pa.Array, c: ColumnSpec, schema: Schema, own_nulls: bool, path: Location, first_line: int) -> pa.Array:
@@ -452,7 +477,7 @@ def read_text(path: Location, schema: Schema, arrow_schema: pa.Schema) -> Iterat
         if "Empty CSV file" in str(e):  # zero bytes (or an empty compressed stream): no rows
             return
         raise _explain(path, schema, e, header, single_threaded=False) from None
-    line = 2 if header else 1  # 1-based line of the next row (exact unless values hold newlines)
+    line = 2 if header else 1  # 1-based line of the next row (exact: a value holding a line break is refused)
     while True:
         try:
             batch = reader.read_next_batch()

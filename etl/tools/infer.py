@@ -55,6 +55,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from etl.errors import InputError
+from etl.io.text import check_one_line
 from etl.schema import ColumnSpec, Schema, TextLayout, parse_schema
 
 __all__ = ["Inference", "InferredColumn", "infer", "NULL_TOKENS"]
@@ -351,6 +352,8 @@ def _sample_text(path: Path, rows: int) -> _Sample:
     except (pa.ArrowException, OSError) as e:
         raise InputError(str(path), f"cannot read as {_NAMES[delimiter]}-separated text: {str(e)[:300]}") from None
     table = pa.Table.from_batches(batches, reader.schema).slice(0, rows + 1)
+    for i in range(n):  # a quote left open would make the sample end early, without a word
+        check_one_line(table.column(i).combine_chunks(), f"field {i + 1}", path, 1)
     columns: list[list[str | None]] = [table.column(i).to_pylist() for i in range(n)]
     header, header_why = _detect_header(columns)
     names_out = None

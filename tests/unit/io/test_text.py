@@ -451,3 +451,37 @@ def test_list_null_values_on_integer_elements(tmp_path):
     with pytest.raises(InputError) as e:
         convert([src], s, tmp_path / "out")
     assert e.value.column == "t" and "line 2" in str(e.value) and "'x'" in str(e.value)
+
+
+def _label_dense_text() -> Schema:
+    return _schema([
+        {"name": "label", "role": "label", "dtype": "int64"},
+        {"name": "a", "role": "dense", "dtype": "int64"},
+        {"name": "c", "role": "categorical", "dtype": "string", "encoding": "string"},
+    ], delimiter=",", header=False)
+
+
+@pytest.mark.parametrize("line", [8, 500])
+def test_an_unterminated_quote_is_an_error_naming_the_line_it_opened_on(tmp_path, line):
+    rows = [f"{i % 2},{i},x{i}" for i in range(500)]
+    rows[line - 1] = '1,6,"b'  # the quote runs to the end of the file
+    src = tmp_path / "open.csv"
+    src.write_text("\n".join(rows) + "\n")
+    with pytest.raises(InputError, match=f"open.csv.*line {line}: a quoted field opens on this line") as e:
+        convert([src], _label_dense_text(), tmp_path / "out")
+    assert e.value.column == "c"
+    assert not list((tmp_path / "out").glob("*.parquet"))  # nothing written from the file
+
+
+def test_a_quoted_field_over_two_lines_is_refused_and_lines_count_past_many_blocks(tmp_path):
+    rows = [f"{i % 2},{i},{'y' * 40}{i}" for i in range(60_000)]  # several CSV blocks before the bad line
+    rows[50_000] = '1,6,"two\nlines"'
+    src = tmp_path / "two.csv"
+    src.write_text("\n".join(rows) + "\n")
+    with pytest.raises(InputError, match="line 50001: a quoted field opens on this line"):
+        convert([src], _label_dense_text(), tmp_path / "out")
+    # closed on its own line, a quoted field is one value as before
+    rows[50_000] = '1,6,"one, line"'
+    src.write_text("\n".join(rows) + "\n")
+    convert([src], _label_dense_text(), tmp_path / "out")
+    assert _rows(sorted((tmp_path / "out").glob("*.parquet"))).column("c")[50_000].as_py() == "one, line"

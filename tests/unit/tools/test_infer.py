@@ -289,3 +289,12 @@ def test_yaml_round_trip_of_awkward_names(tmp_path):
     doc = yaml.safe_load(got.schema_yaml())
     assert [c["name"] for c in doc["columns"]] == ["a: b", "#tag", "x y"]
     assert got.schema().names == ["a: b", "#tag", "x y"]
+
+
+def test_an_unterminated_quote_in_the_sample_is_an_error_naming_its_line(tmp_path):
+    rows = [f"{i % 2},{i},x{i}" for i in range(500)]
+    rows[7] = '1,6,"b'
+    src = tmp_path / "open.csv"
+    src.write_text("\n".join(rows) + "\n")
+    with pytest.raises(InputError, match="open.csv.*field 3.*line 8: a quoted field opens on this line"):
+        infer([src])

@@ -310,6 +310,16 @@ def locations(items: list[str | Path | Url], storage_options: dict[str, Any] | N
     return [location(i, storage_options) for i in items]
 
 
+def identity(path: Location) -> tuple[int, ...]:
+    """What changes when a file is replaced or rewritten, cheaply (one ``stat``, no read): (device, inode, size,
+    modification time in ns) of a local file, ``fingerprint`` of a URL. A rewrite in place that keeps the size and
+    sets the modification time back is not seen; the sha256 of a manifest entry is what proves bytes."""
+    if not isinstance(path, Url):
+        st = os.stat(path)
+        return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+    return fingerprint(path)
+
+
 def fingerprint(path: Location) -> tuple[int, int]:
     """(size in bytes, modification time in ns) of a file: from ``stat`` for a local one, from the object's
     metadata for a URL (its last-modified time; a store without one gives 0)."""

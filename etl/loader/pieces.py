@@ -22,6 +22,7 @@ import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pyarrow as pa
 import torch
@@ -29,7 +30,7 @@ import torch
 from etl.batch import Batch
 from etl.errors import EtlError, InputError, LoaderError
 from etl.io.arrivals import CountedFiles
-from etl.io.fs import Location, Url, fingerprint
+from etl.io.fs import Location, Url, fingerprint, identity
 from etl.io.npy import FIELDS, NpySpec, field_file
 from etl.io.npy import read_rows as read_npy_rows
 from etl.io.parquet import batch_from_arrow, read_rows
@@ -40,6 +41,8 @@ from etl.loader.device_stage import DeviceStage
 from etl.loader.order import Piece, RowGroup
 from etl.loader.stats import LoaderStats
 from etl.pipeline import Pipeline
+
+T = TypeVar("T")
 
 
 class PieceReader:
@@ -75,6 +78,11 @@ class ProcessedReader(PieceReader):
     checks each file against the entry the poll that counted it read, not the manifest as it is later: a file
     rewritten since (with its entry) fails the check (``InputError`` naming it).
 
+    A file read where it lies is checked again whenever it changed since (``etl.io.fs.identity``: a ``stat`` per
+    piece read): a file replaced or rewritten under a loader (a rerun of ``etl preprocess`` into the output it reads)
+    is an ``InputError`` naming it, never a mix of the old and new rows; a file whose bytes are still the
+    manifest's is read on.
+
     A file in object storage is downloaded once: into a local spool directory, hashed as it arrives
     (``etl.io.processed.fetch_part``), and its rows are then read from that verified copy, in this epoch and the
     next. The spool is a private directory in the system's temporary directory (``TMPDIR``), made at the first
@@ -90,7 +98,8 @@ class ProcessedReader(PieceReader):
         self._entries = dict(zip(output.parts, output.manifest.files))  # the manifest the output was opened with
         self._verify_locks: dict[Location, threading.Lock] = {}
         self._locks_lock = threading.Lock()
-        self._verified: dict[Location, Location] = {}  # where each verified file's rows are read from
+        # where each verified file's rows are read from, and the identity of the file checked (None: a spooled copy)
+        self._verified: dict[Location, tuple[Location, tuple[int, ...] | None]] = {}
         self._spool: Path | None = None
         self._spool_lock = threading.Lock()
 
@@ -99,9 +108,12 @@ class ProcessedReader(PieceReader):
         with self._locks_lock:
             lock = self._verify_locks.setdefault(path, threading.Lock())
         with lock:  # the file's other pieces wait until it is verified
+            source, seen = self._verified.get(path, (path, None))
             if path not in self._verified:
-                self._verified[path] = self._verify(path, self._entry(path))
-        return self.read(piece, self._verified[path])
+                self._verified[path] = source, seen = self._verify(path, self._entry(path))
+            elif seen is not None and identity(path) != seen:
+                self._verified[path] = source, seen = _reverified(path, lambda: self._verify(path, self._entry(path)))
+        return self.read(piece, source)
 
     def _entry(self, path: Location) -> ManifestEntry:
         """The manifest entry the file at ``path`` must match: the one it was counted with when following, else the
@@ -111,14 +123,16 @@ class ProcessedReader(PieceReader):
             raise InputError(str(self.output.directory / MANIFEST), f"{path}: not a file of this output that was counted or listed")
         return entry
 
-    def _verify(self, path: Location, entry: ManifestEntry) -> Location:
-        """Check the file of ``entry`` at ``path``; returns where to read its rows from."""
+    def _verify(self, path: Location, entry: ManifestEntry) -> tuple[Location, tuple[int, ...] | None]:
+        """Check the file of ``entry`` at ``path``; returns where to read its rows from and the identity of the file
+        checked when that is ``path`` (None for a spooled copy, which is ours)."""
         if isinstance(path, Url):
             spool = self._spool_with_room(fingerprint(path)[0])
             if spool is not None:
-                return fetch_part(self.output, entry, spool)
+                return fetch_part(self.output, entry, spool), None
+        seen = identity(path)  # before the bytes are hashed: a change while they are is seen at the next read
         verify_part(self.output, entry)
-        return path
+        return path, seen
 
     def _spool_with_room(self, size: int) -> Path | None:
         """The spool directory (made on first use), when its file system has room for ``size`` more bytes."""
@@ -137,7 +151,8 @@ class ProcessedReader(PieceReader):
 class NpyReader(PieceReader):
     """The npy chunks of an ``etl preprocess`` output (pieces of ``etl.loader.order.chunk_groups``), read as is.
     Before its first rows are read, each chunk's files are checked against the sha256s its manifest entry records
-    (once per chunk and reader, one lock per chunk)."""
+    (once per chunk and reader, one lock per chunk), and again whenever one of them changed since
+    (``etl.io.fs.identity``, as ``ProcessedReader`` does)."""
 
     def __init__(self, layout: Layout, stats: LoaderStats, output: ProcessedOutput):
         super().__init__(layout.columns, stats)
@@ -149,7 +164,7 @@ class NpyReader(PieceReader):
         self._entries = dict(zip(output.npy_parts, output.manifest.files))
         self._locks: dict[tuple[Location, int], threading.Lock] = {}
         self._locks_lock = threading.Lock()
-        self._verified: set[tuple[Location, int]] = set()
+        self._verified: dict[tuple[Location, int], list[tuple[int, ...]]] = {}  # the identity of each checked chunk's files
 
     def __call__(self, piece: Piece) -> Chunk:
         g = piece.group
@@ -158,12 +173,30 @@ class NpyReader(PieceReader):
             lock = self._locks.setdefault(key, threading.Lock())
         with lock:
             if key not in self._verified:
-                verify_chunk(self.output, self._entries[g.path], g.index)
-                self._verified.add(key)
+                self._verified[key] = self._verify(g.path, g.index)
+            elif [identity(g.path / field_file(f, g.index)) for f in FIELDS] != self._verified[key]:
+                self._verified[key] = _reverified(g.path / field_file(FIELDS[0], g.index), lambda: self._verify(g.path, g.index))
         t0 = time.perf_counter()
         fixed = {f: read_npy_rows(g.path / field_file(f, g.index), self.spec, f, g.num_rows, piece.start, piece.length) for f in FIELDS}
         self.stats.add_read(time.perf_counter() - t0, 0.0)
         return Chunk(piece.length, fixed, {})
+
+
+    def _verify(self, directory: Location, index: int) -> list[tuple[int, ...]]:
+        """Check chunk ``index`` of ``directory``'s files; returns their identities, taken before."""
+        seen = [identity(directory / field_file(f, index)) for f in FIELDS]
+        verify_chunk(self.output, self._entries[directory], index)
+        return seen
+
+
+def _reverified(path: Location, verify: Callable[[], T]) -> T:
+    """``verify()`` again for a file of a processed output that changed since it was checked; its ``InputError``
+    says so."""
+    try:
+        return verify()
+    except InputError as e:
+        raise InputError(e.path, f"{path} changed while this loader reads it (a rerun of etl preprocess into the output?): "
+                         f"{e.problem}") from None  # fmt: skip
 
 
 class HostReader(PieceReader):

@@ -165,3 +165,29 @@ def test_verify_part_checks_the_bytes(output: Path) -> None:
     os.remove(output / "part-00001.parquet")
     with pytest.raises(InputError, match=f"{MANIFEST}: file part-00001.parquet: cannot read"):
         verify_part(opened, opened.manifest.files[1])
+
+
+@pytest.mark.parametrize("npy", [False, True])
+def test_a_rerun_into_the_output_a_loader_reads_is_an_error_at_its_next_epoch(tmp_path: Path, npy: bool) -> None:
+    """A Loader reads an epoch of a processed output; ``etl preprocess`` with another pipeline then rewrites the
+    output (it holds no lock the loader keeps); the loader's next epoch raises InputError naming the file, instead
+    of delivering the new pipeline's ids against the old cardinalities."""
+    from etl import Loader
+    from tests.conftest import REPO, run_etl
+
+    raw = tmp_path / "raw"
+    run_etl("generate", "--schema", REPO / "schemas/criteo.yaml", "--rows", 3000, "--files", 2, "--out", raw)
+    out = tmp_path / "out"
+    fmt = ["--format", "npy", "--npy-chunk-rows", 1000] if npy else []
+    run_etl("preprocess", "--pipeline", REPO / "pipelines/criteo.yaml", "--input", raw, "--out", out, *fmt)
+    loader = Loader(out, batch_size=500, num_workers=1)
+    first = [b.sparse.clone() for b in loader]
+    assert sum(len(s) for s in first) == 3000
+    run_etl("preprocess", "--pipeline", REPO / "pipelines/criteo_hash.yaml", "--input", raw, "--out", out, *fmt)
+    delivered = []
+    with pytest.raises(InputError, match=r"changed while this loader reads it .*sha256 \w+ differs from the manifest's"):
+        for epoch in (1, 2):  # epoch 1 may have been read ahead, before the rerun: the old rows, whole
+            loader.set_epoch(epoch)
+            delivered += [b.sparse.clone() for b in loader]
+    loader.close()
+    assert len(delivered) <= len(first) and all(a.equal(b) for a, b in zip(delivered, first))  # old rows only

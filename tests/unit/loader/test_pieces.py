@@ -4,6 +4,7 @@ names the piece of an unexpected failure."""
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -85,6 +86,26 @@ def test_a_following_processed_reader_checks_each_file_against_the_entry_it_was_
         ProcessedReader(LAYOUT, LoaderStats(), output, counted)(middle(out))
     counted.add([entry])
     assert_same(ProcessedReader(LAYOUT, LoaderStats(), output, counted)(middle(out)), HostReader(PIPELINE, LAYOUT, LoaderStats())(middle(raw)))
+
+
+def test_a_processed_file_changed_under_the_reader_is_checked_again(raw: Path, tmp_path: Path) -> None:
+    """A reader checks a file once, then again whenever it changed (replaced, rewritten): bytes other than the
+    manifest's are an error naming the file, never rows of the new file; a file touched but unchanged reads on."""
+    out = part_path(tmp_path, 0)
+    table = PIPELINE.transform_table(pq.read_table(raw))
+    pq.write_table(table, out, row_group_size=300)
+    entry = ManifestEntry(out.name, str(raw), raw.stat().st_size, 900, 900, 0, None, sha256_file(out))
+    output = ProcessedOutput(tmp_path, tmp_path / "artifacts", [out], Manifest.of("criteo_hash", [entry], complete=True))
+    reader = ProcessedReader(LAYOUT, LoaderStats(), output)
+    want = HostReader(PIPELINE, LAYOUT, LoaderStats())(middle(raw))
+    assert_same(reader(middle(out)), want)
+    os.utime(out, ns=(out.stat().st_atime_ns, out.stat().st_mtime_ns + 10**9))  # touched: the same bytes
+    assert_same(reader(middle(out)), want)
+    other = tmp_path / "other.parquet"
+    pq.write_table(table.slice(1), other, row_group_size=300)  # another file renamed onto it, as a rerun does
+    os.replace(other, out)
+    with pytest.raises(InputError, match="part-00000.parquet changed while this loader reads it .*sha256 .* differs from the manifest's"):
+        reader(middle(out))
 
 
 def test_a_processed_file_in_object_storage_is_downloaded_once(raw: Path, s3: str, monkeypatch: pytest.MonkeyPatch) -> None:

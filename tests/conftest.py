@@ -43,7 +43,7 @@ SHARED_SERVICES = {"local_cluster": "dask", "s3_server": "s3"}
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     tests = REPO / "tests"
     for item in items:
-        place = Path(item.fspath).resolve().relative_to(tests).parts
+        place = item.path.resolve().relative_to(tests).parts
         services = [group for name, group in SHARED_SERVICES.items() if name in getattr(item, "fixturenames", ())]
         if place[0] in SLOW_DIRS or services:
             item.add_marker(pytest.mark.slow)

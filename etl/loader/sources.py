@@ -42,6 +42,7 @@ from etl.loader.ring import Ring
 from etl.loader.settings import Batching
 from etl.loader.stats import LoaderStats
 from etl.loader.stream_state import Key, StreamPass
+from etl.ops.stream import describe_specs, stream_specs
 from etl.pipeline import Pipeline, check_match
 
 #: A pass of the default engine, whatever its source.
@@ -176,7 +177,7 @@ class ShardSource(EpochSource):
         remote = any(isinstance(path, Url) for path in shards)  # reads wait on requests: see EpochPass io_bound
         layout = Layout.of(pipeline)
         if layout.streamed and transform != "host":
-            states = ", ".join(f"{s.describe()} ({s.op})" for op in pipeline.ops for s in op.stream_specs())
+            states = describe_specs(stream_specs(pipeline.ops))
             raise ConfigError(f"streaming states ({states}) give their values on the host: use transform_on='host'")
         if transform == "cudf":
             if remote:

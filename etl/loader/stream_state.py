@@ -55,7 +55,7 @@ import numpy as np
 from etl.errors import ArtifactError, ConfigError, EtlError, LoaderError
 from etl.io.fs import Location
 from etl.ops.base import InvalidState, Op
-from etl.ops.stream import Carried, StreamInput, StreamState, StreamStep, UndoRecord
+from etl.ops.stream import Carried, StreamInput, StreamState, StreamStep, UndoRecord, describe_specs
 from etl.pipeline import saved_streams
 from etl.pipeline.saved_streams import State
 
@@ -104,7 +104,7 @@ class StreamStates:
 
     def describe(self) -> str:
         """What the states are, for messages: ``online vocabulary of 'C1' (Categorify), ...``."""
-        return ", ".join(f"{s.describe()} ({s.op})" for s in self.specs.values())
+        return describe_specs(self.specs.values())
 
     def _export(self, undo: list[_Step] | None = None) -> State:
         """The states now, or before the steps ``undo`` (newest first)."""

@@ -28,7 +28,7 @@ advance in parallel threads.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -136,3 +136,8 @@ class StreamState(ABC):
 def stream_specs(ops: list[Op]) -> list[StreamSpec]:
     """The streaming states of ``ops``, in op order."""
     return [s for op in ops for s in op.stream_specs()]
+
+
+def describe_specs(specs: Iterable[StreamSpec]) -> str:
+    """Streaming states for messages: ``online vocabulary of 'C1' (Categorify), ...``."""
+    return ", ".join(f"{s.describe()} ({s.op})" for s in specs)

@@ -35,7 +35,7 @@ from etl.io.processed import (
     part_path,
     write_manifest,
 )
-from etl.ops.stream import stream_specs
+from etl.ops.stream import describe_specs, stream_specs
 from etl.pipeline import ON_ERROR, OnError, Pipeline, Transformed, check_match
 from etl.pipeline.single_pass import Plan, fit_stashing, transform_stashed
 from etl.pipeline.stash import Stash, default_budget, parse_budget
@@ -139,7 +139,7 @@ def preprocess(
     budget = default_budget() if memory_budget is None else parse_budget(memory_budget)
     streamed = stream_specs(pipeline.ops)
     if streamed:
-        raise ConfigError(f"{', '.join(f'{s.describe()} ({s.op})' for s in streamed)}: such values are given by etl.Loader as it "
+        raise ConfigError(f"{describe_specs(streamed)}: such values are given by etl.Loader as it "
                           "streams rows, not by etl preprocess")  # fmt: skip
     check_apart(out_dir, shards)
     out_dir.mkdir(parents=True, exist_ok=True)

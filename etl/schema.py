@@ -44,6 +44,7 @@ from typing import Any, Literal
 import yaml
 
 from etl.errors import SpecError
+from etl.io.documents import parse_document
 
 ROLES = ("label", "dense", "categorical", "list", "passthrough", "drop")
 DTYPES = ("int64", "float64", "string")
@@ -233,12 +234,12 @@ _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def read_yaml(path: Path) -> Any:
-    """A YAML document; ``SpecError`` when the file is missing or not YAML."""
+    """A YAML document; ``SpecError`` when the file is missing or not YAML (not UTF-8, nested too deeply)."""
     try:
-        return yaml.load(path.read_text(), Loader=_SAFE_LOADER)
+        return parse_document(path.read_text(), lambda text: yaml.load(text, Loader=_SAFE_LOADER))
     except FileNotFoundError:
         raise SpecError(str(path), "<file>", "no such file") from None
-    except yaml.YAMLError as e:
+    except (yaml.YAMLError, ValueError) as e:  # ValueError: UnicodeDecodeError, nested too deeply
         raise SpecError(str(path), "<file>", f"invalid YAML: {e}") from None
 
 

@@ -40,6 +40,7 @@ import json
 from typing import Any
 
 from etl.errors import ConfigError, InputError
+from etl.io.documents import parse_document
 from etl.io.files import atomic_write_bytes
 from etl.io.fs import Location
 
@@ -68,12 +69,12 @@ def read_arrivals(directory: Location) -> list[str] | None:
     the module docstring)."""
     path = directory / ARRIVALS
     try:
-        doc = json.loads(path.read_bytes())
+        doc = parse_document(path.read_bytes())
     except FileNotFoundError:
         return None
     except OSError as e:
         raise InputError(str(path), f"cannot read the producer manifest: {e.strerror or e}") from None
-    except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
+    except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError, nested too deeply
         raise InputError(str(path), f"not a JSON producer manifest: {e}") from None
     return _shards(doc, str(path))
 

@@ -39,6 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from etl.errors import InputError
+from etl.io.documents import parse_document
 from etl.io.files import HashingFile, atomic_write_bytes, is_shard_name, sha256_file, shard_index, shard_name
 from etl.io.fs import Location, arrow_source, is_within, open_file
 from etl.io.npy import FIELDS, NpyChunk, NpySpec, check_header, chunk_dir, chunk_file
@@ -224,10 +225,10 @@ def read_manifest(directory: Location) -> Manifest:
     files do not list the same reshaping stages."""
     path = directory / MANIFEST
     try:
-        doc = json.loads(path.read_bytes())
+        doc = parse_document(path.read_bytes())
     except OSError as e:
         raise InputError(str(path), f"cannot read the manifest: {e.strerror or e}") from None
-    except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError
+    except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError, nested too deeply
         raise InputError(str(path), f"not a JSON manifest: {e}") from None
     if not isinstance(doc, dict):
         raise InputError(str(path), f"not a JSON manifest: expected an object, got {type(doc).__name__}")

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 
 from etl.errors import ArtifactError, SpecError
 from etl.ids import DESCRIPTION as ID_ENCODING
+from etl.io.documents import parse_document
 from etl.io.files import atomic_write_bytes, atomic_write_parquet
 from etl.io.fs import Location, Url, arrow_source, is_within, location
 from etl.ops.base import InvalidState
@@ -105,12 +106,12 @@ def _read_manifest(d: Location) -> dict[str, Any]:
     """The parsed ``pipeline.json`` of ``d``: a JSON object of this format and version."""
     path = d / "pipeline.json"
     try:
-        manifest = json.loads(path.read_bytes())
+        manifest = parse_document(path.read_bytes())
     except FileNotFoundError:
         raise ArtifactError(f"{d}: no pipeline.json (not an artifacts directory)") from None
     except (OSError, UnicodeDecodeError) as e:
         raise ArtifactError(f"{path}: cannot read: {e}") from None
-    except json.JSONDecodeError as e:
+    except ValueError as e:  # json.JSONDecodeError, nested too deeply
         raise ArtifactError(f"{path}: invalid JSON: {e}") from None
     if not isinstance(manifest, dict):
         raise ArtifactError(f"{path}: field '<root>': expected a JSON object, got {type(manifest).__name__}")

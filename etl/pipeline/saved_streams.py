@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from etl.errors import ArtifactError, ConfigError, EtlError
 from etl.io.arrow import from_numpy, to_numpy
+from etl.io.documents import parse_document
 from etl.io.files import atomic_write_bytes, atomic_write_parquet
 from etl.io.fs import Location, location
 from etl.ops.stream import StateArrays, StreamSpec
@@ -212,8 +213,8 @@ def _kinds(specs: Mapping[str, StreamSpec]) -> str:
 def _read_json(path: Location) -> Any:
     """The parsed JSON at ``path``, or None when there is no such file."""
     try:
-        return json.loads(path.read_bytes())
+        return parse_document(path.read_bytes())
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:  # json.JSONDecodeError, UnicodeDecodeError, nested too deeply
         raise ArtifactError(f"{path}: cannot read: {e}") from None

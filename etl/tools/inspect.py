@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 import pyarrow as pa
 
 from etl.errors import ArtifactError
+from etl.io.documents import parse_document
 from etl.io.fs import Location
 from etl.io.parquet import list_shards, read_footer
 from etl.io.processed import is_processed, open_processed
@@ -24,8 +23,8 @@ def describe(path: Location) -> str:
 
 def describe_artifacts(path: Location) -> str:
     try:
-        doc = json.loads((path / "pipeline.json").read_bytes())
-    except json.JSONDecodeError as e:
+        doc = parse_document((path / "pipeline.json").read_bytes())
+    except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError, nested too deeply
         raise ArtifactError(f"{path / 'pipeline.json'}: invalid JSON: {e}") from None
     lines = [
         f"artifacts: {path}",

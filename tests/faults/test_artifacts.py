@@ -117,9 +117,9 @@ def test_malformed_manifest_is_refused(art, tmp_path, case):
     assert "pipeline.json" in str(ei.value) and field in str(ei.value)
 
 
-def test_manifest_json_null_or_not_utf8_is_refused(art, tmp_path):
+def test_manifest_json_null_not_utf8_or_nested_too_deeply_is_refused(art, tmp_path):
     d = tampered(art, tmp_path / "a", lambda m: None)
-    for data in (b"null", b"\xff\xfe{}"):
+    for data in (b"null", b"\xff\xfe{}", b"[" * 100_000 + b"]" * 100_000):
         (d / "pipeline.json").write_bytes(data)
         with pytest.raises(ArtifactError, match="pipeline.json"):
             Pipeline.load(d)

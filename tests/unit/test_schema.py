@@ -144,6 +144,26 @@ def test_invalid_yaml(tmp_path):
     assert ei.value.field == "<file>" and "invalid YAML" in str(ei.value) and str(p) in str(ei.value)
 
 
+@pytest.mark.parametrize("loader", ["libyaml", "python"])
+@pytest.mark.parametrize("text", ["[" * 100_000 + "]" * 100_000, "".join(" " * i + "a:\n" for i in range(5000))])
+def test_yaml_nested_too_deeply_is_invalid_yaml(tmp_path, monkeypatch, loader, text):
+    """libyaml stops at its nesting limit; PyYAML's Python loader recurses once per level (RecursionError)."""
+    if loader == "python":
+        monkeypatch.setattr("etl.schema._SAFE_LOADER", yaml.SafeLoader)
+    p = write(tmp_path, text)
+    with pytest.raises(SpecError, match="invalid YAML") as ei:
+        load_schema(p)
+    assert ei.value.path == str(p) and ei.value.field == "<file>"
+
+
+def test_yaml_not_utf8_is_invalid_yaml(tmp_path):
+    p = tmp_path / "schema.yaml"
+    p.write_bytes(b"name: \xff\xfe\n")
+    with pytest.raises(SpecError, match="invalid YAML") as ei:
+        load_schema(p)
+    assert ei.value.path == str(p)
+
+
 def test_missing_file(tmp_path):
     p = tmp_path / "nope.yaml"
     with pytest.raises(SpecError) as ei:

@@ -38,6 +38,7 @@ def test_write_then_read_lists_the_shards_in_order_atomically(tmp_path: Path) ->
     [
         ('{"format": "etl-arrivals", "version": 1, "shards": [', "not a JSON producer manifest"),
         ("[]", "expected an object, got list"),
+        ("[" * 100_000 + "]" * 100_000, "not a JSON producer manifest: nested too deeply"),
         (json.dumps(listing() | {"format": "other"}), "format 'other' version 1, expected format 'etl-arrivals' version 1"),
         (json.dumps(listing() | {"version": 2}), "version 2, expected"),
         (json.dumps(listing() | {"producer": "x"}), "has the keys"),

@@ -207,7 +207,7 @@ def test_missing_or_malformed_json(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="cannot read the manifest"):
         read_manifest(tmp_path)
     path = tmp_path / MANIFEST
-    for text in (b"{not json", b"", b"\xff\xfe\x00garbage"):
+    for text in (b"{not json", b"", b"\xff\xfe\x00garbage", b"[" * 100_000 + b"]" * 100_000):
         path.write_bytes(text)
         with pytest.raises(InputError, match="not a JSON manifest") as e:
             read_manifest(tmp_path)

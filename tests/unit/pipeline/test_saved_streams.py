@@ -110,3 +110,10 @@ def test_a_directory_not_of_these_states_is_refused_naming_the_file(tmp_path: Pa
     pq.write_table(pq.read_table(table).replace_schema_metadata(None), table)  # the table's own record gone
     with pytest.raises(ArtifactError, match=f"{table}: table of running mean of 'y_mean': no valid record"):
         saved_streams.load(tmp_path, SPECS)
+
+
+@pytest.mark.parametrize("name", ["stream_state.json", "online_vocabulary.json"])
+def test_a_state_file_nested_too_deeply_is_refused_naming_it(tmp_path: Path, name: str) -> None:
+    (tmp_path / name).write_bytes(b"[" * 100_000 + b"]" * 100_000)
+    with pytest.raises(ArtifactError, match=rf"^{tmp_path / name}: cannot read: nested too deeply"):
+        saved_streams.load(tmp_path, SPECS)

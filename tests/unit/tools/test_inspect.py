@@ -114,6 +114,7 @@ def test_unreadable_inputs_are_typed_errors(tmp_path: Path) -> None:
     (bad / "x.parquet").write_bytes(b"not parquet")
     with pytest.raises(InputError, match="not a readable Parquet file"):
         describe(bad)
-    (bad / "pipeline.json").write_text("{oops")
-    with pytest.raises(ArtifactError, match="invalid JSON"):
-        describe(bad)
+    for text in ("{oops", "[" * 100_000 + "]" * 100_000):
+        (bad / "pipeline.json").write_text(text)
+        with pytest.raises(ArtifactError, match="pipeline.json: invalid JSON"):
+            describe(bad)

@@ -21,8 +21,10 @@ with the same bits out. Fittable ops add:
   table thresholded, ordered and cut as the fitted state keeps it, and ``finalize_ranked(column, ranked, xp)``,
   which sets a column's state from the ranked table of all rows: a distributed fit ranks partitions of the keys
   separately and merges them (``etl.ops.counts.merge_ranked``);
-- ``state() -> (json_dict, tables)`` and ``load_state(json_dict, tables)``: the fitted state as JSON plus named
-  Arrow tables (saved as Parquet), never pickle.
+- ``state() -> (json_dict, tables)`` and ``load_state(json_dict, tables)``: the fitted state as JSON plus Arrow
+  tables named after the column each belongs to (saved as Parquet), never pickle; ``fitted_params()``: the
+  parameters the tables depend on, recorded with each (``made_by``), so that a table loads only into the op,
+  column and parameters that made it.
 
 Ops whose values depend on the rows before them in a stream (an online vocabulary) declare the state they keep
 with ``stream_specs`` and make it with ``new_stream_state`` (``etl.ops.stream``): the loader drives it, row by
@@ -35,6 +37,7 @@ row and column, or quarantines those rows and runs the op again on the rest. Fit
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -67,6 +70,12 @@ class InvalidState(ValueError):
     def __init__(self, problem: str, table: str | None = None):
         self.table = table
         super().__init__(problem)
+
+
+def made_by(op: str, column: str, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The record a saved state or fitted table carries of what made it: the op's name, the column it belongs to and
+    the parameters its meaning depends on (JSON values)."""
+    return {"op": op, "column": column, "params": dict(params)}
 
 
 def rows_with_bad_elements(col: Column, elem_mask: Array, xp: Backend) -> np.ndarray:
@@ -156,6 +165,10 @@ class Op:
 
     def state(self) -> tuple[dict[str, Any], dict[str, pa.Table]]:
         return {}, {}
+
+    def fitted_params(self) -> dict[str, Any]:
+        """The parameters the fitted tables of ``state`` depend on (JSON values; none by default)."""
+        return {}
 
     # ops with streaming state override these
     def stream_specs(self) -> list[StreamSpec]:

@@ -342,6 +342,11 @@ class Categorify(Op):
         doc = {"sizes": {c: self.vocab[c].num_rows for c in self.columns}, "cardinalities": self.cardinalities()}
         return doc, {c: self.vocab[c] for c in self.columns}
 
+    def fitted_params(self) -> dict[str, Any]:
+        """What a vocabulary table depends on: its keys are those counted ``freq_threshold`` times, cut to
+        ``max_size``, and its ids start after the ``oov_buckets``."""
+        return {"freq_threshold": self.freq_threshold, "max_size": self.max_size, "oov_buckets": self.oov_buckets}
+
     def load_state(self, doc: dict[str, Any], tables: dict[str, pa.Table]) -> None:
         """Take the vocabulary tables, each checked to be one ``finalize`` could have written (``InvalidState``
         naming the column otherwise)."""

@@ -30,12 +30,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from etl.ops.base import Op
+from etl.ops.base import Op, made_by
 
 #: A state: named integer scalars and named 1-D arrays of one length (see the module docstring).
 StateArrays = dict[str, np.ndarray | int]
@@ -95,8 +94,8 @@ class StreamSpec:
 
     @property
     def made_by(self) -> dict[str, Any]:
-        """The record a saved state carries of what made it: op, column and parameters (JSON values)."""
-        return {"op": self.op, "column": self.column, "params": dict(self.params)}
+        """The record a saved state carries of what made it (``etl.ops.base.made_by``)."""
+        return made_by(self.op, self.column, self.params)
 
     def describe(self) -> str:
         """``kind of 'name'``, for messages."""

@@ -2,7 +2,10 @@
 
 An artifacts directory holds ``pipeline.json`` — format name and version, the pipeline and schema documents, each
 op's fitted JSON state, the output columns and their cardinalities — plus ``<op index>-<op>/<table>.parquet``
-for fitted tables (vocabularies). Loading never unpickles anything.
+for fitted tables (vocabularies), each with the record of the op, column and parameters that made it in its schema
+metadata (``etl.pipeline.made_by``), so that a table given to another column or op (two table paths of
+``pipeline.json`` swapped) is refused. Tables written before they carried a record load unchecked. Loading never
+unpickles anything.
 
 The state of a loader's streaming states (online vocabularies) is saved apart, in a directory of its own
 (``etl.pipeline.saved_streams``).
@@ -22,7 +25,8 @@ from etl.ids import DESCRIPTION as ID_ENCODING
 from etl.io.documents import parse_document
 from etl.io.files import atomic_write_bytes, atomic_write_parquet
 from etl.io.fs import Location, Url, arrow_source, is_within, location
-from etl.ops.base import InvalidState
+from etl.ops.base import InvalidState, made_by
+from etl.pipeline.made_by import check_record, stamped, table_record
 from etl.schema import parse_schema, schema_to_dict
 
 if TYPE_CHECKING:
@@ -33,8 +37,9 @@ ARTIFACT_VERSION = 1
 
 
 def save(pipeline: Pipeline, directory: str | Location) -> None:
-    """Write the fitted state of ``pipeline``: ``pipeline.json`` plus one Parquet file per fitted table (atomic
-    per file). A NaN or infinite number in the JSON state raises ``ArtifactError`` (JSON never holds them).
+    """Write the fitted state of ``pipeline``: ``pipeline.json`` plus one Parquet file per fitted table, with its
+    record (atomic per file). A NaN or infinite number in the JSON state raises ``ArtifactError`` (JSON never
+    holds them).
 
     The tables are written without dictionary encoding: they hold mostly distinct values (a vocabulary's keys,
     texts and ids), which Parquet's dictionary pages only fall back from, at twice the cost of the plain write and
@@ -50,7 +55,7 @@ def save(pipeline: Pipeline, directory: str | Location) -> None:
         for name, table in tables.items():
             rel = f"{i:02d}-{op.name}/{name}.parquet"
             (d / rel).parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_parquet(table, d / rel, use_dictionary=False)
+            atomic_write_parquet(stamped(table, made_by(op.name, name, op.fitted_params())), d / rel, use_dictionary=False)
             names[name] = rel
         ops_doc.append({"op": op.name, "state": doc, "tables": names})
     manifest = {
@@ -75,7 +80,9 @@ def load(directory: str | Location, xp: Backend, build: type[Pipeline]) -> Pipel
 
     Raises ``ArtifactError`` naming the file (and the field of ``pipeline.json``) when the directory holds no
     artifacts, artifacts of another format version, a malformed ``pipeline.json``, a table path that is not a
-    relative path inside the directory, or files that cannot be read or hold an invalid fitted state."""
+    relative path inside the directory, a table whose record names another op, column or parameters than the
+    entry it is read for, or files that cannot be read or hold an invalid fitted state. A table without a record
+    (written by an earlier version) cannot be checked so: it loads when its contents are valid."""
     d = location(directory)
     path = d / "pipeline.json"
     manifest = _read_manifest(d)
@@ -94,6 +101,8 @@ def load(directory: str | Location, xp: Backend, build: type[Pipeline]) -> Pipel
         state = _field(entry, "state", dict, path, where)
         rels = _field(entry, "tables", dict, path, where)
         tables = {name: read_table(d, rel, f"{where}.tables.{name}") for name, rel in rels.items()}
+        for name, table in tables.items():
+            _check_made_by(table, made_by(op.name, name, op.fitted_params()), d / rels[name], f"{where} ({op.name}) '{name}'")
         try:
             op.load_state(state, tables)
         except (KeyError, TypeError, ValueError) as e:
@@ -129,6 +138,14 @@ def _field(doc: dict[str, Any], key: str, kind: type, path: Location, where: str
     if not isinstance(doc[key], kind):
         raise ArtifactError(f"{path}: field '{name}': expected a {kind.__name__}, got {type(doc[key]).__name__}")
     return doc[key]
+
+
+def _check_made_by(table: pa.Table, mine: dict[str, Any], path: Location, what: str) -> None:
+    """``ArtifactError`` naming ``path`` unless ``table`` has no record (an earlier version's) or the record
+    ``mine``."""
+    saved = table_record(table)
+    if saved is not None:
+        check_record(saved, mine, lambda problem: ArtifactError(f"{path}: table of {what}: {problem}"))
 
 
 def read_table(d: Location, rel: Any, field: str, doc: str = "pipeline.json") -> pa.Table:

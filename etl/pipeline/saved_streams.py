@@ -13,7 +13,7 @@ directory, one line naming the state and what differs); ``StreamState.check`` th
 - On disk, in a directory of its own: ``stream_state.json`` (format name and version; per state its record, its
   scalars, its arrays' names and dtypes, and the path of its table) plus one Parquet table per state
   (``online-NN.parquet``, NN its place in the JSON: the arrays as columns of those types, no nulls, and the record
-  again in the schema's metadata under ``etl.made_by``, so that a table given to another state is refused too;
+  again in the schema's metadata (``etl.pipeline.made_by``), so that a table given to another state is refused too;
   written last, the JSON). The older ``online_vocabulary.json`` (format ``etl-online-vocabulary`` version 1: per column its ``rows``
   and the path of its table), written before states carried a record, is still read.
 """
@@ -34,13 +34,12 @@ from etl.io.files import atomic_write_bytes, atomic_write_parquet
 from etl.io.fs import Location, location
 from etl.ops.stream import StateArrays, StreamSpec
 from etl.pipeline.artifacts import read_table
+from etl.pipeline.made_by import check_record, stamped, table_record
 
 #: States by name.
 State = dict[str, StateArrays]
 
 STATE_KEY = "streams"
-#: The key of a saved table's schema metadata that holds its state's record (JSON).
-MADE_BY = b"etl.made_by"
 LEGACY_KEY = "online_vocab"
 FORMAT, VERSION, FILE = "etl-stream-state", 1, "stream_state.json"
 LEGACY_FORMAT, LEGACY_VERSION, LEGACY_FILE = "etl-online-vocabulary", 1, "online_vocabulary.json"
@@ -76,7 +75,7 @@ def from_dict(saved: Mapping[str, Any], specs: Mapping[str, StreamSpec]) -> Stat
         if not isinstance(entry, dict):
             raise error(f"expected a dict, got {type(entry).__name__}")
         if not legacy:
-            _same_record(entry.get("made_by"), spec, error)
+            check_record(entry.get("made_by"), spec.made_by, error)
         try:
             arrays = {k: np.frombuffer(entry[k], t.newbyteorder("<")).astype(t) for k, t in spec.arrays.items()}
         except (KeyError, TypeError, ValueError) as e:
@@ -94,7 +93,7 @@ def save(directory: str | Location, state: State, specs: Mapping[str, StreamSpec
     for i, (n, s) in enumerate(state.items()):
         spec = specs[n]
         table = pa.Table.from_arrays([from_numpy(np.asarray(s[k], t)) for k, t in spec.arrays.items()], schema=_schema(spec))
-        table = table.replace_schema_metadata({MADE_BY: json.dumps(spec.made_by, sort_keys=True)})
+        table = stamped(table, spec.made_by)
         rel = f"online-{i:02d}.parquet"
         atomic_write_parquet(table, d / rel, use_dictionary=False)
         entries[n] = {"made_by": spec.made_by, "scalars": {k: int(s[k]) for k in spec.scalars}, "arrays": _dtypes(spec), "table": rel}
@@ -127,7 +126,7 @@ def load(directory: str | Location, specs: Mapping[str, StreamSpec]) -> tuple[St
         if not isinstance(entry, dict):
             raise error(f"expected a JSON object, got {type(entry).__name__}")
         if not legacy:
-            _same_record(entry.get("made_by"), spec, error)
+            check_record(entry.get("made_by"), spec.made_by, error)
             if entry.get("arrays") != _dtypes(spec):
                 raise error(f"arrays {entry.get('arrays')!r}, expected {_dtypes(spec)}")
         scalars = _scalars(entry if legacy else entry.get("scalars"), spec, error)
@@ -142,7 +141,7 @@ def load(directory: str | Location, specs: Mapping[str, StreamSpec]) -> tuple[St
             def table_error(problem: str, spec: StreamSpec = spec, at: Location = tables[n]) -> EtlError:
                 return ArtifactError(f"{at}: table of {spec.describe()}: {problem}")
 
-            _same_record(_table_record(table), spec, table_error)
+            check_record(table_record(table), spec.made_by, table_error)
         state[n] = _checked(scalars, {k: to_numpy(table.column(k)) for k in spec.arrays}, error)
     return state, tables
 
@@ -154,28 +153,6 @@ def _same_names(doc: Any, specs: Mapping[str, StreamSpec], error: Callable[[str]
         found = sorted(map(str, doc)) if isinstance(doc, dict) else doc
         raise error(f"streaming states {found!r}, this loader has {sorted(specs)} ({_kinds(specs)})")
     return doc
-
-
-def _same_record(saved: Any, spec: StreamSpec, error: Callable[[str], EtlError]) -> None:
-    """``error`` unless ``saved`` is ``spec``'s record of what made it, naming what differs."""
-    mine = spec.made_by
-    if saved == mine:
-        return
-    if not isinstance(saved, dict) or not isinstance(saved.get("params"), dict):
-        raise error(f"no valid record of what made it (made_by {saved!r})")
-    found = {"op": saved.get("op"), "column": saved.get("column"), **saved["params"]}
-    wanted = {"op": mine["op"], "column": mine["column"], **mine["params"]}
-    keys = sorted(found.keys() | wanted.keys())
-    diffs = [f"{k} {found.get(k)!r} (this pipeline: {wanted.get(k)!r})" for k in keys if found.get(k) != wanted.get(k)]
-    raise error(f"made by another pipeline: {', '.join(diffs)}")
-
-
-def _table_record(table: pa.Table) -> Any:
-    """The record in a saved table's schema metadata (None when there is none or it is not JSON)."""
-    try:
-        return json.loads((table.schema.metadata or {})[MADE_BY])
-    except (KeyError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
 
 
 def _scalars(doc: Any, spec: StreamSpec, error: Callable[[str], EtlError]) -> dict[str, int]:

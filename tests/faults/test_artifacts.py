@@ -1,12 +1,15 @@
 """Tampered artifacts are refused at the door (``Pipeline.load``) with an ``ArtifactError`` naming the file and the
-field: a malformed ``pipeline.json``, table paths leaving the artifacts directory, invalid vocabulary tables and
-invalid fitted numbers."""
+field: a malformed ``pipeline.json``, table paths leaving the artifacts directory, invalid vocabulary tables,
+invalid fitted numbers, and (through ``etl preprocess``) tables swapped between columns and a ``pipeline.json``
+nested too deeply to parse."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,7 @@ import pytest
 from etl.errors import ArtifactError
 from etl.pipeline import Pipeline
 from etl.schema import parse_schema
+from tests.conftest import REPO, criteo_table
 
 SCHEMA = {
     "name": "tiny",
@@ -210,6 +214,10 @@ def test_vocabulary_larger_than_max_size_is_refused(art, tmp_path):
         m["pipeline"]["ops"][3]["max_size"] = 2
 
     d = tampered(art, tmp_path / "a", smaller_max_size)
+    with pytest.raises(ArtifactError, match=r"C1.parquet: .*made by another pipeline: max_size None \(this pipeline: 2\)"):
+        Pipeline.load(d)
+    table = pq.read_table(d / VOCAB)  # as an earlier version wrote it (no record): its contents are checked still
+    pq.write_table(table.replace_schema_metadata({k: v for k, v in table.schema.metadata.items() if k != b"etl.made_by"}), d / VOCAB)
     with pytest.raises(ArtifactError, match="more than max_size 2"):
         Pipeline.load(d)
 
@@ -241,3 +249,39 @@ def test_invalid_normalize_state_is_refused(art, tmp_path, case):
     path.write_text(path.read_text().replace('"@VALUE@"', text))
     with pytest.raises(ArtifactError, match=f"pipeline.json: state of ops\\[1\\] \\(Normalize\\): Normalize: {field} of 'I1'"):
         Pipeline.load(d)
+
+
+# ---------------------------------------------------------------- 5. at the CLI: tables swapped, JSON nested too deeply
+
+
+def swapped_c3_c4(d: Path) -> Path:
+    manifest = json.loads((d / "pipeline.json").read_text())
+    tables = manifest["ops"][4]["tables"]
+    tables["C3"], tables["C4"] = tables["C4"], tables["C3"]
+    (d / "pipeline.json").write_text(json.dumps(manifest))
+    return d / tables["C3"]
+
+
+def nested_too_deeply(d: Path) -> Path:
+    (d / "pipeline.json").write_bytes(b"[" * 100_000 + b"]" * 100_000)
+    return d / "pipeline.json"
+
+
+@pytest.mark.parametrize(("tamper", "problem"), [(swapped_c3_c4, "made by another pipeline: column 'C4'"), (nested_too_deeply, "nested too deeply")])
+def test_preprocess_refuses_tampered_artifacts_in_one_line(tmp_path, tamper, problem):
+    """The issue's repros: fitted artifacts with C3's and C4's table paths swapped (``etl preprocess`` gave every C3
+    row an id <= 2), and a ``pipeline.json`` nested too deeply for the JSON parser (a RecursionError traceback)."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    pq.write_table(criteo_table(400, seed=3), raw / "part-00000.parquet")
+    pipeline = REPO / "pipelines" / "criteo.yaml"
+    fitted = Pipeline.from_file(pipeline)
+    fitted.fit([raw / "part-00000.parquet"])
+    fitted.save(tmp_path / "art")
+    at_fault = tamper(tmp_path / "art")
+    command = [sys.executable, "-m", "etl", "preprocess", "--pipeline", str(pipeline), "--input", str(raw), "--artifacts", str(tmp_path / "art"),
+               "--out", str(tmp_path / "out"), "--workers", "1"]  # fmt: skip
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(at_fault) in lines[0] and problem in lines[0], result.stderr

@@ -90,6 +90,76 @@ def test_artifact_errors(fitted, tmp_path):
         unfitted.transform(batch_from_arrow(pq.read_table(next(art.parent.parent.glob("criteo*/part-0.parquet"))), unfitted.schema))
 
 
+# ---------------------------------------------------------------- each table is loaded for what made it
+
+
+def swap_tables(a: str, b: str) -> Callable[[dict[str, Any]], None]:
+    """Column ``a``'s vocabulary entry points at ``b``'s table and ``b``'s at ``a``'s."""
+
+    def edit(manifest: dict[str, Any]) -> None:
+        tables = manifest["ops"][4]["tables"]
+        tables[a], tables[b] = tables[b], tables[a]
+
+    return edit
+
+
+def copied(art: Path, d: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
+    """A copy of ``art`` in ``d`` whose pipeline.json is edited by ``edit``."""
+    shutil.copytree(art, d)
+    manifest = json.loads((d / "pipeline.json").read_text())
+    edit(manifest)
+    (d / "pipeline.json").write_text(json.dumps(manifest))
+    return d
+
+
+def test_each_table_records_the_op_column_and_parameters_that_made_it(fitted):
+    _, art = fitted
+    params = {"freq_threshold": 3, "max_size": None, "oov_buckets": 1}
+    for c in CATS:
+        metadata = pq.read_schema(art / "04-Categorify" / f"{c}.parquet").metadata
+        assert json.loads(metadata[b"etl.made_by"]) == {"op": "Categorify", "column": c, "params": params}
+        assert b"nulls" in metadata  # the table's own metadata is kept
+
+
+def test_tables_of_two_columns_swapped_are_refused_naming_the_file(fitted, tmp_path):
+    """Both are valid vocabularies (each passes every check on its contents): only the record tells them apart."""
+    _, art = fitted
+    d = copied(art, tmp_path / "swapped", swap_tables("C3", "C4"))
+    message = rf"^{d / '04-Categorify/C4.parquet'}: table of ops\[4\] \(Categorify\) 'C3': made by another pipeline: "
+    message += r"column 'C4' \(this pipeline: 'C3'\)$"
+    with pytest.raises(ArtifactError, match=message):
+        Pipeline.load(d)
+
+
+def test_a_table_made_with_other_parameters_is_refused(fitted, tmp_path):
+    """The pipeline document says freq_threshold 2; the tables were made with 3 (their counts pass the check of 2)."""
+    _, art = fitted
+
+    def lower_threshold(manifest: dict[str, Any]) -> None:
+        manifest["pipeline"]["ops"][4]["freq_threshold"] = 2
+
+    d = copied(art, tmp_path / "other", lower_threshold)
+    message = r"C1\.parquet: table of ops\[4\] \(Categorify\) 'C1': made by another pipeline: freq_threshold 3 \(this pipeline: 2\)$"
+    with pytest.raises(ArtifactError, match=message):
+        Pipeline.load(d)
+
+
+def test_tables_without_a_record_written_by_earlier_versions_still_load(fitted, tmp_path, criteo):
+    """They cannot be checked: valid contents load (and give the same ids), as before tables carried records."""
+    pipe, art = fitted
+    d = tmp_path / "old"
+    shutil.copytree(art, d)
+    for p in (d / "04-Categorify").iterdir():
+        table = pq.read_table(p)
+        pq.write_table(table.replace_schema_metadata({k: v for k, v in table.schema.metadata.items() if k != b"etl.made_by"}), p)
+        assert b"etl.made_by" not in pq.read_schema(p).metadata
+    loaded = Pipeline.load(d)
+    for a, b in zip(transform_file(pipe, criteo[0][0]), transform_file(loaded, criteo[0][0])):
+        assert pipe.to_arrow(a.batch).equals(loaded.to_arrow(b.batch))
+    loaded.save(tmp_path / "resaved")  # saved again, they carry their record
+    assert (tmp_path / "resaved/04-Categorify/C3.parquet").read_bytes() == (art / "04-Categorify/C3.parquet").read_bytes()
+
+
 # ---------------------------------------------------------------- artifacts match the pipeline they are used with
 
 
@@ -110,10 +180,7 @@ MISMATCHES: dict[str, Callable[[dict[str, Any]], None]] = {"schema": another_enc
 
 
 def edited_artifacts(art: Path, d: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
-    shutil.copytree(art, d)
-    manifest = json.loads((d / "pipeline.json").read_text())
-    edit(manifest)
-    (d / "pipeline.json").write_text(json.dumps(manifest))
+    copied(art, d, edit)
     assert Pipeline.load(d).is_fitted  # valid artifacts: only the match check can refuse them
     return d
 

@@ -117,3 +117,12 @@ def test_a_state_file_nested_too_deeply_is_refused_naming_it(tmp_path: Path, nam
     (tmp_path / name).write_bytes(b"[" * 100_000 + b"]" * 100_000)
     with pytest.raises(ArtifactError, match=rf"^{tmp_path / name}: cannot read: nested too deeply"):
         saved_streams.load(tmp_path, SPECS)
+
+
+def test_a_table_whose_record_is_no_json_is_refused(tmp_path: Path) -> None:
+    saved_streams.save(tmp_path, STATE, SPECS)
+    table = tmp_path / json.loads((tmp_path / "stream_state.json").read_text())["states"]["y_mean"]["table"]
+    for record in (b"[" * 100_000 + b"]" * 100_000, b"{oops"):
+        pq.write_table(pq.read_table(table).replace_schema_metadata({b"etl.made_by": record}), table)
+        with pytest.raises(ArtifactError, match=f"{table}: table of running mean of 'y_mean': no valid record"):
+            saved_streams.load(tmp_path, SPECS)

@@ -155,7 +155,7 @@ def read_table(d: Location, rel: Any, field: str, doc: str = "pipeline.json") ->
         raise ArtifactError(f"{d / doc}: field '{field}': expected a relative path, got {rel!r}")
     target = d / rel
     if ".." in Path(rel).parts if isinstance(d, Url) else not is_within(target.resolve(), d.resolve()):
-        raise ArtifactError(f"{d / doc}: field '{field}': {rel!r} resolves outside the artifacts directory")
+        raise ArtifactError(f"{d / doc}: field '{field}': table path {rel!r} resolves outside {d}: tables must lie in the directory of {doc}")
     source, filesystem = arrow_source(target)
     try:  # ParquetFile, not pq.read_table: that one imports pyarrow.dataset, and pandas with it (half a second)
         with pq.ParquetFile(source, filesystem=filesystem) as f:

@@ -126,3 +126,23 @@ def test_a_table_whose_record_is_no_json_is_refused(tmp_path: Path) -> None:
         pq.write_table(pq.read_table(table).replace_schema_metadata({b"etl.made_by": record}), table)
         with pytest.raises(ArtifactError, match=f"{table}: table of running mean of 'y_mean': no valid record"):
             saved_streams.load(tmp_path, SPECS)
+
+
+@pytest.mark.parametrize("name", ["stream_state.json", "online_vocabulary.json"])
+def test_a_table_path_leaving_the_directory_is_refused_as_such(tmp_path: Path, name: str) -> None:
+    """A ``../`` table path (here to a valid table of the state beside the directory) is refused naming the file
+    and the entry that hold it, in the current form and the older one."""
+    d = tmp_path / "vocab"
+    saved_streams.save(d, STATE, SPECS)
+    (d / "online-00.parquet").rename(tmp_path / "online-00.parquet")
+    if name == "stream_state.json":
+        _rewrite(d, lambda doc: doc["states"]["y_mean"].update(table="../online-00.parquet"))
+        field = "states.y_mean.table"
+    else:
+        (d / "stream_state.json").unlink()
+        columns = {"y_mean": {"rows": 7, "table": "../online-00.parquet"}}
+        (d / name).write_text(json.dumps({"format": "etl-online-vocabulary", "version": 1, "columns": columns}))
+        field = "columns.y_mean.table"
+    message = rf"^{d / name}: field '{field}': table path '\.\./online-00\.parquet' resolves outside {d}: tables must lie in the directory of {name}$"
+    with pytest.raises(ArtifactError, match=message):
+        saved_streams.load(d, SPECS)

@@ -85,7 +85,7 @@ def load(directory: str | Location, xp: Backend, build: type[Pipeline]) -> Pipel
     (written by an earlier version) cannot be checked so: it loads when its contents are valid."""
     d = location(directory)
     path = d / "pipeline.json"
-    manifest = _read_manifest(d)
+    manifest = read_manifest(d)
     try:
         schema = parse_schema(_field(manifest, "schema", dict, path), str(path))
         pipe = build(_field(manifest, "pipeline", dict, path), schema, str(path), xp)
@@ -111,8 +111,9 @@ def load(directory: str | Location, xp: Backend, build: type[Pipeline]) -> Pipel
     return pipe
 
 
-def _read_manifest(d: Location) -> dict[str, Any]:
-    """The parsed ``pipeline.json`` of ``d``: a JSON object of this format and version."""
+def read_manifest(d: Location) -> dict[str, Any]:
+    """The parsed ``pipeline.json`` of ``d``: a JSON object of this format and version (its fields are checked by
+    ``load``, as it reads them)."""
     path = d / "pipeline.json"
     try:
         manifest = parse_document(path.read_bytes())

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow as pa
 
 from etl.errors import ArtifactError
-from etl.io.documents import parse_document
 from etl.io.fs import Location
 from etl.io.parquet import list_shards, read_footer
 from etl.io.processed import is_processed, open_processed
+from etl.pipeline.artifacts import read_manifest
 
 
 def describe(path: Location) -> str:
@@ -22,10 +24,16 @@ def describe(path: Location) -> str:
 
 
 def describe_artifacts(path: Location) -> str:
+    """The format, ops, vocabulary sizes and cardinalities recorded in ``path``'s pipeline.json (read as
+    ``etl.pipeline.artifacts`` reads it; a document of another shape is an ``ArtifactError`` naming it)."""
+    doc = read_manifest(path)
     try:
-        doc = parse_document((path / "pipeline.json").read_bytes())
-    except ValueError as e:  # json.JSONDecodeError, UnicodeDecodeError, nested too deeply
-        raise ArtifactError(f"{path / 'pipeline.json'}: invalid JSON: {e}") from None
+        return _describe_artifacts(path, doc)
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        raise ArtifactError(f"{path / 'pipeline.json'}: not a pipeline.json of this format: {type(e).__name__}: {e}") from None
+
+
+def _describe_artifacts(path: Location, doc: dict[str, Any]) -> str:
     lines = [
         f"artifacts: {path}",
         f"format: {doc.get('format')} v{doc.get('version')}",

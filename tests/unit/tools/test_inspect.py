@@ -118,3 +118,9 @@ def test_unreadable_inputs_are_typed_errors(tmp_path: Path) -> None:
         (bad / "pipeline.json").write_text(text)
         with pytest.raises(ArtifactError, match="pipeline.json: invalid JSON"):
             describe(bad)
+    (bad / "pipeline.json").write_text("[]")
+    with pytest.raises(ArtifactError, match="pipeline.json: field '<root>': expected a JSON object, got list"):
+        describe(bad)
+    (bad / "pipeline.json").write_text('{"format": "etl-artifacts", "version": 1, "ops": 5}')
+    with pytest.raises(ArtifactError, match="pipeline.json: not a pipeline.json of this format"):
+        describe(bad)

@@ -197,6 +197,7 @@ class Pipeline:
                 raise SpecError(path, where, str(e)) from None
             created |= {c: spec for c, spec in op.new_columns().items() if c not in specs}
             self.ops.append(op)
+        self.created = created
         self.output_columns = self._check_flow()
 
     # ------------------------------------------------------------------ construction
@@ -222,6 +223,10 @@ class Pipeline:
         written: set[str] = set()
         categorical = [c.name for c in self.schema.columns if c.role in ("categorical", "list")]
         for i, op in enumerate(self.ops):
+            for c in op.source_columns():
+                if c not in self.schema.names:
+                    dropped = " (the schema drops it: role drop)" if c in self.schema.text_names else ""
+                    raise SpecError(self.path, f"ops[{i}] ({op.name})", f"no schema column named '{c}'{dropped}")
             where = f"ops[{i}] ({op.name}).columns"
             for c in op.columns:
                 if c not in kind:
@@ -292,7 +297,7 @@ class Pipeline:
         """Embedding table size of every id column."""
         out: dict[str, int] = {}
         for op in self.ops:
-            out.update(op.cardinalities())
+            out.update(op.cardinalities_given(out))
         return out
 
     # ------------------------------------------------------------------ host / device parts
@@ -424,7 +429,8 @@ class Pipeline:
         return pa.schema(fields)
 
     def _is_list(self, c: str) -> bool:
-        return c in self.schema.names and self.schema.column(c).is_list
+        spec = self.created.get(c) if c not in self.schema.names else self.schema.column(c)
+        return spec is not None and spec.is_list
 
     def to_arrow(self, batch: Batch, schema: pa.Schema | None = None) -> pa.Table:
         """The output table of a transformed batch, typed by ``output_schema`` (or by ``schema``, some of its

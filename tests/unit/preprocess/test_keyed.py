@@ -5,6 +5,7 @@ row groups of other sizes; several partitions; row accounting, quarantine and er
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 from collections import defaultdict
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 import yaml
 
 from etl.errors import ConfigError, RowError
+from etl.io.files import is_temporary
 from etl.io.npy import ListColumnsError
 from etl.io.processed import MANIFEST, StageRows, open_processed, read_manifest
 from etl.pipeline import Pipeline
@@ -92,6 +94,25 @@ def reference(table: pa.Table, max_len: int, ttl: int | None, kept: set[int] | N
     return out
 
 
+def sorted_reference(table: pa.Table, max_len: int, ttl: int | None) -> dict[int, list[int]]:
+    """``reference`` in one walk over each user's sorted events (for large inputs): a row's history ends where its
+    time's events begin, and starts max_len events before, or at the first event within ttl."""
+    users, times, tbs = (table.column(c).to_pylist() for c in ("user", "ts", "tb"))
+    by_user: dict[int, list[tuple]] = defaultdict(list)
+    for pos, (u, t, tb) in enumerate(zip(users, times, tbs)):
+        by_user[u].append((t, tb is not None, tb or 0, pos))
+    eids = table.column("eid").to_pylist()
+    out = {}
+    for evs in by_user.values():
+        evs.sort()
+        ts = [e[0] for e in evs]
+        for e in evs:
+            end = bisect.bisect_left(ts, e[0])
+            start = max(end - max_len, 0 if ttl is None else bisect.bisect_left(ts, e[0] - ttl))
+            out[eids[e[3]]] = [eids[x[3]] for x in evs[start:end]]
+    return out
+
+
 def outputs(out: Path) -> pa.Table:
     """Every output file's rows, in manifest order."""
     processed = open_processed(out)
@@ -152,6 +173,16 @@ def test_same_bytes_for_shards_cut_differently(tmp_path: Path) -> None:
     assert seen[0] == seen[1] == seen[2]
 
 
+def test_no_rows(tmp_path: Path) -> None:
+    shards = write_shards(events(10, 1).slice(0, 0), tmp_path / "raw", [], 100)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / ".exchange.1-ab.tmp").mkdir()  # what a killed run left
+    summary = preprocess(make_pipeline(tmp_path, ops_after=[{"op": "FillMissing", "columns": ["price"]}]), shards, tmp_path / "out")
+    assert (summary.files, summary.rows_in, summary.rows_out) == (1, 0, 0)
+    assert outputs(tmp_path / "out").num_rows == 0
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["artifacts", "manifest.json", "part-00000.parquet"]
+
+
 def test_several_partitions_hold_the_rows_of_one(tmp_path: Path) -> None:
     table = events(4000, seed=9, users=400)
     shards = write_shards(table, tmp_path / "raw", [1500], 500)
@@ -187,6 +218,7 @@ def test_rows_rejected_before_history_are_no_events(tmp_path: Path) -> None:
             assert (column, reason) == (("label", "label is missing") if r["label"] is None else ("user", "the key is missing"))
     with pytest.raises(RowError) as e:
         preprocess(make_pipeline(tmp_path), shards, tmp_path / "raise", workers=1)
+    assert not [p for p in (tmp_path / "raise").rglob("*") if is_temporary(p.name)]
     first_bad = [r for r in rows if r["eid"] in bad]
     assert e.value.path in {str(s) for s in shards} and e.value.column in ("label", "user")
     assert any((str(shards[0] if r["eid"] < 800 else shards[1]), r["eid"] % 800 if r["eid"] < 800 else r["eid"] - 800) == (e.value.path, e.value.row)
@@ -268,3 +300,20 @@ def test_refusals(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="at most one"):
         preprocess(make_pipeline(tmp_path, ops_after=[second]), shards, tmp_path / "two")
     assert not (tmp_path / "npy" / MANIFEST).exists()
+
+
+@pytest.mark.slow
+def test_a_million_rows_in_several_partitions(tmp_path: Path) -> None:
+    n = 1_000_000
+    table = events(n, seed=21, users=20_000, span=5_000)
+    small = table.slice(0, 3000)
+    assert sorted_reference(small, 4, 300) == reference(small, 4, 300)
+    shards = write_shards(table, tmp_path / "raw", [300_000, 650_000], 100_000)
+    out = tmp_path / "out"
+    summary = preprocess(make_pipeline(tmp_path, max_len=4, ttl=300), shards, out, workers=2, memory_budget="48M")
+    assert summary.files >= 4 and (summary.rows_in, summary.rows_out) == (n, n)
+    want = sorted_reference(table, 4, 300)
+    got = outputs(out)
+    item_of = dict(zip(got.column("eid").to_pylist(), got.column("item").to_pylist()))
+    for eid, hist in zip(got.column("eid").to_pylist(), got.column("hist_item").to_pylist()):
+        assert hist == [item_of[e] for e in want[eid]]

@@ -3,6 +3,8 @@ ties, ttl, batch cuts), least-recently-seen eviction, late rows, undo records, e
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import numpy as np
 import pytest
 
@@ -219,3 +221,33 @@ def test_check_refuses_more_entries_than_max_len() -> None:
     advance(state, [2], [1], [1])
     with pytest.raises(InvalidState, match="max_keys"):
         few.check(state.export())
+
+
+def lru_reference(keys, times, values, max_len: int, max_keys: int) -> tuple[list[list[int]], int]:
+    """Plain Python with at most ``max_keys`` keys: a new key evicts the key seen least recently, which forgets
+    its events; the histories and the evictions."""
+    kept: OrderedDict[int, list[tuple[int, int]]] = OrderedDict()
+    out, evictions = [], 0
+    for k, t, v in zip(keys.tolist(), times.tolist(), values.tolist()):
+        if k not in kept and len(kept) == max_keys:
+            kept.popitem(last=False)
+            evictions += 1
+        events = kept.pop(k, [])
+        out.append([w for s, w in events if s < t][-max_len:])
+        kept[k] = [*events, (t, v)]
+    return out, evictions
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_eviction_against_an_lru_reference(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    for _ in range(20):
+        n, max_keys = int(rng.integers(1, 400)), int(rng.integers(1, 40))
+        keys, times, values = time_ordered(rng, n, int(rng.integers(1, 80)), 60)
+        state = new_state(max_len=3, max_keys=max_keys)
+        cuts = sorted({0, n, *rng.integers(0, n, 3).tolist()})
+        got = []
+        for a, b in zip(cuts, cuts[1:]):
+            got += advance(state, keys[a:b], times[a:b], values[a:b])[0]
+        want, evictions = lru_reference(keys, times, values, 3, max_keys)
+        assert got == want and state.evictions == evictions

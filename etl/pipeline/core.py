@@ -22,7 +22,9 @@ twice is an error)::
     - {op: Categorify, columns: {role: categorical, exclude: [device_ip]}, freq_threshold: 2}
     - {op: Hash, columns: [device_ip], num_buckets: 1000000}
 
-Columns of role ``passthrough`` are never op inputs: selecting one (by name or by role) is a SpecError. Every
+Columns of role ``passthrough`` are never op inputs: selecting one (by name or by role) is a SpecError. (An op's
+``source_columns``, History's key, time and tiebreak columns, may be any schema column: they are read as the schema
+declares them, not transformed.) Every
 categorical and list column must end as ids (Decode, then Hash or Categorify). The output holds every schema
 column (dropped ones aside), in schema order, then the columns ops create, in pipeline order: label and dense as
 float32, ids as int32 (int64 when an op's cardinality needs it), lists as list<id>, passthrough columns unchanged

@@ -4,11 +4,12 @@ from etl.ops.base import InvalidRows, Op
 from etl.ops.categorical import Categorify, Decode, Hash, HashedCross
 from etl.ops.dates import DateParts
 from etl.ops.dense import Bucketize, Clamp, FillMissing, Log1p, Normalize
+from etl.ops.history import History
 from etl.ops.lists import FirstX
 
 REGISTRY: dict[str, type[Op]] = {
     cls.name: cls
-    for cls in (FillMissing, Clamp, Log1p, Normalize, Bucketize, Decode, Hash, Categorify, HashedCross, FirstX, DateParts)
+    for cls in (FillMissing, Clamp, Log1p, Normalize, Bucketize, Decode, Hash, Categorify, HashedCross, FirstX, DateParts, History)
 }
 
 __all__ = ["REGISTRY", "InvalidRows", "Op"] + list(REGISTRY)

@@ -102,6 +102,9 @@ class Op:
     #: a kind the op also accepts in the columns earlier ops create, and leaves as it is (Decode: the key columns
     #: of DateParts), or None
     keeps: ClassVar[str | None] = None
+    #: the op needs every row of a key, in time order (History, ``etl.ops.history``): ``etl preprocess`` brings
+    #: them together by an exchange; ``Pipeline.transform`` and the loader on raw shards cannot run it
+    keyed: ClassVar[bool] = False
 
     def __init__(self, columns: list[str], **params: Any):
         self.columns = list(columns)
@@ -116,6 +119,11 @@ class Op:
     def outputs(self) -> list[str]:
         """Columns this op writes (by default, in place: the columns it reads)."""
         return self.columns
+
+    def source_columns(self) -> list[str]:
+        """Schema columns the op reads as the schema declares them (raw, whatever ops before it wrote), besides
+        ``columns``: none by default (History: its key, time and tiebreak columns)."""
+        return []
 
     def new_columns(self) -> dict[str, ColumnSpec]:
         """Columns this op creates that later ops select by role (``"@categorical"``) and bind like schema columns,
@@ -132,6 +140,11 @@ class Op:
     def cardinalities(self) -> dict[str, int]:
         """Embedding table size of each id column this op outputs (ids are in [0, size))."""
         return {}
+
+    def cardinalities_given(self, earlier: dict[str, int]) -> dict[str, int]:
+        """``cardinalities``, for an op whose id columns take the sizes of columns of earlier ops (``earlier``:
+        theirs, by column; History's lists hold the ids of the columns they list)."""
+        return self.cardinalities()
 
     # fittable ops override these
     def new_stats(self, xp: Backend, rows: int | None = None) -> Stats:

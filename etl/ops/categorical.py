@@ -59,7 +59,7 @@ class Decode(Op):
                 out[c] = col
                 continue
             spec = self.specs[c]
-            keys, raw, bad = _decode(col, spec, xp)
+            keys, raw, bad = decode_column(col, spec, xp)
             if bad is not None:
                 if spec.encoding == "hex":
                     want = f"{spec.width} hex digits" if spec.width else "hex text"
@@ -70,7 +70,9 @@ class Decode(Op):
         return out
 
 
-def _decode(col: Column, spec: ColumnSpec, xp: Backend) -> tuple[Array, Strings | None, Array | None]:
+def decode_column(col: Column, spec: ColumnSpec, xp: Backend) -> tuple[Array, Strings | None, Array | None]:
+    """Decode's keys of ``col`` by ``spec``'s encoding: the keys, the text of string keys (else None) and the
+    per-value mask of malformed values (None when none can be)."""
     v = col.values
     if not isinstance(v, Strings):
         if spec.encoding != "int":

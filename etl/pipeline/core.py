@@ -22,7 +22,9 @@ twice is an error)::
     - {op: Categorify, columns: {role: categorical, exclude: [device_ip]}, freq_threshold: 2}
     - {op: Hash, columns: [device_ip], num_buckets: 1000000}
 
-Columns of role ``passthrough`` are never op inputs: selecting one (by name or by role) is a SpecError. Every
+Columns of role ``passthrough`` are never op inputs: selecting one (by name or by role) is a SpecError. (An op's
+``source_columns``, History's key, time and tiebreak columns, may be any schema column: they are read as the schema
+declares them, not transformed.) Every
 categorical and list column must end as ids (Decode, then Hash or Categorify). The output holds every schema
 column (dropped ones aside), in schema order, then the columns ops create, in pipeline order: label and dense as
 float32, ids as int32 (int64 when an op's cardinality needs it), lists as list<id>, passthrough columns unchanged
@@ -197,6 +199,7 @@ class Pipeline:
                 raise SpecError(path, where, str(e)) from None
             created |= {c: spec for c, spec in op.new_columns().items() if c not in specs}
             self.ops.append(op)
+        self.created = created
         self.output_columns = self._check_flow()
 
     # ------------------------------------------------------------------ construction
@@ -222,6 +225,10 @@ class Pipeline:
         written: set[str] = set()
         categorical = [c.name for c in self.schema.columns if c.role in ("categorical", "list")]
         for i, op in enumerate(self.ops):
+            for c in op.source_columns():
+                if c not in self.schema.names:
+                    dropped = " (the schema drops it: role drop)" if c in self.schema.text_names else ""
+                    raise SpecError(self.path, f"ops[{i}] ({op.name})", f"no schema column named '{c}'{dropped}")
             where = f"ops[{i}] ({op.name}).columns"
             for c in op.columns:
                 if c not in kind:
@@ -292,7 +299,7 @@ class Pipeline:
         """Embedding table size of every id column."""
         out: dict[str, int] = {}
         for op in self.ops:
-            out.update(op.cardinalities())
+            out.update(op.cardinalities_given(out))
         return out
 
     # ------------------------------------------------------------------ host / device parts
@@ -424,7 +431,8 @@ class Pipeline:
         return pa.schema(fields)
 
     def _is_list(self, c: str) -> bool:
-        return c in self.schema.names and self.schema.column(c).is_list
+        spec = self.created.get(c) if c not in self.schema.names else self.schema.column(c)
+        return spec is not None and spec.is_list
 
     def to_arrow(self, batch: Batch, schema: pa.Schema | None = None) -> pa.Table:
         """The output table of a transformed batch, typed by ``output_schema`` (or by ``schema``, some of its

@@ -141,10 +141,16 @@ def preprocess(
     if streamed:
         raise ConfigError(f"{describe_specs(streamed)}: such values are given by etl.Loader as it "
                           "streams rows, not by etl preprocess")  # fmt: skip
+    from etl.preprocess.keyed import check_keyed, preprocess_keyed  # it imports this module
+
+    keyed = check_keyed(pipeline, client, formats)
     check_apart(out_dir, shards)
     out_dir.mkdir(parents=True, exist_ok=True)
     with locked(out_dir):
         run = RunSettings(shards, out_dir, workers, on_error, compression, progress, client, partitions)
+        if keyed:
+            _remove_temporaries(out_dir)
+            return preprocess_keyed(run, pipeline, artifacts, budget)
         return _preprocess(run, pipeline, artifacts, budget, formats, npy_chunk_rows)
 
 
@@ -179,11 +185,7 @@ def _preprocess(run: RunSettings, pipeline: Pipeline, artifacts: Location | None
                 npy_chunk_rows: int) -> Summary:  # fmt: skip
     """``preprocess`` once the arguments are checked and ``run.out_dir`` is locked."""
     out_dir, shards, on_error = run.out_dir, run.shards, run.on_error
-    remove_temporaries(out_dir)  # left by an interrupted run (a stash's spill directory among them)
-    remove_temporaries(out_dir / QUARANTINE)
-    if (out_dir / NPY_DIR).is_dir():
-        for d in (out_dir / NPY_DIR).iterdir():
-            remove_temporaries(d)
+    _remove_temporaries(out_dir)
     previous, before = previous_run(out_dir)
     outputs = run.outputs
     # the shards whose earlier output may be kept; whether the npy spec is the earlier run's is known once the fit
@@ -219,6 +221,16 @@ def _preprocess(run: RunSettings, pipeline: Pipeline, artifacts: Location | None
         saved.result()  # its error, when no shard was committed to raise it
         return replace(summary, fit_seconds=fit_seconds, stash_peak_bytes=stash.peak_bytes, stash_spilled_bytes=stash.spilled_bytes,
                        memory_budget=memory_budget)  # fmt: skip
+
+
+def _remove_temporaries(out_dir: Location) -> None:
+    """Remove what an interrupted run left under temporary names in ``out_dir`` (a stash's spill directory, an
+    exchange directory among them), its quarantine and npy directories."""
+    remove_temporaries(out_dir)
+    remove_temporaries(out_dir / QUARANTINE)
+    if (out_dir / NPY_DIR).is_dir():
+        for d in (out_dir / NPY_DIR).iterdir():
+            remove_temporaries(d)
 
 
 def _fitted(run: RunSettings, pipeline: Pipeline, artifacts: Location | None, stash: Stash,

@@ -21,14 +21,16 @@ import torch
 
 from etl.backends import cpu, tensor
 from etl.batch import Batch, Column, Strings
+from etl.errors import ConfigError
 from etl.io.parquet import batch_from_arrow, column_from_arrow
 from etl.ops import REGISTRY, InvalidRows, Op
 from etl.ops.categorical import Categorify, Decode, Hash, HashedCross
 from etl.ops.dates import DateParts
 from etl.ops.dense import Bucketize, Clamp, FillMissing, Log1p, Normalize
+from etl.ops.history import History
 from etl.ops.lists import FirstX
 from etl.pipeline import Pipeline
-from etl.schema import ColumnSpec
+from etl.schema import ColumnSpec, parse_schema
 from tests.conftest import REPO, run_etl
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -257,6 +259,42 @@ def test_hash_of_several_columns_at_once(device: str, n: int) -> None:
     """Aligned columns are hashed together on the torch backend: the same ids as one by one."""
     batch = Batch({"a": key_column(n, 20), "b": key_column(n, 21), "c": Column(key_column(n, 22).values)}, n)
     assert_same(Hash(["a", "b", "c"], num_buckets=1_000_003, seed=9), batch, device)
+
+
+@covers(History)
+@pytest.mark.parametrize("device", DEVICES)
+def test_history_takes_the_ids_of_either_backend(device: str) -> None:
+    """History's state runs on the host whatever the backend: fed the ids the ops before it make on the torch
+    backend (read back), it gives the lists it gives from the CPU backend's; a one-batch transform refuses it on
+    both."""
+    n = 1_000
+    rng = np.random.default_rng(5)
+    schema = parse_schema({"name": "e", "columns": [{"name": "label", "role": "label", "dtype": "int64"},
+                                                     {"name": "u", "role": "categorical", "dtype": "int64"},
+                                                     {"name": "i", "role": "categorical", "dtype": "int64"},
+                                                     {"name": "t", "role": "dense", "dtype": "int64"}]})  # fmt: skip
+    doc = {"ops": [{"op": "Decode", "columns": ["u", "i"]}, {"op": "Hash", "columns": ["u", "i"], "num_buckets": 97},
+                   {"op": "History", "columns": ["i"], "key": "u", "time": "t", "max_len": 4}]}  # fmt: skip
+    pipe = Pipeline(doc, schema)
+    op = pipe.ops[-1]
+    assert isinstance(op, History)
+    order = np.lexsort((rng.integers(0, 50, n), rng.integers(0, 30, n)))
+    users, items, times = rng.integers(0, 30, n)[order], rng.integers(-5, 10**12, n), np.sort(rng.integers(0, 50, n))
+    table = pa.table({"label": rng.integers(0, 2, n), "u": users, "i": items, "t": times})
+    batch = batch_from_arrow(table, schema)
+    lists = []
+    for xp, start in ((cpu, batch), (tensor, tensor.batch_to(batch, device))):
+        out = pipe.run_ops(start, pipe.ops[:2], "raise", xp, labels=True, output=False).batch
+        host = out if xp is cpu else tensor_batch_to_numpy(out)
+        hashes, usable, _ = op.key_hashes(batch["u"])
+        state = op.new_stream_state(op.state_spec().name)
+        checked = op.with_sources(host, hashes, usable)
+        op.check_inputs(checked)
+        step = state.advance(op.carried(checked), record=False)
+        lists.append([step.outputs[name].tolist() for name in op.outputs])
+        with pytest.raises(ConfigError, match="etl preprocess"):
+            pipe.run_ops(start, pipe.ops, "raise", xp, labels=True, output=True)
+    assert lists[0] == lists[1] and sum(lists[0][1]) > 0
 
 
 @covers(HashedCross)

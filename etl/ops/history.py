@@ -1,0 +1,293 @@
+"""``History``: each row's point-in-time history, the values its key's earlier events held.
+
+In a pipeline's ops::
+
+    - {op: History, key: userId, time: timestamp, columns: [movieId], max_len: 50, prefix: "hist_"}
+
+For every row it writes, per listed column ``c``, the list ``{prefix}{c}``: the values of ``c`` (as the ops before
+History left them: ids of Categorify or Hash) on the rows of the same key whose time is **strictly earlier** than
+the row's, the latest ``max_len`` of them, oldest first; and ``{prefix}len`` (int32), their number. The rules:
+
+- ``key``, ``time`` and ``tiebreak`` name schema columns (any role but drop, passthrough ones included), read as
+  the schema declares them, before any op: Categorify on the key column before History changes nothing here. The
+  key is one value (int64 or text, not a list); two rows have the same key when their keys are equal as Decode
+  reads them (``etl.ops.categorical.Decode``: integers and hex text exactly, other text by its 64-bit string hash).
+  The time is an int64 column (seconds, milliseconds...: any integer unit), compared exactly, never as a float.
+- Rows at the same time never see each other. Events are ordered by time, then by the ``tiebreak`` columns (in
+  the order listed; missing values first, text by its bytes), then by input position (shards in name order, rows
+  in file order): that order decides which events are the latest ``max_len``, and their order in the list. Nothing
+  depends on the number of workers or on how the input was cut into shards.
+- ``ttl`` (optional): only events within it: ``row time - ttl <= event time < row time``. An integer in the
+  time's units, or a duration text (``"30d"``, ``"12h"``, ``"15m"``, ``"90s"``, ``"500ms"``, ``"2w"``) with
+  ``time_unit`` (``s``, ``ms``, ``us`` or ``ns``) saying what the time counts.
+- ``min_len`` (default 0): rows whose history holds fewer events are dropped (``on_short: drop``, the default:
+  counted in the manifest's row accounting as removed by History) or quarantined (``on_short: quarantine``, with
+  the reason). Every row that reaches History is an event of its key, short or not.
+- A row that the label check or an op before History rejects never reaches it: it is no event (its key's later
+  rows do not see it). A row with a missing or malformed key, or a missing time, is invalid (``--on-error``:
+  stop naming the file, row and column, or quarantine it). Rows an op after History rejects are events still.
+- ``max_keys`` (default 1,000,000) bounds the keys a streaming state keeps (least recently seen evicted); offline
+  it changes nothing (``etl.ops.history_state``).
+
+Example (``max_len: 2``; user u's rows in time order, the item column already as ids)::
+
+    time  item   hist_item  hist_len
+    10    7      []         0
+    20    8      [7]        1
+    20    9      [7]        1          same time as the row before: they do not see each other
+    30    4      [8, 9]     2          the latest 2 of [7, 8, 9], oldest first (8 before 9: input order)
+
+Where it runs: ``etl preprocess`` (and ``etl fit``, which fits the other ops on the raw rows: History fits nothing)
+brings each key's rows together and in order (``etl.preprocess.keyed``) and runs the op's state
+(``etl.ops.history_state``) over them. ``Pipeline.transform`` and the loader on raw shards, which see one batch at a
+time, refuse it (``ConfigError``). The output lists hold ids of the listed columns' cardinalities; ``{prefix}len``
+is an int32 column of cardinality ``max_len + 1``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from typing import Any, ClassVar
+
+import numpy as np
+
+from etl.backends import Backend, cpu
+from etl.batch import Batch, Column
+from etl.errors import ConfigError
+from etl.ops.base import InvalidRows, Op
+from etl.ops.categorical import decode_column
+from etl.ops.counts import key_hashes
+from etl.ops.history_state import HistoryState, value_array
+from etl.ops.stream import Carried, StreamInput, StreamSpec, StreamStep
+from etl.schema import ColumnSpec
+
+#: Batch columns the offline run adds for History (names no schema column can have): the key's hash (uint64;
+#: missing for a missing or malformed key), and the key and time columns as read.
+KEY_HASH = "\0history key hash"
+RAW_KEY = "\0history key"
+RAW_TIME = "\0history time"
+#: What ``on_short`` takes.
+ON_SHORT = ("drop", "quarantine")
+#: Time units, and the units of duration texts (in nanoseconds).
+TIME_UNITS = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}
+DURATION_UNITS = {"ms": 10**6, "s": 10**9, "m": 60 * 10**9, "h": 3600 * 10**9, "d": 86400 * 10**9, "w": 7 * 86400 * 10**9}
+#: The most entries a history keeps.
+MAX_LEN = 1 << 16
+#: Keys an offline state keeps: its input is sorted by key, so the keys evicted are done with (any number is exact).
+OFFLINE_KEYS = 64
+
+
+def _positive_int(name: str, v: Any, low: int = 1, high: int | None = None) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < low or (high is not None and v > high):
+        span = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"History.{name} must be an integer {span}, got {v!r}")
+    return v
+
+
+def _column_name(name: str, v: Any) -> str:
+    if not isinstance(v, str) or not v:
+        raise ValueError(f"History.{name} must be a column name, got {v!r}")
+    return v
+
+
+def parse_ttl(ttl: Any, time_unit: Any) -> int | None:
+    """``ttl`` in the time's units: an integer as it is, a duration text (``"30d"``) through ``time_unit``."""
+    if time_unit is not None and time_unit not in TIME_UNITS:
+        raise ValueError(f"History.time_unit must be one of {list(TIME_UNITS)}, got {time_unit!r}")
+    if ttl is None:
+        if time_unit is not None:
+            raise ValueError("History.time_unit says what a duration text in ttl counts: it goes with a ttl such as '30d'")
+        return None
+    if isinstance(ttl, str):
+        m = re.fullmatch(r"(\d+)(ms|s|m|h|d|w)", ttl.strip())
+        if m is None:
+            raise ValueError(f"History.ttl {ttl!r}: expected an integer or a duration such as '30d', '12h', '15m', '90s', '500ms', '2w'")
+        if time_unit is None:
+            raise ValueError(f"History.ttl {ttl!r} is a duration: give time_unit ({', '.join(TIME_UNITS)}), what the time column counts")
+        nanos = int(m[1]) * DURATION_UNITS[m[2]]
+        if nanos % TIME_UNITS[time_unit]:
+            raise ValueError(f"History.ttl {ttl!r} is not a whole number of {time_unit}")
+        return _positive_int("ttl", nanos // TIME_UNITS[time_unit])
+    if time_unit is not None:
+        raise ValueError("History.time_unit goes with a duration text in ttl (such as '30d'); an integer ttl is in the time's units")
+    return _positive_int("ttl", ttl)
+
+
+class History(Op):
+    """Point-in-time history lists (see the module docstring)."""
+
+    name = "History"
+    reads, writes = "ids", "ids"
+    keyed: ClassVar[bool] = True
+
+    def __init__(self, columns: list[str], key: Any = None, time: Any = None, max_len: Any = None, prefix: Any = "hist_",
+                 tiebreak: Any = None, ttl: Any = None, time_unit: Any = None, min_len: Any = 0, on_short: Any = None,
+                 max_keys: Any = 1_000_000):  # fmt: skip
+        super().__init__(columns)
+        if not columns:
+            raise ValueError("History lists at least one column")
+        self.key = _column_name("key", key)
+        self.time = _column_name("time", time)
+        if max_len is None:
+            raise ValueError("History.max_len is required: the most events a history holds")
+        self.max_len = _positive_int("max_len", max_len, 1, MAX_LEN)
+        if not isinstance(prefix, str) or not prefix or any(ch in prefix for ch in "/\\\0") or prefix.startswith("."):
+            raise ValueError(f"History.prefix must be a non-empty text without '/', '\\', NUL or a leading '.', got {prefix!r}")
+        self.prefix = prefix
+        tiebreak = [] if tiebreak is None else tiebreak
+        if not isinstance(tiebreak, list):
+            raise ValueError(f"History.tiebreak must be a list of column names, got {tiebreak!r}")
+        self.tiebreak = [_column_name("tiebreak", c) for c in tiebreak]
+        order = [self.key, self.time, *self.tiebreak]
+        twice = sorted({c for c in order if order.count(c) > 1})
+        if twice:
+            raise ValueError(f"History: column '{twice[0]}' is named twice among key, time and tiebreak")
+        self.ttl = parse_ttl(ttl, time_unit)
+        self.time_unit = time_unit
+        self.min_len = _positive_int("min_len", min_len, 0, self.max_len)
+        if on_short is not None and on_short not in ON_SHORT:
+            raise ValueError(f"History.on_short must be one of {list(ON_SHORT)}, got {on_short!r}")
+        if on_short is not None and self.min_len == 0:
+            raise ValueError("History.on_short says what becomes of rows shorter than min_len: it goes with min_len >= 1")
+        self.on_short: str = on_short or "drop"
+        self.max_keys = _positive_int("max_keys", max_keys)
+
+    # ------------------------------------------------------------------ columns
+    def bind(self, specs: dict[str, ColumnSpec]) -> None:
+        """Attach the specs; ``ValueError`` for a listed column that is a list, a key that is a list or float, a
+        time that is not int64, a tiebreak column that is a list (unknown names are the pipeline's to report)."""
+        super().bind(specs)
+        for c, spec in self.specs.items():
+            if spec.is_list:
+                raise ValueError(f"History: column '{c}' is a list column; a history lists single values")
+        key, time = specs.get(self.key), specs.get(self.time)
+        if key is not None and (key.is_list or key.dtype == "float64"):
+            raise ValueError(f"History.key: column '{self.key}' is {'a list' if key.is_list else 'float64'}; a key is one int64 or text value")
+        if time is not None and (time.is_list or time.dtype != "int64"):
+            raise ValueError(f"History.time: column '{self.time}' is {time.dtype}{' list' if time.is_list else ''}; the time is an int64 column")
+        for c in self.tiebreak:
+            if c in specs and specs[c].is_list:
+                raise ValueError(f"History.tiebreak: column '{c}' is a list column")
+        self.source_specs = {c: specs[c] for c in self.source_columns() if c in specs}
+
+    def source_columns(self) -> list[str]:
+        return [self.key, self.time, *self.tiebreak]
+
+    @property
+    def lists(self) -> list[str]:
+        """The list columns it writes, one per listed column."""
+        return [f"{self.prefix}{c}" for c in self.columns]
+
+    @property
+    def length(self) -> str:
+        """The column of the histories' lengths."""
+        return f"{self.prefix}len"
+
+    @property
+    def outputs(self) -> list[str]:
+        return [*self.lists, self.length]
+
+    def new_columns(self) -> dict[str, ColumnSpec]:
+        return {c: ColumnSpec(c, "list", "int64", "int", separator=",") for c in self.lists}
+
+    def cardinalities_given(self, earlier: dict[str, int]) -> dict[str, int]:
+        out = {h: earlier[c] for h, c in zip(self.lists, self.columns) if c in earlier}
+        out[self.length] = self.max_len + 1
+        return out
+
+    # ------------------------------------------------------------------ the state
+    @property
+    def params_doc(self) -> dict[str, Any]:
+        """The parameters the state's meaning depends on (JSON values)."""
+        return {"key": self.key, "time": self.time, "columns": list(self.columns), "max_len": self.max_len, "ttl": self.ttl,
+                "tiebreak": list(self.tiebreak), "prefix": self.prefix, "max_keys": self.max_keys}  # fmt: skip
+
+    def state_spec(self) -> StreamSpec:
+        """Its state (``etl.ops.history_state``): it reads the key's hash, the time and the listed columns, and
+        writes the lists and lengths. Not among ``stream_specs`` (none): the loader does not drive it yet (its
+        outputs are lists, which the loader's streaming states do not write), ``etl preprocess`` does."""
+        inputs = (StreamInput(KEY_HASH, np.dtype(np.uint64)), StreamInput(RAW_TIME, np.dtype(np.int64)),
+                  *(StreamInput(c, np.dtype(np.int64)) for c in self.columns))  # fmt: skip
+        arrays = {"key": np.dtype(np.uint64), "last": np.dtype(np.int64), "time": np.dtype(np.int64)}
+        arrays |= {value_array(c): np.dtype(np.int64) for c in self.columns}
+        scalars = ("rows", "evictions")
+        return StreamSpec(f"{self.prefix}*", self.name, self.key, self.params_doc, "history", inputs, tuple(self.outputs), scalars, arrays)
+
+    def new_stream_state(self, name: str, max_keys: int | None = None) -> HistoryState:
+        """A new (empty) state; ``max_keys``: the keys it keeps, default the op's (``OFFLINE_KEYS`` serve sorted input)."""
+        spec = self.state_spec()
+        if name != spec.name:
+            raise ValueError(f"History: no state named {name!r} (its state is {spec.name!r})")
+        return HistoryState(spec, self.key, self.time, self.columns, self.max_len, self.ttl, max_keys or self.max_keys)
+
+    def transform(self, batch: Batch, xp: Backend) -> dict[str, Column]:
+        raise ConfigError(f"History (key '{self.key}', time '{self.time}') needs every row of a key, in time order: `etl preprocess` "
+                          "brings them together and makes its lists; a transform of one batch at a time (Pipeline.transform, "
+                          "the Loader on raw shards, --follow) cannot. Run etl preprocess, then load its output")  # fmt: skip
+
+    # ------------------------------------------------------------------ offline
+    def key_hashes(self, col: Column) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The key column as read (``col``) → each row's key hash (uint64, ``etl.ops.counts.key_hashes`` of its
+        Decode key; 0 where unusable), whether it is usable, and whether it is malformed (present, but not of the
+        column's encoding)."""
+        spec = self.source_specs[self.key]
+        encoding = spec.encoding or ("int" if spec.dtype == "int64" else "string")
+        keys, _, bad = decode_column(col, replace(spec, encoding=encoding), cpu)
+        missing = np.zeros(len(col), np.bool_) if col.valid is None else ~col.valid
+        malformed = np.zeros(len(col), np.bool_) if bad is None else np.asarray(bad, np.bool_) & ~missing
+        usable = ~(missing | malformed)
+        return np.where(usable, key_hashes(np.asarray(keys, np.uint64)), np.uint64(0)), usable, malformed
+
+    def with_sources(self, batch: Batch, hashes: np.ndarray, usable: np.ndarray) -> Batch:
+        """``batch`` (the schema's columns as read) with the columns the offline run adds for History: the key
+        ``hashes`` (missing where not ``usable``) and the key and time columns as read."""
+        return batch.with_columns({KEY_HASH: Column(hashes, None if usable.all() else usable), RAW_KEY: batch[self.key], RAW_TIME: batch[self.time]})
+
+    def check_inputs(self, batch: Batch) -> None:
+        """``InvalidRows`` for the rows of a batch (made by ``with_sources``) without a usable key or time."""
+        hashed = batch[KEY_HASH]
+        if hashed.valid is not None and not hashed.valid.all():
+            raw = batch[RAW_KEY]
+            missing = np.zeros(len(raw), np.bool_) if raw.valid is None else ~raw.valid
+            if missing.any():
+                raise InvalidRows(self.key, missing, "the key is missing")
+            raise InvalidRows(self.key, ~hashed.valid, f"malformed key (its encoding is {self.source_specs[self.key].encoding})")
+        time = batch[RAW_TIME]
+        if time.valid is not None and not time.valid.all():
+            raise InvalidRows(self.time, ~time.valid, "the time is missing")
+
+    def carried(self, batch: Batch) -> dict[str, Carried]:
+        """What the state takes from a checked batch: the key hashes, times and listed columns' ids."""
+        ok = np.ones(batch.num_rows, np.bool_)
+        out = {KEY_HASH: Carried(batch[KEY_HASH].array.astype(np.uint64, copy=False), ok),
+               RAW_TIME: Carried(batch[RAW_TIME].array.astype(np.int64, copy=False), ok)}  # fmt: skip
+        for c in self.columns:
+            out[c] = Carried(batch[c].array.astype(np.int64, copy=False), ok)
+        return out
+
+    def output_columns(self, step: StreamStep, batch: Batch) -> dict[str, Column]:
+        """The lists and lengths of ``step`` as batch columns, the lists' ids in their listed column's dtype."""
+        lengths = step.outputs[self.length]
+        offsets = np.zeros(len(lengths) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        out = {self.length: Column(lengths)}
+        for h, c in zip(self.lists, self.columns):
+            out[h] = Column(step.outputs[h].astype(batch[c].array.dtype, copy=False), None, offsets)
+        return out
+
+
+class HistoryInputs(Op):
+    """The check of History's key and time before its state takes the rows (``History.check_inputs``), as a step
+    ``Pipeline.run_ops`` runs (invalid rows raise or go to the quarantine)."""
+
+    name = "History"
+    reads = writes = None
+
+    def __init__(self, history: History):
+        super().__init__([])
+        self.history = history
+
+    def transform(self, batch: Batch, xp: Backend) -> dict[str, Column]:
+        self.history.check_inputs(batch)
+        return {}

@@ -22,7 +22,9 @@ with the same bits out. Fittable ops add:
   which sets a column's state from the ranked table of all rows: a distributed fit ranks partitions of the keys
   separately and merges them (``etl.ops.counts.merge_ranked``);
 - ``state() -> (json_dict, tables)`` and ``load_state(json_dict, tables)``: the fitted state as JSON plus named
-  Arrow tables (saved as Parquet), never pickle.
+  Arrow tables (saved as Parquet), never pickle;
+- ``fit_warnings()``: what the fit found doubtful (Normalize: a column whose normalized values collapse), one
+  line each, kept in the state.
 
 Ops whose values depend on the rows before them in a stream (an online vocabulary) declare the state they keep
 with ``stream_specs`` and make it with ``new_stream_state`` (``etl.ops.stream``): the loader drives it, row by
@@ -156,6 +158,11 @@ class Op:
 
     def state(self) -> tuple[dict[str, Any], dict[str, pa.Table]]:
         return {}, {}
+
+    def fit_warnings(self) -> list[str]:
+        """What the fit found doubtful about the fitted state (one line each, naming the op and the column), kept in
+        the state: none by default."""
+        return []
 
     # ops with streaming state override these
     def stream_specs(self) -> list[StreamSpec]:

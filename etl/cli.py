@@ -436,6 +436,7 @@ def _preprocess_follow(pipeline: Path, inputs: list[str], out: str, artifacts: s
     t = summary.totals
     console.print(f"files: {summary.files} ({summary.files_kept} already complete, {summary.files_committed} transformed now)")
     console.print("rows: " + describe_rows(t.rows_in, t.rows_out, t.rows_quarantined, t.stages))
+    _print_warnings(p.fit_warnings)
     console.print(f"output: {out}")
 
 

@@ -183,7 +183,7 @@ COLLAPSE = ("warning: Normalize: column 'C5': normalized values collapse: std 1.
 def test_preprocess_reports_a_column_that_collapses_on_one_outlier(tmp_path):
     """Fifty ordinary values and one 1e39: the run succeeds (the values are valid), and says the column collapsed,
     in its summary and in the artifacts it writes (the same bytes on 1 and 2 workers, and from etl fit), and again
-    in a run with those artifacts."""
+    in runs with those artifacts (following too)."""
     from tests.conftest import run_etl
 
     raw, pipe = cli_files(tmp_path, [float(v) for v in range(1, 51)] + [1e39], NORMALIZE)
@@ -197,6 +197,9 @@ def test_preprocess_reports_a_column_that_collapses_on_one_outlier(tmp_path):
     assert json.loads(saved)["ops"][0]["state"]["warnings"] == {"C5": COLLAPSE.split("column 'C5': ")[1]}
     again = run_etl("preprocess", "--pipeline", pipe, "--input", raw, "--out", tmp_path / "again", "--artifacts", tmp_path / "out1/artifacts")
     assert COLLAPSE in again.stdout.splitlines()
+    followed = run_etl("preprocess", "--follow", "--pipeline", pipe, "--input", raw, "--out", tmp_path / "followed", "--artifacts",
+                       tmp_path / "out1/artifacts", "--stop-after-idle", 0.2, "--poll-interval", 0.05)  # fmt: skip
+    assert COLLAPSE in followed.stdout.splitlines()
     assert "warning: Normalize ops[0]: column 'C5': normalized values collapse" in run_etl("inspect", tmp_path / "out1").stdout
     assert COLLAPSE in run_etl("fit", "--pipeline", pipe, "--input", raw, "--artifacts", tmp_path / "fitted").stdout.splitlines()
     assert (tmp_path / "fitted/pipeline.json").read_bytes() == saved

@@ -305,6 +305,7 @@ def fit(
     rows = _total_rows(shards)
     console.print(f"fitted {p.name} on {rows:,} rows in {seconds:.2f} s ({rows / max(seconds, 1e-9):,.0f} rows/s) → {artifacts}")
     _print_cardinalities(p.cardinalities())
+    _print_warnings(p.fit_warnings)
 
 
 @app.command(cls=_SeveralValues)
@@ -390,6 +391,7 @@ def preprocess(
         c.print(f"stash: peak {peak} in memory (budget {budget}), {spilled} on disk")
     if summary.files_skipped < summary.files:
         c.print(f"transform: {summary.rows_processed:,} rows in {summary.transform_seconds:.2f} s ({summary.rows_per_second:,.0f} rows/s)")
+    _print_warnings(summary.warnings)
     c.print(f"output: {out}")
 
 
@@ -434,6 +436,7 @@ def _preprocess_follow(pipeline: Path, inputs: list[str], out: str, artifacts: s
     t = summary.totals
     console.print(f"files: {summary.files} ({summary.files_kept} already complete, {summary.files_committed} transformed now)")
     console.print("rows: " + describe_rows(t.rows_in, t.rows_out, t.rows_quarantined, t.stages))
+    _print_warnings(p.fit_warnings)
     console.print(f"output: {out}")
 
 
@@ -614,6 +617,12 @@ def inspect(path: str = typer.Argument(..., help="A raw or processed shard direc
 def _check_choice(flag: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise EtlError(f"{flag} must be one of {', '.join(choices)}, got {value!r}")
+
+
+def _print_warnings(warnings: Sequence[str]) -> None:
+    """The fit's warnings (``Pipeline.fit_warnings``), one line each, in the summary."""
+    for w in warnings:
+        console.print(f"warning: {w}", highlight=False, markup=False)
 
 
 def _print_cardinalities(cards: dict[str, int]) -> None:

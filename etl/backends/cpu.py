@@ -116,19 +116,41 @@ def log1p(values: np.ndarray) -> np.ndarray:
 
 
 def normalize(values: np.ndarray, mean: float, std: float) -> np.ndarray:
-    """float64 (x - mean) / std."""
-    return (values.astype(np.float64, copy=False) - mean) / std
+    """float64 (x - mean) / std (±inf where it overflows, without a warning: the output check rejects those rows)."""
+    with np.errstate(over="ignore"):
+        return (values.astype(np.float64, copy=False) - mean) / std
 
 
 def moments(values: np.ndarray, valid: np.ndarray | None) -> tuple[int, float, float] | None:
     """(count, sum, sum of squared deviations from their mean) of the present values in float64, or None when
-    no value is present."""
+    no value is present. A sum beyond the float64 range is ±inf, a NaN or infinite value makes NaN or ±inf, without
+    a warning (the fit refuses such statistics)."""
     v = values.astype(np.float64, copy=False)
     if valid is not None:
         v = v[valid]
     if not len(v):
         return None
-    return len(v), float(v.sum()), float(((v - v.mean()) ** 2).sum())
+    with np.errstate(over="ignore", invalid="ignore"):
+        return len(v), float(v.sum()), float(((v - v.mean()) ** 2).sum())
+
+
+def magnitudes(values: np.ndarray, valid: np.ndarray | None) -> tuple[np.ndarray, float, float] | None:
+    """The present values counted by their top 12 bits as float64 (sign and binary exponent: an int64 array of
+    4,096 counts), with their min and max, or None when no value is present (one pass)."""
+    v = np.ascontiguousarray(values, dtype=np.float64)
+    counts = np.zeros(4096, np.int64)
+    low, high, n = _magnitudes(v, v.view(np.uint64), valid, counts)
+    return (counts, low, high) if n else None
+
+
+@_jit
+def _magnitudes(values, bits, valid, counts):
+    low, high, n = np.inf, -np.inf, 0
+    for i in range(len(values)):
+        if valid is None or valid[i]:
+            counts[bits[i] >> 52] += 1
+            low, high, n = min(low, values[i]), max(high, values[i]), n + 1
+    return low, high, n
 
 
 def bucketize(values: np.ndarray, valid: np.ndarray | None, boundaries: np.ndarray, out_dtype: DTypeLike) -> np.ndarray:

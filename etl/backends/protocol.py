@@ -77,6 +77,11 @@ class Backend(Protocol):
         no value is present."""
         ...
 
+    def magnitudes(self, values: Array, valid: Array | None) -> tuple[np.ndarray, float, float] | None:
+        """The present values counted by their top 12 bits as float64 (sign and binary exponent: 4,096 counts),
+        with their min and max, or None when no value is present."""
+        ...
+
     def bucketize(self, values: Array, valid: Array | None, boundaries: np.ndarray, out_dtype: np.dtype) -> Array:
         """id = 2 + number of ``boundaries`` (sorted float64) <= value; missing → 1."""
         ...

@@ -178,6 +178,12 @@ def moments(values: torch.Tensor, valid: torch.Tensor | None) -> tuple[int, floa
     return cpu.moments(to_numpy(values), to_numpy(valid))
 
 
+def magnitudes(values: torch.Tensor, valid: torch.Tensor | None) -> tuple[np.ndarray, float, float] | None:
+    """The present values counted by sign and binary exponent, with their min and max (``etl.backends.cpu.magnitudes``,
+    computed on the host like ``moments``)."""
+    return cpu.magnitudes(to_numpy(values), to_numpy(valid))
+
+
 @functools.lru_cache(maxsize=256)
 def _float_tensor(raw: bytes, device: torch.device) -> torch.Tensor:
     """float64 tensor on ``device`` of the bytes ``raw`` (small constants, copied to the device once)."""

@@ -27,7 +27,13 @@ window's permutation and carried rows would still have to be recomputed, so it i
 
 Each chunk's files are checked against the manifest's sha256s when the loader is made (a full read of the output,
 in threads) and their headers (dtype, shape, size) when the output is opened, so a corrupted or truncated chunk is
-an ``InputError`` naming its file before DALI reads it. A batch's tensors stay valid after the next batch (no
+an ``InputError`` naming its file before DALI reads it. DALI reads the files itself, so the loader checks them at
+its door after each read: once a window's rows are copied out of what DALI read, the files of its chunks are
+checked as the default engine checks what it reads (``etl.loader.pieces.CheckedChunks``: a ``stat`` per file, the sha256 again when one
+changed since), before any of its rows is handed out. A chunk replaced or rewritten under the loader (a rerun of
+``etl preprocess`` into the output it reads) is an ``InputError`` naming it, never a batch of the new run's rows
+or a mix; so is a chunk removed, which fails DALI's read (a failure of DALI's reader is checked the same way, over
+every chunk of the pass, and is otherwise a one-line ``LoaderError``). A batch's tensors stay valid after the next batch (no
 buffer is reused, so ``copy`` changes nothing); a pass's DALI pipeline, and its threads, go when the pass ends, is
 replaced (``iter``, ``set_epoch``, ``load_state_dict``) or the loader is closed or dropped.
 """
@@ -44,12 +50,13 @@ import numpy as np
 import torch
 
 from etl.backends.rows import scatter_rows
-from etl.errors import ConfigError
+from etl.errors import ConfigError, LoaderError
 from etl.io.fs import Location, Url, location, locations
 from etl.io.npy import FIELDS, NpySpec, field_file
-from etl.io.processed import ProcessedOutput, check_npy_layout, is_processed, verify_chunk
+from etl.io.processed import check_npy_layout, is_processed
 from etl.loader.batch import LoaderBatch
 from etl.loader.order import Piece, epoch_rng, rank_pieces
+from etl.loader.pieces import CheckedChunks
 from etl.loader.sources import ProcessedSource
 
 if TYPE_CHECKING:
@@ -106,7 +113,8 @@ class DaliEngine:
         self.threads, self.prefetch = max(threads, 1), prefetch
         self.window = max(1, math.ceil(shuffle_buffer / self.spec.chunk_rows))  # chunks per DALI batch
         self._pass: _DaliPass | None = None
-        _verify_chunks(self.output, self.threads)
+        self.checked = CheckedChunks(self.output)
+        self._check_all(self.threads)
 
     def iterate(self, loader: Loader) -> _DaliPass:
         """Yield the rest of the loader's current epoch (all of it when the previous pass ran to its end)."""
@@ -126,13 +134,12 @@ class DaliEngine:
             self._pass.close()
             self._pass = None
 
-
-def _verify_chunks(output: ProcessedOutput, threads: int) -> None:
-    """Check every npy chunk of ``output`` against its manifest sha256s (``InputError`` naming the file)."""
-    jobs = [(entry, i) for entry in output.manifest.files for i in range(len(entry.npy_chunks or ()))]
-    with ThreadPoolExecutor(threads) as pool:
-        for f in [pool.submit(verify_chunk, output, entry, i) for entry, i in jobs]:
-            f.result()
+    def _check_all(self, threads: int) -> None:
+        """Check every npy chunk of the output against its manifest sha256s, in ``threads`` threads (``InputError``
+        naming the file)."""
+        with ThreadPoolExecutor(threads) as pool:
+            for f in [pool.submit(self.checked.check, g.path, g.index) for g in self.source.groups]:
+                f.result()
 
 
 class _DaliPass:
@@ -202,16 +209,16 @@ class _DaliPass:
         in (its pieces' rows, permuted when shuffling, less the rows a resume skips)."""
         loader, j = self.loader, self.next_window
         pieces = self.windows[j]
-        if self.pipe is None:
-            raise RuntimeError("the pass's DALI pipeline is closed")
-        outputs = self.pipe.run()
+        outputs = self._run()
         starts = np.cumsum([0] + [p.group.num_rows for p in pieces])
+        whole = {name: self._samples(tl, len(pieces), int(starts[-1])) for name, tl in zip(FIELDS, outputs)}
+        for p in pieces:  # the rows copied out of what DALI read are the manifest's (a stat per file, unless one changed)
+            self.engine.checked.check(p.group.path, p.group.index)
         rows = np.concatenate([np.arange(a + p.start, a + p.start + p.length) for a, p in zip(starts, pieces)])
         if loader.shuffle:
             rows = rows[epoch_rng(loader.seed, self.epoch, loader.rank, j).permutation(len(rows))]
         rows = rows[self.skip :]
         self.skip = 0
-        whole = {name: self._samples(tl, len(pieces), int(starts[-1])) for name, tl in zip(FIELDS, outputs)}
         contiguous = len(rows) == 0 or (rows[-1] - rows[0] == len(rows) - 1 and not loader.shuffle)  # a run of rows in order
         order = None if contiguous else rows
         first = int(rows[0]) if len(rows) else 0
@@ -220,6 +227,21 @@ class _DaliPass:
         self.next_window += 1
         if self.next_window >= len(self.windows):
             self.close()
+
+    def _run(self) -> Any:
+        """The next batch of the pass's DALI pipeline. When DALI's reader fails (a file it reads removed or cut
+        short), the chunks of the rest of the pass are checked, so that a changed one is named; otherwise the failure
+        is a ``LoaderError`` with DALI's reason on one line."""
+        if self.pipe is None:
+            raise RuntimeError("the pass's DALI pipeline is closed")
+        try:
+            return self.pipe.run()
+        except RuntimeError as e:
+            self.close()
+            for window in self.windows[self.next_window :]:
+                for p in window:
+                    self.engine.checked.check(p.group.path, p.group.index)
+            raise LoaderError(f"DALI's numpy reader failed: {_reason(e)}") from None
 
     def _samples(self, tl: Any, count: int, rows: int) -> torch.Tensor:
         """The first ``count`` samples of DALI's output ``tl`` (chunks of ``rows`` rows in all) as one tensor."""
@@ -264,6 +286,13 @@ class _DaliPass:
         pipe, self.pipe = self.pipe, None
         if pipe is not None:
             del pipe
+
+
+def _reason(error: RuntimeError) -> str:
+    """DALI's reason for ``error`` on one line: the line after its "encountered:" (the first line without one)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    at = lines.index("encountered:") + 1 if "encountered:" in lines[:-1] else 0
+    return lines[at] if lines else type(error).__name__
 
 
 class _Window:

@@ -78,10 +78,10 @@ class ProcessedReader(PieceReader):
     checks each file against the entry the poll that counted it read, not the manifest as it is later: a file
     rewritten since (with its entry) fails the check (``InputError`` naming it).
 
-    A file read where it lies is checked again whenever it changed since (``etl.io.fs.identity``: a ``stat`` per
-    piece read): a file replaced or rewritten under a loader (a rerun of ``etl preprocess`` into the output it reads)
-    is an ``InputError`` naming it, never a mix of the old and new rows; a file whose bytes are still the
-    manifest's is read on.
+    A file read where it lies is checked again whenever it changed since (``etl.io.fs.identity``: a ``stat`` before
+    and after each piece is read, see ``_read_checked``): a file replaced, rewritten or removed under a loader (a
+    rerun of ``etl preprocess`` into the output it reads) is an ``InputError`` naming it, never a mix of the old and
+    new rows, even when it changes while a piece is read; a file whose bytes are still the manifest's is read on.
 
     A file in object storage is downloaded once: into a local spool directory, hashed as it arrives
     (``etl.io.processed.fetch_part``), and its rows are then read from that verified copy, in this epoch and the
@@ -104,16 +104,20 @@ class ProcessedReader(PieceReader):
         self._spool_lock = threading.Lock()
 
     def __call__(self, piece: Piece) -> Chunk:
-        path = piece.group.path
+        return _read_checked(lambda: self._check(piece.group.path), lambda source: self.read(piece, source))
+
+    def _check(self, path: Location) -> Location:
+        """Verify the file at ``path`` (the first time, or again when it changed since); returns where to read its
+        rows from."""
         with self._locks_lock:
             lock = self._verify_locks.setdefault(path, threading.Lock())
         with lock:  # the file's other pieces wait until it is verified
             source, seen = self._verified.get(path, (path, None))
             if path not in self._verified:
                 self._verified[path] = source, seen = self._verify(path, self._entry(path))
-            elif seen is not None and identity(path) != seen:
+            elif seen is not None and _identity(path) != seen:
                 self._verified[path] = source, seen = _reverified(path, lambda: self._verify(path, self._entry(path)))
-        return self.read(piece, source)
+        return source
 
     def _entry(self, path: Location) -> ManifestEntry:
         """The manifest entry the file at ``path`` must match: the one it was counted with when following, else the
@@ -130,7 +134,7 @@ class ProcessedReader(PieceReader):
             spool = self._spool_with_room(fingerprint(path)[0])
             if spool is not None:
                 return fetch_part(self.output, entry, spool), None
-        seen = identity(path)  # before the bytes are hashed: a change while they are is seen at the next read
+        seen = _identity(path)  # before the bytes are hashed: a change while they are is seen at the next read
         verify_part(self.output, entry)
         return path, seen
 
@@ -150,9 +154,9 @@ class ProcessedReader(PieceReader):
 
 class NpyReader(PieceReader):
     """The npy chunks of an ``etl preprocess`` output (pieces of ``etl.loader.order.chunk_groups``), read as is.
-    Before its first rows are read, each chunk's files are checked against the sha256s its manifest entry records
-    (once per chunk and reader, one lock per chunk), and again whenever one of them changed since
-    (``etl.io.fs.identity``, as ``ProcessedReader`` does)."""
+    Before its first rows are read, and again whenever one of its files changed since, each chunk's files are
+    checked against the sha256s its manifest entry records (``CheckedChunks``, before and after each piece is read:
+    ``_read_checked``)."""
 
     def __init__(self, layout: Layout, stats: LoaderStats, output: ProcessedOutput):
         super().__init__(layout.columns, stats)
@@ -161,32 +165,79 @@ class NpyReader(PieceReader):
             raise ValueError(f"{output.directory}: the output has no npy chunks")
         check_npy_layout(output, NpySpec.of(layout.fixed_columns, 1))
         self.spec = output.manifest.npy
-        self._entries = dict(zip(output.npy_parts, output.manifest.files))
-        self._locks: dict[tuple[Location, int], threading.Lock] = {}
-        self._locks_lock = threading.Lock()
-        self._verified: dict[tuple[Location, int], list[tuple[int, ...]]] = {}  # the identity of each checked chunk's files
+        self.checked = CheckedChunks(output)
 
     def __call__(self, piece: Piece) -> Chunk:
         g = piece.group
-        key = (g.path, g.index)
-        with self._locks_lock:
-            lock = self._locks.setdefault(key, threading.Lock())
-        with lock:
-            if key not in self._verified:
-                self._verified[key] = self._verify(g.path, g.index)
-            elif [identity(g.path / field_file(f, g.index)) for f in FIELDS] != self._verified[key]:
-                self._verified[key] = _reverified(g.path / field_file(FIELDS[0], g.index), lambda: self._verify(g.path, g.index))
+        return _read_checked(lambda: self.checked.check(g.path, g.index), lambda _: self._read(piece))
+
+    def _read(self, piece: Piece) -> Chunk:
+        g = piece.group
         t0 = time.perf_counter()
         fixed = {f: read_npy_rows(g.path / field_file(f, g.index), self.spec, f, g.num_rows, piece.start, piece.length) for f in FIELDS}
         self.stats.add_read(time.perf_counter() - t0, 0.0)
         return Chunk(piece.length, fixed, {})
 
 
+class CheckedChunks:
+    """The npy chunks of a processed ``output`` (their directories: ``output.npy_parts``), checked against the
+    sha256s of the manifest the output was opened with: ``check`` checks a chunk's files before their first read
+    (once per chunk, one lock per chunk, so chunks are checked concurrently) and again whenever one of them changed
+    since (``etl.io.fs.identity``: a ``stat`` per file and call). A chunk replaced, rewritten or removed under a
+    reader (a rerun of ``etl preprocess`` into the output it reads) is an ``InputError`` naming its file; a chunk
+    whose bytes are still the manifest's is read on. Shared by ``NpyReader`` and the DALI engine
+    (``etl.loader.dali_engine``), whose reader reads the files itself: it checks them once they are read."""
+
+    def __init__(self, output: ProcessedOutput):
+        self.output = output
+        self._entries = dict(zip(output.npy_parts, output.manifest.files))
+        self._locks: dict[tuple[Location, int], threading.Lock] = {}
+        self._locks_lock = threading.Lock()
+        self._verified: dict[tuple[Location, int], list[tuple[int, ...]]] = {}  # the identity of each checked chunk's files
+
+    def check(self, directory: Location, index: int) -> None:
+        """Check chunk ``index`` of the npy directory ``directory`` (see the class docstring); ``InputError``
+        naming the file at fault."""
+        key = (directory, index)
+        with self._locks_lock:
+            lock = self._locks.setdefault(key, threading.Lock())
+        with lock:
+            if key not in self._verified:
+                self._verified[key] = self._verify(directory, index)
+                return
+            changed = [f for f, seen in zip(FIELDS, self._verified[key]) if _identity(directory / field_file(f, index)) != seen]
+            if changed:
+                self._verified[key] = _reverified(directory / field_file(changed[0], index), lambda: self._verify(directory, index))
+
     def _verify(self, directory: Location, index: int) -> list[tuple[int, ...]]:
         """Check chunk ``index`` of ``directory``'s files; returns their identities, taken before."""
-        seen = [identity(directory / field_file(f, index)) for f in FIELDS]
+        seen = [_identity(directory / field_file(f, index)) for f in FIELDS]
         verify_chunk(self.output, self._entries[directory], index)
         return seen
+
+
+def _identity(path: Location) -> tuple[int, ...]:
+    """``etl.io.fs.identity`` of the file at ``path``, or () when it is gone (a change like any other: checking
+    the file again then names it as one that cannot be read)."""
+    try:
+        return identity(path)
+    except FileNotFoundError:
+        return ()
+
+
+def _read_checked(check: Callable[[], T], read: Callable[[T], Chunk]) -> Chunk:
+    """``read(check())``, then ``check()`` again: a file that changed while it was read (replaced by a rerun of etl
+    preprocess between the first check and the read) is checked again, and unless its bytes are still the
+    manifest's, that check's ``InputError`` names it instead of rows of the new file. A read that fails is checked
+    the same way before its error is raised, so that a file removed or replaced under it is named as such."""
+    where = check()
+    try:
+        chunk = read(where)
+    except Exception:
+        check()
+        raise
+    check()
+    return chunk
 
 
 def _reverified(path: Location, verify: Callable[[], T]) -> T:

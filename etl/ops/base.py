@@ -25,6 +25,8 @@ with the same bits out. Fittable ops add:
   tables named after the column each belongs to (saved as Parquet), never pickle; ``fitted_params()``: the
   parameters the tables depend on, recorded with each (``made_by``), so that a table loads only into the op,
   column and parameters that made it.
+- ``fit_warnings()``: what the fit found doubtful (Normalize: a column whose normalized values collapse), one
+  line each, kept in the state.
 
 Ops whose values depend on the rows before them in a stream (an online vocabulary) declare the state they keep
 with ``stream_specs`` and make it with ``new_stream_state`` (``etl.ops.stream``): the loader drives it, row by
@@ -182,6 +184,11 @@ class Op:
     def fitted_params(self) -> dict[str, Any]:
         """The parameters the fitted tables of ``state`` depend on (JSON values; none by default)."""
         return {}
+
+    def fit_warnings(self) -> list[str]:
+        """What the fit found doubtful about the fitted state (one line each, naming the op and the column), kept in
+        the state: none by default."""
+        return []
 
     # ops with streaming state override these
     def stream_specs(self) -> list[StreamSpec]:

@@ -11,9 +11,9 @@ import pyarrow as pa
 
 from etl.backends import Backend
 from etl.batch import Batch, Column
-from etl.errors import FitError
 from etl.ids import FIRST, id_dtype
 from etl.ops.base import InvalidRows, InvalidState, Op, Stats
+from etl.ops.spread import Spread
 
 
 class FillMissing(Op):
@@ -66,12 +66,14 @@ class Log1p(Op):
 class Normalize(Op):
     """(x - mean) / std with mean and population std fitted over the present values of all shards.
 
-    Fitting keeps one (count, sum, sum of squared deviations from the batch mean) triple per batch (a column's
-    partial is the sorted list of its triples; merging two concatenates them); finalize combines them as the
-    parallel variance formula says, adding every sum with ``math.fsum`` (exactly rounded, so independent of the
-    order of the terms): the fitted numbers are the same bits whatever the order in which shards and batches were
-    seen. A column whose std is 0 (constant values) is divided by 1; values so large that
-    the mean or std overflows float64 are refused at fit (``FitError``)."""
+    Fitting gathers an ``etl.ops.spread.Spread`` per column: one (count, sum, sum of squared deviations from the
+    batch mean) triple per batch, combined as the parallel variance formula says with every sum added by
+    ``math.fsum`` (exactly rounded, so independent of the order of the terms), and the values counted by sign and
+    binary exponent: the fitted numbers are the same bits whatever the order in which shards and batches were
+    seen. A column whose std is 0 (constant values) is divided by 1; a NaN or infinite value, or values so large
+    that the mean or std overflows float64, are refused at fit (``FitError``). A column whose normalized values
+    collapse (one extreme value dominates the std: most rows become one float32 number) is fitted, with a warning
+    (``fit_warnings``) kept in the state."""
 
     name = "Normalize"
     fittable = True
@@ -80,32 +82,43 @@ class Normalize(Op):
         super().__init__(columns)
         self.mean: dict[str, float] = {}
         self.std: dict[str, float] = {}
+        self.warnings: dict[str, str] = {}  # column -> how its normalized values collapse
 
     @property
     def is_fitted(self) -> bool:
         return bool(self.mean)
 
     def new_stats(self, xp: Backend, rows: int | None = None) -> Stats:
-        return {c: [] for c in self.columns}
+        return {c: Spread() for c in self.columns}
 
     def partial_fit(self, stats: Stats, batch: Batch, xp: Backend) -> None:
         for c in stats:
-            m = xp.moments(batch[c].values, batch[c].valid)
+            col = batch[c]
+            m = xp.moments(col.values, col.valid)
             if m is not None:
-                stats[c].append(m)
+                stats[c].add(m, xp.magnitudes(col.values, col.valid))
 
-    def partials(self, stats: Stats, xp: Backend) -> dict[str, list[tuple[int, float, float]]]:
-        """Per column: the sorted list of per-batch (count, sum, sum of squared deviations) triples."""
-        return {c: sorted(stats[c]) for c in stats}
+    def partials(self, stats: Stats, xp: Backend) -> dict[str, Spread]:
+        """Per column: its ``Spread``, the per-batch triples sorted."""
+        return {c: Spread().merged(stats[c]) for c in stats}
 
-    def merge(self, a: list[tuple[int, float, float]], b: list[tuple[int, float, float]]) -> list[tuple[int, float, float]]:
-        return sorted(a + b)
+    def merge(self, a: Spread, b: Spread) -> Spread:
+        return a.merged(b)
 
-    def finalize_partials(self, partials: dict[str, list[tuple[int, float, float]]], xp: Backend) -> None:
-        """Set mean and std of every column ``partials`` holds; ``FitError`` when a column has no values, or
-        values so large that the mean or the std is beyond the float64 range (clamp or Log1p such a column first)."""
+    def finalize_partials(self, partials: dict[str, Spread], xp: Backend) -> None:
+        """Set mean and std of every column ``partials`` holds (``FitError`` when a column has no values, a NaN or
+        infinite value, or values so large that the mean or the std is beyond the float64 range: clamp or Log1p
+        such a column first), and the warning of a column whose normalized values collapse."""
         for c in partials:
-            self.mean[c], self.std[c] = _mean_std(partials[c], c)
+            self.mean[c], self.std[c] = partials[c].mean_std(c)
+            found = partials[c].collapse(self.mean[c], self.std[c])
+            if found is None:
+                self.warnings.pop(c, None)
+            else:
+                self.warnings[c] = found
+
+    def fit_warnings(self) -> list[str]:
+        return [f"{self.name}: column '{c}': {self.warnings[c]}" for c in self.columns if c in self.warnings]
 
     def transform(self, batch: Batch, xp: Backend) -> dict[str, Column]:
         return {
@@ -114,33 +127,23 @@ class Normalize(Op):
         }
 
     def state(self) -> tuple[dict[str, Any], dict[str, pa.Table]]:
-        return {"mean": self.mean, "std": self.std}, {}
+        doc: dict[str, Any] = {"mean": self.mean, "std": self.std}
+        if self.warnings:  # only then: a state without warnings is the mean and the std alone
+            doc["warnings"] = dict(self.warnings)
+        return doc, {}
 
     def load_state(self, doc: dict[str, Any], tables: dict[str, pa.Table]) -> None:
-        """Take each column's mean (a finite number) and std (a finite number > 0); ``InvalidState`` otherwise."""
+        """Take each column's mean (a finite number) and std (a finite number > 0), and the warnings when there are
+        (a text for some of the columns); ``InvalidState`` otherwise."""
         mean = {c: _number(doc["mean"], c, "mean") for c in self.columns}
         std = {c: _number(doc["std"], c, "std") for c in self.columns}
         for c in self.columns:
             if not std[c] > 0:
                 raise InvalidState(f"Normalize: std of '{c}' is {std[c]!r}, expected a number > 0")
-        self.mean, self.std = mean, std
-
-
-def _mean_std(parts: list[tuple[int, float, float]], column: str) -> tuple[float, float]:
-    """Mean and population std (1 when it is 0) from per-batch (count, sum, sum of squared deviations) triples."""
-    n = sum(p[0] for p in parts)
-    if n == 0:
-        raise FitError("Normalize", column, "no values to fit")
-    try:
-        mean = math.fsum(p[1] for p in parts) / n
-        spread = math.fsum(p[0] * (p[1] / p[0] - mean) ** 2 for p in parts)
-        var = (math.fsum(p[2] for p in parts) + spread) / n
-    except (OverflowError, ValueError):  # a sum beyond the float64 range (fsum raises rather than return inf)
-        mean = var = math.inf
-    std = math.sqrt(var) or 1.0
-    if not (math.isfinite(mean) and math.isfinite(std)):
-        raise FitError("Normalize", column, "mean or std beyond the float64 range (values too large; clamp or Log1p first)")
-    return mean, std
+        warnings = doc.get("warnings", {})
+        if not isinstance(warnings, dict) or not all(c in self.columns and isinstance(w, str) for c, w in warnings.items()):
+            raise InvalidState(f"Normalize: warnings is {warnings!r}, expected a text for some of the columns {self.columns}")
+        self.mean, self.std, self.warnings = mean, std, dict(warnings)
 
 
 def _number(values: Any, column: str, name: str) -> float:

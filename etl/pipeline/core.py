@@ -274,6 +274,12 @@ class Pipeline:
     def is_fitted(self) -> bool:
         return all(op.is_fitted for op in self.ops)
 
+    @property
+    def fit_warnings(self) -> list[str]:
+        """What the fit found doubtful about the fitted state, one line each in op order (``Op.fit_warnings``: a
+        column whose normalized values collapse...); kept in the artifacts, so a loaded pipeline has them too."""
+        return [w for op in self.ops for w in op.fit_warnings()]
+
     def fit(
         self,
         shards: list[Location],

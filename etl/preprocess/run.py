@@ -57,7 +57,8 @@ class Summary:
     """Totals over all shards (skipped ones included); ``rows_processed`` counts the shards transformed now.
     ``fit_seconds`` is None when this run fitted nothing (artifacts given, or a pipeline without ops to fit).
     ``stages``: the rows in and out of each reshaping stage (None without stages): ``rows_in = rows_out +
-    rows_quarantined`` plus the rows they removed."""
+    rows_quarantined`` plus the rows they removed. ``warnings``: what the fit (this run's, or the artifacts') found
+    doubtful, one line each (a column whose normalized values collapse...)."""
 
     files: int
     files_skipped: int
@@ -72,6 +73,8 @@ class Summary:
     stash_spilled_bytes: int = 0
     memory_budget: int = 0
     stages: tuple[StageRows, ...] | None = None
+    #: what the fit found doubtful about the fitted state (``Pipeline.fit_warnings``; kept in the artifacts)
+    warnings: tuple[str, ...] = ()
 
     @property
     def rows_per_second(self) -> float:
@@ -220,7 +223,7 @@ def _preprocess(run: RunSettings, pipeline: Pipeline, artifacts: Location | None
         summary = _transform(run, pipeline, kept, previous, todo, saved.result, transform, formats)
         saved.result()  # its error, when no shard was committed to raise it
         return replace(summary, fit_seconds=fit_seconds, stash_peak_bytes=stash.peak_bytes, stash_spilled_bytes=stash.spilled_bytes,
-                       memory_budget=memory_budget)  # fmt: skip
+                       memory_budget=memory_budget, warnings=tuple(pipeline.fit_warnings))  # fmt: skip
 
 
 def _remove_temporaries(out_dir: Location) -> None:

@@ -49,6 +49,10 @@ def _describe_artifacts(path: Location, doc: dict[str, Any]) -> str:
             names = sorted(sizes, key=lambda c: (order.get(c, len(order)), c))
             shown = ", ".join(f"{k}={sizes[k]:,}" for k in names)
             lines.append(f"{o['op']} ops[{i}] ({_column_range(names, columns)}) vocabulary sizes: {shown}")
+    for i, o in enumerate(doc.get("ops", [])):
+        warnings = o.get("state", {}).get("warnings")
+        if isinstance(warnings, dict):  # what the fit found doubtful (etl.ops.base.Op.fit_warnings)
+            lines += [f"warning: {o['op']} ops[{i}]: column '{c}': {w}" for c, w in warnings.items()]
     cards = doc.get("cardinalities", {})
     if cards:
         names = sorted(cards, key=lambda c: (order.get(c, len(order)), c))

@@ -167,20 +167,34 @@ def test_verify_part_checks_the_bytes(output: Path) -> None:
         verify_part(opened, opened.manifest.files[1])
 
 
-@pytest.mark.parametrize("npy", [False, True])
-def test_a_rerun_into_the_output_a_loader_reads_is_an_error_at_its_next_epoch(tmp_path: Path, npy: bool) -> None:
+#: How a training loop reads an output in the rerun tests: (--format of etl preprocess, Loader arguments).
+READERS = {
+    "parquet": ([], {"num_workers": 2}),
+    "npy": (["--format", "npy", "--npy-chunk-rows", 1000], {"num_workers": 2}),
+    "dali": (["--format", "npy", "--npy-chunk-rows", 1000], {"engine": "dali", "shuffle_buffer": 2000}),
+}
+
+
+def _reader(name: str) -> tuple[list[Any], dict[str, Any]]:
+    if name == "dali":
+        pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed (pip install 'etl[dali]')")
+    return READERS[name]
+
+
+@pytest.mark.parametrize("reader", sorted(READERS))
+def test_a_rerun_into_the_output_a_loader_reads_is_an_error_at_its_next_epoch(tmp_path: Path, reader: str) -> None:
     """A Loader reads an epoch of a processed output; ``etl preprocess`` with another pipeline then rewrites the
     output (it holds no lock the loader keeps); the loader's next epoch raises InputError naming the file, instead
     of delivering the new pipeline's ids against the old cardinalities."""
     from etl import Loader
     from tests.conftest import REPO, run_etl
 
+    fmt, args = _reader(reader)
     raw = tmp_path / "raw"
     run_etl("generate", "--schema", REPO / "schemas/criteo.yaml", "--rows", 3000, "--files", 2, "--out", raw)
     out = tmp_path / "out"
-    fmt = ["--format", "npy", "--npy-chunk-rows", 1000] if npy else []
     run_etl("preprocess", "--pipeline", REPO / "pipelines/criteo.yaml", "--input", raw, "--out", out, *fmt)
-    loader = Loader(out, batch_size=500, num_workers=1)
+    loader = Loader(out, batch_size=500, **args)
     first = [b.sparse.clone() for b in loader]
     assert sum(len(s) for s in first) == 3000
     run_etl("preprocess", "--pipeline", REPO / "pipelines/criteo_hash.yaml", "--input", raw, "--out", out, *fmt)
@@ -191,3 +205,45 @@ def test_a_rerun_into_the_output_a_loader_reads_is_an_error_at_its_next_epoch(tm
             delivered += [b.sparse.clone() for b in loader]
     loader.close()
     assert len(delivered) <= len(first) and all(a.equal(b) for a, b in zip(delivered, first))  # old rows only
+
+
+@pytest.mark.parametrize("reader", sorted(READERS))
+def test_a_rerun_while_a_training_loop_reads_gives_whole_batches_of_one_run_or_one_line(tmp_path: Path, reader: str) -> None:
+    """The must-hold of a rerun: ``etl preprocess`` with another pipeline rewrites the output while a training loop
+    reads it, epoch after epoch (shuffled): every batch the loop gets is the batch the first run's files give at that
+    position (a copy of them read by another loader: never a batch of the new run, nor a mix), and once the rerun
+    has changed the files, the loop stops with an InputError of one line naming a file of the output."""
+    import shutil
+    import subprocess
+    import sys
+
+    from etl import Loader
+    from tests.conftest import REPO, run_etl
+
+    fmt, args = _reader(reader)
+    raw, out, copy = tmp_path / "raw", tmp_path / "out", tmp_path / "copy"
+    run_etl("generate", "--schema", REPO / "schemas/criteo.yaml", "--rows", 12000, "--files", 4, "--out", raw)
+    run_etl("preprocess", "--pipeline", REPO / "pipelines/criteo.yaml", "--input", raw, "--out", out, *fmt)
+    shutil.copytree(out, copy)
+    loader, reference = (Loader(d, batch_size=700, shuffle=True, seed=5, **args) for d in (out, copy))
+    rerun = subprocess.Popen([sys.executable, "-m", "etl", "preprocess", "--pipeline", str(REPO / "pipelines/criteo_hash.yaml"), "--input", str(raw),
+                              "--out", str(out), *map(str, fmt)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    batches = 0
+    try:
+        with pytest.raises(InputError) as stopped:
+            for epoch in range(10_000):
+                finished = rerun.poll() is not None  # then this epoch reads the new files: it must stop
+                loader.set_epoch(epoch)
+                reference.set_epoch(epoch)
+                for got, want in zip(loader, reference):
+                    assert got.label.equal(want.label) and got.dense.equal(want.dense) and got.sparse.equal(want.sparse)
+                    batches += 1
+                if finished:
+                    break
+    finally:
+        _, errors = rerun.communicate(timeout=120)
+        loader.close()
+        reference.close()
+    assert rerun.returncode == 0, errors
+    message = str(stopped.value)
+    assert "\n" not in message and f"{out}/" in message and "changed while this loader reads it" in message, message

@@ -485,6 +485,33 @@ def test_nonfinite_mask():
     assert cpu.nonfinite_mask(np.zeros(0), None) is None
 
 
+def test_magnitudes_counts_present_values_by_sign_and_exponent():
+    vals = np.array([1.0, 1.5, -3.0, 0.0, -0.0, 1e39, np.inf, np.nan, 5e-324, 7.0])
+    valid = np.array([True, True, True, True, True, True, True, True, True, False])
+    counts, low, high = cpu.magnitudes(vals, valid)
+    assert counts.dtype == np.int64 and len(counts) == 4096 and counts.sum() == 9
+    top = {int(t): int(counts[t]) for t in np.flatnonzero(counts)}
+    # 1 and 1.5: exponent 1023; -3: sign and exponent 1024; zeros and the subnormal: exponent 0; 1e39: 1023 + 129;
+    # inf and NaN: 2047
+    assert top == {1023: 2, 2048 + 1024: 1, 0: 2, 2048: 1, 1023 + 129: 1, 2047: 2}
+    assert cpu.magnitudes(vals[vals == vals], None)[1:] == (-3.0, np.inf)  # NaN aside (the fit refuses it anyway)
+    counts, low, high = cpu.magnitudes(np.array([4, -9, 2**40], np.int64), None)
+    assert (low, high) == (-9.0, 2.0**40) and counts[1025] == 1 and counts[2048 + 1026] == 1 and counts[1063] == 1
+    assert cpu.magnitudes(np.array([1.0]), np.array([False])) is None and cpu.magnitudes(np.zeros(0), None) is None
+
+
+def test_moments_and_normalize_warn_of_nothing():
+    """Overflow and NaN in the fit's sums and in normalize are results the callers check (FitError, the output
+    check), not warnings on stderr."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert cpu.moments(np.array([1e308, -1e308, 1e308]), None)[2] == math.inf
+        assert math.isnan(cpu.moments(np.array([1.0, np.inf]), None)[2])
+        assert cpu.normalize(np.array([1e308]), -1e308, 1e-10).tolist() == [math.inf]
+
+
 def test_fill_clamp_log1p_normalize():
     vals = np.array([5, -3, 0, 2**40, 7], np.int64)
     valid = np.array([True, True, False, True, True])

@@ -465,6 +465,14 @@ def test_moments_is_the_cpu_result(dev):
     assert tb.moments(T(np.zeros(3), dev), T(np.zeros(3, bool), dev)) is None
 
 
+def test_magnitudes_is_the_cpu_result(dev):
+    for v, valid in dense_inputs(np.random.default_rng(3)):
+        got, ref = tb.magnitudes(T(v, dev), T(valid, dev)), cpu.magnitudes(v, valid)
+        assert (got is None) == (ref is None)
+        if ref is not None:
+            assert got[0].tolist() == ref[0].tolist() and repr(got[1:]) == repr(ref[1:])
+
+
 @pytest.mark.parametrize("dtype", [np.int32, np.int64])
 def test_bucketize(dev, dtype):
     boundaries = np.array([-1.0, 0.0, 0.5, 10.0, 1e300])

@@ -1,5 +1,6 @@
 """etl.loader.dali on DALI's CPU backend: the same rows per epoch as the default engine, ranks disjoint and complete
-with equal batch counts, exact resume, a corrupted or truncated chunk named, and the missing-DALI error. Skipped,
+with equal batch counts, exact resume, a corrupted or truncated chunk named, a chunk replaced or removed under the
+loader named at its next read, DALI's own failures in one line, and the missing-DALI error. Skipped,
 with the reason, where DALI is not installed (``pip install 'etl[dali]'``)."""
 
 from __future__ import annotations
@@ -116,6 +117,82 @@ def test_a_damaged_chunk_is_an_input_error_naming_it(processed: Path, tmp_path: 
     chunk.write_bytes(bytes(data[:-8]) if damage == "truncate" else bytes(data[:-1] + bytes([data[-1] ^ 1])))
     with pytest.raises(InputError, match="dense-00001.npy"):
         Loader(copy, engine="dali")
+
+
+def _rewrite(path: Path, change: bool) -> None:
+    """Replace the npy file at ``path`` as a rerun of etl preprocess does (a new file renamed onto it): with other
+    values when ``change``, else with its own bytes."""
+    import numpy as np
+
+    data = np.load(path)
+    if change:
+        data = data + 1
+    tmp = path.with_name(".tmp-" + path.name)
+    with open(tmp, "wb") as f:
+        np.save(f, data)
+    tmp.replace(path)
+
+
+@needs_dali
+@pytest.mark.parametrize("change", [True, False])
+def test_a_chunk_replaced_between_epochs_is_noticed_at_the_next(processed: Path, tmp_path: Path, change: bool) -> None:
+    """DALI reads the files itself: the engine checks them once read. A chunk replaced with other bytes after epoch 0
+    is an InputError naming it in epoch 1 (the batches before it are the old rows); replaced with its own bytes, it
+    is read on."""
+    import shutil
+
+    copy = tmp_path / "out"
+    shutil.copytree(processed, copy)
+    args = {"batch_size": 500, "engine": "dali", "shuffle_buffer": 600}
+    reference = Loader(processed, **args)
+    loader = Loader(copy, **args)
+    assert rows(loader) == rows(reference)
+    _rewrite(copy / "npy/part-00001/sparse-00001.npy", change)
+    loader.set_epoch(1)
+    reference.set_epoch(1)
+    delivered = []
+    if change:
+        with pytest.raises(InputError, match=r"part-00001/sparse-00001.npy changed while this loader reads it .*sha256 \w+ differs"):
+            for b in loader:
+                delivered.append(b)
+    else:
+        delivered = list(loader)
+        assert len(delivered) == len(reference)
+    assert rows(delivered) == rows(itertools.islice(reference, len(delivered)))  # the old rows only, whole batches
+
+
+@needs_dali
+def test_a_chunk_removed_mid_pass_is_an_input_error_naming_it(processed: Path, tmp_path: Path) -> None:
+    """A chunk the pass has yet to read is removed: DALI's reader fails on it, and the loader names the file in one
+    line instead of DALI's error."""
+    import shutil
+
+    copy = tmp_path / "out"
+    shutil.copytree(processed, copy)
+    loader = Loader(copy, batch_size=500, engine="dali", shuffle_buffer=600)
+    it = iter(loader)
+    next(it)
+    (copy / "npy/part-00002/label-00002.npy").unlink()  # the last chunk
+    with pytest.raises(InputError, match=r"part-00002/label-00002.npy changed while this loader reads it .*cannot read") as e:
+        list(it)
+    assert "\n" not in str(e.value)
+
+
+@needs_dali
+def test_another_failure_of_dali_is_one_line(processed: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from etl.errors import LoaderError
+
+    loader = Loader(processed, batch_size=500, engine="dali", shuffle_buffer=600)
+    it = iter(loader)
+    next(it)
+    message = "Critical error in pipeline:\nError in CPU operator `nvidia.dali.fn.readers.numpy`,\n\nencountered:\n\nSomething failed\nC++: [x]"
+
+    def fail() -> None:
+        raise RuntimeError(message)
+
+    monkeypatch.setattr(it.pipe, "run", fail)
+    with pytest.raises(LoaderError, match="^DALI's numpy reader failed: Something failed$"):
+        list(it)
 
 
 def test_without_dali_the_error_names_the_extra(processed: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -108,6 +108,35 @@ def test_a_processed_file_changed_under_the_reader_is_checked_again(raw: Path, t
         reader(middle(out))
 
 
+@pytest.mark.parametrize("how", ["replaced", "removed"])
+def test_a_processed_file_changed_while_a_piece_is_read_is_named(raw: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 how: str) -> None:  # fmt: skip
+    """The file is replaced (or removed) between the reader's check and its read of the rows, as a rerun of etl
+    preprocess may do at any moment: the check after the read names it, instead of rows of the new file (or a
+    FileNotFoundError)."""
+    out = part_path(tmp_path, 0)
+    table = PIPELINE.transform_table(pq.read_table(raw))
+    pq.write_table(table, out, row_group_size=300)
+    entry = ManifestEntry(out.name, str(raw), raw.stat().st_size, 900, 900, 0, None, sha256_file(out))
+    output = ProcessedOutput(tmp_path, tmp_path / "artifacts", [out], Manifest.of("criteo_hash", [entry], complete=True))
+    reader = ProcessedReader(LAYOUT, LoaderStats(), output)
+    other = tmp_path / "other.parquet"
+    pq.write_table(table.slice(1), other, row_group_size=300)
+    read = ProcessedReader.read
+
+    def changed_then_read(self: ProcessedReader, piece: Piece, path: Path) -> Chunk:
+        if how == "replaced":
+            os.replace(other, out)
+        else:
+            out.unlink()
+        return read(self, piece, path)
+
+    monkeypatch.setattr(ProcessedReader, "read", changed_then_read)
+    problem = "sha256 .* differs from the manifest's" if how == "replaced" else "cannot read"
+    with pytest.raises(InputError, match=f"part-00000.parquet changed while this loader reads it .*{problem}"):
+        reader(middle(out))
+
+
 def test_a_processed_file_in_object_storage_is_downloaded_once(raw: Path, s3: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every piece of the file read (twice), and its check: about the file's bytes fetched from the store, once; a
     copy whose bytes differ from the manifest's is refused, and leaves no copy behind."""

@@ -229,6 +229,20 @@ def test_normalize_state_round_trip():
     assert op2.is_fitted and op2.mean == op.mean and op2.std == op.std
 
 
+def test_normalize_state_keeps_the_collapse_warning():
+    values = np.array([float(v) for v in range(1, 51)] + [1e39])
+    op = fit(Normalize(["x", "k"]), [batch_of(x=Column(values), k=Column(np.arange(51.0)))])
+    doc, tables = op.state()
+    assert sorted(doc) == ["mean", "std", "warnings"] and list(doc["warnings"]) == ["x"]
+    op2 = Normalize(["x", "k"])
+    op2.load_state(doc, tables)
+    assert op2.fit_warnings() == op.fit_warnings() and op2.fit_warnings()[0].startswith("Normalize: column 'x': normalized values collapse")
+    for bad in ({"y": "text"}, {"x": 1}, ["x"]):
+        with pytest.raises(ValueError, match="Normalize: warnings is"):
+            Normalize(["x", "k"]).load_state({**doc, "warnings": bad}, tables)
+    assert sorted(fit(Normalize(["k"]), [batch_of(k=Column(np.arange(51.0)))]).state()[0]) == ["mean", "std"]  # no warning, no key
+
+
 def test_normalize_std_with_large_offset():
     """No catastrophic cancellation for values with a large offset (epoch timestamps, ms timestamps)."""
     rng = np.random.default_rng(4)

@@ -30,6 +30,9 @@ with the same bytes as an uninterrupted run. A rerun that fits again stashes onl
 are accounted exactly: rows_in = rows_out + rows_quarantined + the rows the pipeline's reshaping stages removed
 (``etl.pipeline.stages``; each stage's rows in and out are in the manifest).
 
+Nothing is written or removed outside the output directory: a run refuses a directory under it that is a symbolic
+link (``etl.io.files.check_no_linked_directories``) before it writes or removes anything there.
+
 In object storage (``etl.io.fs``) the "rename" is a copy onto the final key, where the file appears whole.
 
 Modules: ``run`` (the run over a list of shards), ``shard`` (one shard: transform, write, commit), ``output`` (the

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 
 from etl.errors import ConfigError
 from etl.io.arrivals import Arrivals
-from etl.io.files import remove_temporaries
+from etl.io.files import check_no_linked_directories, remove_temporaries
 from etl.io.fs import Location
 from etl.io.lock import locked
 from etl.io.processed import QUARANTINE, Manifest, ManifestEntry, Totals, part_path, write_manifest
@@ -82,6 +82,7 @@ class _Follower:
         self.entries: dict[str, ManifestEntry] = {}
         self.kept = self.committed = 0
         self.lock = threading.Lock()
+        check_no_linked_directories(out_dir)  # before anything is written or removed there
         remove_temporaries(out_dir)  # left by an interrupted run
         remove_temporaries(out_dir / QUARANTINE)
         self.previous, formats = previous_run(out_dir)

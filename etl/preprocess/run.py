@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from etl.errors import ConfigError
-from etl.io.files import remove_temporaries
+from etl.io.files import check_no_linked_directories, remove_temporaries
 from etl.io.fs import Location
 from etl.io.lock import locked
 from etl.io.npy import DEFAULT_CHUNK_ROWS, NPY_DIR, NpySpec
@@ -179,6 +179,7 @@ def _preprocess(run: RunSettings, pipeline: Pipeline, artifacts: Location | None
                 npy_chunk_rows: int) -> Summary:  # fmt: skip
     """``preprocess`` once the arguments are checked and ``run.out_dir`` is locked."""
     out_dir, shards, on_error = run.out_dir, run.shards, run.on_error
+    check_no_linked_directories(out_dir)  # before anything is written or removed there
     remove_temporaries(out_dir)  # left by an interrupted run (a stash's spill directory among them)
     remove_temporaries(out_dir / QUARANTINE)
     if (out_dir / NPY_DIR).is_dir():

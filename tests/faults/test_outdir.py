@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -490,6 +491,66 @@ def test_rerun_with_on_error_raise_over_a_quarantined_shard_exits_2(tmp_path: Pa
     assert _run_cli(*args, "--on-error", "quarantine").returncode == 0
     r = _run_cli(*args, "--on-error", "raise")
     assert r.returncode == 2 and "Traceback" not in r.stderr and "row 0, column 'C1'" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_rerun_with_on_error_raise_that_fails_leaves_the_quarantine_mode_output_as_it_was(tmp_path: Path, workers: int) -> None:
+    """The rerun must redo the shard that quarantined rows, and fails on its first bad row: before it commits a file
+    of its own, it removes nothing, so the earlier output stays whole, its manifest included, and readable."""
+    from etl.errors import RowError
+    from etl.io.processed import open_processed
+    from etl.pipeline import Pipeline
+    from etl.preprocess import preprocess
+    from tests.conftest import tree_bytes
+
+    shards, _ = _criteo_shards(tmp_path, bad_first_c1=True)
+    out = tmp_path / "out"
+    spec = REPO / "pipelines/criteo_hash.yaml"
+    preprocess(Pipeline.from_file(spec), shards, out, on_error="quarantine")
+    before = tree_bytes(out)
+    with pytest.raises(RowError, match="part-00001.parquet.*C1"):
+        preprocess(Pipeline.from_file(spec), shards, out, on_error="raise", workers=workers)
+    assert tree_bytes(out) == before
+    assert open_processed(out).manifest.complete
+
+
+def test_a_shard_done_after_another_failed_is_not_committed_over_the_earlier_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two shards redone in two threads: the one that fails first stops the run; the other, finished after it, is
+    discarded rather than committed, since its commit would replace the earlier run's files."""
+    import threading
+
+    import pyarrow.parquet as pq
+
+    from etl.errors import RowError
+    from etl.pipeline import Pipeline
+    from etl.preprocess import preprocess
+    from etl.preprocess import run as run_module
+    from tests.conftest import tree_bytes
+
+    shards, table = _criteo_shards(tmp_path, bad_first_c1=True)
+    pq.write_table(table.slice(0, 100), shards[0].with_name("part-00002.parquet"))
+    shards.append(shards[0].with_name("part-00002.parquet"))
+    out = tmp_path / "out"
+    spec = REPO / "pipelines/criteo_hash.yaml"
+    preprocess(Pipeline.from_file(spec), shards, out, on_error="quarantine")
+    before = tree_bytes(out)
+    st = shards[2].stat()
+    os.utime(shards[2], ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # redone too
+    real = run_module.process_shard
+
+    def late(pipeline, source, out_path, on_error, stop, *args, **kwargs):
+        if source == shards[2]:  # finishes only once the other shard's error has stopped the run
+            deadline = time.monotonic() + 30
+            while not stop.is_set() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert stop.is_set()
+            return real(pipeline, source, out_path, on_error, threading.Event(), *args, **kwargs)
+        return real(pipeline, source, out_path, on_error, stop, *args, **kwargs)
+
+    monkeypatch.setattr(run_module, "process_shard", late)
+    with pytest.raises(RowError, match="part-00001.parquet.*C1"):
+        preprocess(Pipeline.from_file(spec), shards, out, on_error="raise", workers=2)
+    assert tree_bytes(out) == before
 
 
 def test_resume_redoes_a_shard_whose_modification_time_changed(tmp_path: Path) -> None:

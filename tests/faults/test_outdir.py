@@ -596,6 +596,45 @@ def test_resume_redoes_a_shard_edited_with_the_same_size_and_modification_time(t
     assert after.sha256 != before.sha256 and after.source_footer_sha256 != before.source_footer_sha256
 
 
+def test_resume_redoes_a_shard_edited_in_place_with_the_same_size_footer_and_modification_time(tmp_path: Path) -> None:
+    """One value of a data page overwritten in place by another between the column's minimum and maximum: the size,
+    the footer (statistics, offsets) and, set back, the modification time are those the manifest records; the
+    status change time, which cannot be set back, is later than the output's. The shard is redone."""
+    import struct
+
+    import pyarrow.parquet as pq
+
+    from etl.io.parquet import footer_sha256
+    from etl.io.processed import read_manifest
+    from etl.pipeline import Pipeline
+    from etl.preprocess import preprocess
+
+    shards, table = _criteo_shards(tmp_path, bad_first_c1=False)
+    pq.write_table(table, shards[1], compression="none", use_dictionary=False)  # plain int64 values in the pages
+    out = tmp_path / "out"
+    spec = REPO / "pipelines/criteo_hash.yaml"
+    preprocess(Pipeline.from_file(spec), shards, out)
+    before = read_manifest(out).files[1]
+    values = [v for v in table["I1"].to_pylist() if v is not None]
+    old = next(v for v in values if min(values) < v < max(values) and values.count(v) == 1)
+    new = next(v for v in range(min(values) + 1, max(values)) if v not in values)
+    chunk = pq.ParquetFile(shards[1]).metadata.row_group(0).column(table.schema.get_field_index("I1"))
+    start = chunk.dictionary_page_offset or chunk.data_page_offset
+    pages = shards[1].read_bytes()[start:start + chunk.total_compressed_size]  # I1's pages: header, levels, values
+    assert pages.count(struct.pack("<q", old)) == 1
+    st, footer = shards[1].stat(), footer_sha256(shards[1])
+    time.sleep(0.01)  # a status change time later than the output's modification time, whatever the clock's step
+    with open(shards[1], "r+b") as f:
+        f.seek(start + pages.index(struct.pack("<q", old)))
+        f.write(struct.pack("<q", new))
+    os.utime(shards[1], ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (shards[1].stat().st_size, shards[1].stat().st_mtime_ns, footer_sha256(shards[1])) == (st.st_size, st.st_mtime_ns, footer)
+    assert pq.read_table(shards[1])["I1"].to_pylist() != table["I1"].to_pylist()
+    assert preprocess(Pipeline.from_file(spec), shards, out).files_skipped == 1
+    assert read_manifest(out).files[1].sha256 != before.sha256
+    assert preprocess(Pipeline.from_file(spec), shards, out).files_skipped == 2  # and then kept
+
+
 def test_resume_redoes_shards_of_a_manifest_without_source_fingerprints(tmp_path: Path) -> None:
     """A manifest written before entries held the modification time and footer checksum proves nothing about the
     source's content: its shards are redone (and the output is the same bytes)."""

@@ -163,3 +163,13 @@ def test_a_following_run_refuses_a_linked_directory(raw: Path, tmp_path: Path) -
         preprocess_follow(Pipeline.from_file(REPO / "pipelines/criteo_hash.yaml"), raw, out, stop=threading.Event(), stop_after_idle=0,
                           on_error="quarantine")  # fmt: skip
     assert tree_bytes(elsewhere) == before and _listing(out) == ["quarantine"]
+
+
+def test_a_link_in_place_of_the_lock_file_is_refused_in_one_line(raw: Path, tmp_path: Path) -> None:
+    out, elsewhere = tmp_path / "out", _elsewhere(tmp_path)
+    out.mkdir()
+    (out / ".etl.lock").symlink_to(elsewhere / "notes.txt")
+    proc = _preprocess(raw, out, check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"error: {out / '.etl.lock'}: a symbolic link where the lock file of {out} goes; remove it"]
+    assert (elsewhere / "notes.txt").read_bytes() == b"precious"

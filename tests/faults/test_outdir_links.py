@@ -1,7 +1,8 @@
 """Symbolic links inside an output directory: ``etl preprocess`` and ``etl fit`` refuse a directory under the output
 (the quarantine, artifacts or npy directory, an artifact table's or npy chunks' directory) that is a link, with one
 line naming it, before they write or remove anything, so that nothing is written or removed outside the directory the
-user named; a linked file is replaced or removed as a link, never written through."""
+user named; a linked file is replaced or removed as a link, never written through; a link where the lock file goes is
+one line too."""
 
 from __future__ import annotations
 

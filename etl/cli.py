@@ -281,7 +281,7 @@ def fit(
     interrupted one)."""
     import time
 
-    from etl.io.files import remove_temporaries
+    from etl.io.files import check_no_linked_directories, remove_temporaries
     from etl.io.parquet import list_shards
     from etl.pipeline import Pipeline
     from etl.runtime.cluster import connect
@@ -291,6 +291,7 @@ def fit(
         p = Pipeline.from_file(pipeline)
         shards = list_shards(list(input))
         art = location(artifacts)
+        check_no_linked_directories(art)  # before the fit, not when it saves
         with connect(cluster) as client:
             workdir = art if client is not None else None  # the spill files
             if workdir is not None:

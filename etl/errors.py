@@ -90,5 +90,6 @@ class OutputError(EtlError):
 
 
 class ClusterError(EtlError):
-    """Work on a Dask cluster cannot complete: the worker processes holding one of its tasks died (killed, out of
-    memory) more often than the cluster allows. The message names the task's item (a shard, a piece of one)."""
+    """Work on a Dask cluster cannot complete: the worker processes holding one of its tasks, or its inputs, died
+    (killed, out of memory) more often than the cluster allows, or none was left to run it; or a local cluster
+    failed to start. The message names the task's item (a shard, a piece of one), or the cluster."""

@@ -10,6 +10,10 @@ Temporary names are ``.<final name>.<pid>-<random>.tmp``: unique per writer, rec
 (an interrupted run leaves them behind; the next run of the same command removes them). Temporaries are created
 by ``open_exclusive``: never an existing file, never through a symlink planted at the temporary name.
 
+The directories under an output directory are written into and cleaned of temporaries through their paths, so one
+that is a symbolic link would take the writes and lose its temporary-named files wherever it points: a run refuses
+such links first (``check_no_linked_directories``).
+
 Every function here also takes an object-storage ``etl.io.fs.Url``: the same names are used, a "rename" is
 ``etl.io.fs.replace`` (a copy that makes the final object appear whole), and the single-object writes
 (``atomic_write_bytes``, ``atomic_write_parquet``) go straight to their final key, where an object appears only once
@@ -24,11 +28,12 @@ import os
 import re
 import secrets
 from pathlib import Path
-from typing import Any, BinaryIO, cast, overload
+from typing import Any, BinaryIO, NoReturn, cast, overload
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from etl.errors import OutputError
 from etl.io.fs import Location, Url, open_file, remove_tree, replace
 
 _SHARD_RE = re.compile(r"part-(\d{5,})\.parquet")
@@ -119,6 +124,32 @@ def remove_temporaries(directory: Location) -> None:
         for p in directory.iterdir():
             if is_temporary(p.name):
                 remove_tree(p)
+
+
+def check_no_linked_directories(root: Location) -> None:
+    """Raise ``OutputError`` naming the first symbolic link found under the directory ``root`` (``root`` itself may be
+    one: the user named it) that points to a directory, or to nothing (it may become one), looking through real
+    directories only: what a run writes into or removes from the directories under ``root`` would land outside it.
+    A link to a file is left alone: files are replaced by a rename and removed by an unlink, which act on the link,
+    never on its target. Nothing to check when ``root`` does not exist, nor in object storage (no links)."""
+    if isinstance(root, Url) or not root.is_dir():
+        return
+    directories = [root]
+    while directories:
+        with os.scandir(directories.pop()) as entries:
+            for entry in entries:
+                if entry.is_symlink():
+                    if entry.is_dir() or not os.path.exists(entry.path):
+                        _refuse_link(root, Path(entry.path))
+                elif entry.is_dir():
+                    directories.append(Path(entry.path))
+
+
+def _refuse_link(root: Path, link: Path) -> NoReturn:
+    target = os.readlink(link)
+    what = f"the directory {target}" if link.is_dir() else f"nothing ({target})"
+    raise OutputError(f"{link}: a symbolic link to {what} inside {root}: files written or removed through it would land outside it; "
+                      "remove the link")  # fmt: skip
 
 
 def atomic_write_bytes(path: Location, data: bytes) -> None:

@@ -13,6 +13,7 @@ an output prefix is up to the user.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import socket
@@ -53,10 +54,16 @@ def _in_use(directory: Path, lock: Path, holder: tuple[int, str] | None) -> Outp
 
 
 def _acquire(directory: Path, lock: Path) -> int:
-    """Open ``lock`` (created if missing, never through a symlink), take its ``flock`` and write this process's
-    pid and host into it; returns the descriptor, which holds the lock until closed."""
+    """Open ``lock`` (created if missing, never through a symlink: one there is an ``OutputError``), take its
+    ``flock`` and write this process's pid and host into it; returns the descriptor, which holds the lock until
+    closed."""
     for _ in range(10):
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+            raise OutputError(f"{lock}: a symbolic link where the lock file of {directory} goes; remove it") from None
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from etl.errors import ArtifactError, SpecError
 from etl.ids import DESCRIPTION as ID_ENCODING
 from etl.io.documents import parse_document
-from etl.io.files import atomic_write_bytes, atomic_write_parquet
+from etl.io.files import atomic_write_bytes, atomic_write_parquet, check_no_linked_directories
 from etl.io.fs import Location, Url, arrow_source, is_within, location
 from etl.ops.base import InvalidState, made_by
 from etl.pipeline.made_by import check_record, stamped, table_record
@@ -39,7 +39,8 @@ ARTIFACT_VERSION = 1
 def save(pipeline: Pipeline, directory: str | Location) -> None:
     """Write the fitted state of ``pipeline``: ``pipeline.json`` plus one Parquet file per fitted table, with its
     record (atomic per file). A NaN or infinite number in the JSON state raises ``ArtifactError`` (JSON never
-    holds them).
+    holds them); a directory under ``directory`` that is a symbolic link raises ``OutputError`` before anything is
+    written (``etl.io.files.check_no_linked_directories``).
 
     The tables are written without dictionary encoding: they hold mostly distinct values (a vocabulary's keys,
     texts and ids), which Parquet's dictionary pages only fall back from, at twice the cost of the plain write and
@@ -47,6 +48,7 @@ def save(pipeline: Pipeline, directory: str | Location) -> None:
     if not pipeline.is_fitted:
         raise ArtifactError("cannot save an unfitted pipeline")
     d = location(directory)
+    check_no_linked_directories(d)
     d.mkdir(parents=True, exist_ok=True)
     ops_doc = []
     for i, op in enumerate(pipeline.ops):

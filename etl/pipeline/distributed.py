@@ -56,7 +56,7 @@ from etl.ops.counts import KeyCounts, merge_counts, merge_ranked
 from etl.pipeline.plan import fit_plan
 from etl.pipeline.spill import read_partition, read_ranked, write_partial, write_ranked
 from etl.pipeline.stages import read_staged
-from etl.runtime.cluster_tasks import Stop, run_tasks
+from etl.runtime.cluster_tasks import Stop, run_tasks, share
 
 if TYPE_CHECKING:
     from distributed import Client, Future
@@ -152,7 +152,7 @@ def fit_stage_on_cluster(
     with _work_directory(workdir) as work:
         (work / "counts").mkdir()
         (work / "ranked").mkdir()
-        shipped = client.scatter(pipeline, broadcast=True, hash=False)
+        shipped = share(client, pipeline, f"pipeline {pipeline.name}")
         results = _count(client, shipped, positions, pieces, on_error, work, _pass(progress, name))
         tables = sorted({key for r in results for key in r.spilled}, key=lambda ic: (ic[0], pipeline.ops[ic[0]].columns.index(ic[1])))
         if tables:

@@ -23,12 +23,19 @@ same bytes as a transform that reads the shard again; a row group where the stas
 read again and transformed the two-pass way. A fit on a Dask cluster, and a run without a fit, read each shard
 for the transform (``transform_read``).
 
-A rerun skips the shards whose manifest entry still matches (``etl.preprocess.output.complete``: the same source file by path, size,
-modification time and footer checksum, the output present with the recorded checksum, and no quarantined row when
-the rerun's ``on_error`` is "raise"; and the same fitted artifacts), so a run killed at any point and rerun ends
-with the same bytes as an uninterrupted run. A rerun that fits again stashes only the shards it has to redo. Rows
-are accounted exactly: rows_in = rows_out + rows_quarantined + the rows the pipeline's reshaping stages removed
+A rerun skips the shards whose manifest entry still matches (``etl.preprocess.output.is_complete``: the same source
+file by path, size, modification time and footer checksum, not changed since its output was written (a local file's
+status change time), the output present with the recorded checksum, and no quarantined row when the rerun's
+``on_error`` is "raise"; and the same fitted artifacts), so a run killed at any point and rerun ends with the same
+bytes as an uninterrupted run. A rerun that fits again stashes only the shards it has to redo. A rerun removes the
+earlier run's files it does not keep, and rewrites the manifest, only just before it commits its first shard: a
+rerun that fails or is stopped before then (``--on-error raise`` over shards that quarantined rows, say) leaves the
+earlier output whole; a shard finished after another failed is discarded then, not committed. Rows are accounted
+exactly: rows_in = rows_out + rows_quarantined + the rows the pipeline's reshaping stages removed
 (``etl.pipeline.stages``; each stage's rows in and out are in the manifest).
+
+Nothing is written or removed outside the output directory: a run refuses a directory under it that is a symbolic
+link (``etl.io.files.check_no_linked_directories``) before it writes or removes anything there.
 
 In object storage (``etl.io.fs``) the "rename" is a copy onto the final key, where the file appears whole.
 

@@ -25,13 +25,13 @@ from dataclasses import dataclass, replace
 
 from etl.errors import ConfigError
 from etl.io.arrivals import Arrivals
-from etl.io.files import remove_temporaries
+from etl.io.files import check_no_linked_directories, remove_temporaries
 from etl.io.fs import Location
 from etl.io.lock import locked
 from etl.io.processed import QUARANTINE, Manifest, ManifestEntry, Totals, part_path, write_manifest
 from etl.pipeline import OnError, Pipeline
 from etl.preprocess.output import check_apart, is_complete, previous_run, remove_stale, save_artifacts
-from etl.preprocess.shard import Formats, commit_shard, process_shard
+from etl.preprocess.shard import Formats, commit_shard, discard_shard, process_shard
 from etl.runtime.workers import run_workers
 
 
@@ -81,7 +81,9 @@ class _Follower:
         self.arrivals = arrivals
         self.entries: dict[str, ManifestEntry] = {}
         self.kept = self.committed = 0
+        self.taken_over = False  # see _take_over
         self.lock = threading.Lock()
+        check_no_linked_directories(out_dir)  # before anything is written or removed there
         remove_temporaries(out_dir)  # left by an interrupted run
         remove_temporaries(out_dir / QUARANTINE)
         self.previous, formats = previous_run(out_dir)
@@ -90,15 +92,15 @@ class _Follower:
 
     def run(self, stop: threading.Event, poll_interval: float, stop_after_idle: float | None, workers: int) -> FollowSummary:
         last_arrival = time.monotonic()
-        first = True
+        if not self.previous:  # nothing earlier to keep whole: the manifest is there from the start, for readers
+            self._take_over()
         while not stop.is_set():
             start = len(self.arrivals.names)
             new = list(enumerate(self.arrivals.poll(), start))
             todo = [(i, src) for i, src in new if not self._keep(i, src)]
-            if first:  # the earlier run's files not kept go before the first manifest of this run lists anything
-                remove_stale(self.out_dir, self.previous, set(self.entries))
-                self._save_manifest()
-                first = False
+            if not todo:
+                with self.lock:
+                    self._take_over()
             if new:
                 last_arrival = time.monotonic()
             if todo:
@@ -127,10 +129,24 @@ class _Follower:
         if written is None:
             return
         with self.lock:
+            if stop.is_set() and not self.taken_over:  # another shard failed (or the run stops) first: see _take_over
+                discard_shard(written)
+                return
+            self._take_over()
             entry = commit_shard(self.out_dir, written)
             self.entries[entry.output] = replace(entry, artifacts_sha256=self.artifacts_sha)
             self.committed += 1
             self._save_manifest()
+
+    def _take_over(self) -> None:
+        """Remove the earlier run's files that this run does not keep and list what it keeps: once, just before this
+        run commits its first file, or at a poll that leaves nothing to transform (at the start when there is no
+        earlier run). A run that fails or stops before then (its first shard raising with ``--on-error raise``
+        where the earlier run quarantined rows, say) leaves the earlier output whole, its manifest included."""
+        if not self.taken_over:
+            remove_stale(self.out_dir, self.previous, set(self.entries))
+            self._save_manifest()
+            self.taken_over = True
 
     def _save_manifest(self) -> None:
         files = list(self.entries.values())  # Manifest.of puts them in shard order

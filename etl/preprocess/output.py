@@ -6,8 +6,8 @@ from the inputs (``check_apart``). The format itself (manifest, names) is ``etl.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from etl.errors import InputError, OutputError
 from etl.io.files import is_shard_name, remove_temporaries, sha256_file
@@ -22,9 +22,6 @@ from etl.io.processed import (
 )
 from etl.pipeline import OnError, Pipeline
 from etl.preprocess.shard import Formats
-
-if TYPE_CHECKING:
-    pass
 
 
 def previous_run(out_dir: Location) -> tuple[dict[str, ManifestEntry], Formats | None]:
@@ -41,32 +38,48 @@ def is_complete(e: ManifestEntry, source: Location, out: Location, on_error: OnE
     """Whether the earlier run's entry ``e`` stands for what this run would write to ``out`` from ``source`` as a
     Parquet file (``parquet``) and/or npy chunks (``npy``), the earlier run's formats being the same, if the fitted
     artifacts are the same too (``e.artifacts_sha256``, checked once they are saved): the same source file (path,
-    size, modification time, footer checksum), the output present with its recorded checksums, and a rerun with
-    ``on_error="raise"`` only over a shard that quarantined nothing (otherwise the shard is redone, and its first
-    invalid row raises). In object storage the size and modification time come from the object's metadata
-    (``etl.io.fs.fingerprint``)."""
+    size, modification time, footer checksum), unchanged since its output was written (``_changed_after``), the
+    output present with its recorded checksums, and a rerun with ``on_error="raise"`` only over a shard that
+    quarantined nothing (otherwise the shard is redone, and its first invalid row raises). In object storage the
+    size and modification time come from the object's metadata (``etl.io.fs.fingerprint``)."""
     size, mtime_ns = fingerprint(source)
-    return (
+    if not (
         e.source == str(source.resolve())
         and e.source_bytes == size
         and e.source_mtime_ns == mtime_ns
         and e.source_footer_sha256 == footer_sha256(source)
         and (on_error == "quarantine" or e.rows_quarantined == 0)
-        and (not parquet or (out.exists() and sha256_file(out) == e.sha256))
-        and (not npy or _chunks_present(e, out.parent))
-    )
-
-
-def _chunks_present(e: ManifestEntry, out_dir: Location) -> bool:
-    """Whether every npy chunk file of ``e`` is in ``out_dir`` with its recorded checksum."""
-    if e.npy_chunks is None:
+    ):
         return False
-    for i, chunk in enumerate(e.npy_chunks):
-        for field, digest in chunk.sha256.items():
-            path = out_dir / chunk_file(e.output, field, i)
-            if not path.exists() or sha256_file(path) != digest:
-                return False
-    return True
+    files = _output_files(e, out, parquet, npy)
+    if files is None or not all(path.exists() and sha256_file(path) == digest for path, digest in files):
+        return False
+    return not _changed_after(source, [path for path, _ in files])
+
+
+def _output_files(e: ManifestEntry, out: Location, parquet: bool, npy: bool) -> list[tuple[Location, str | None]] | None:
+    """The files of ``e`` with their recorded checksums: its Parquet file ``out`` (``parquet``) and every npy chunk
+    file beside it (``npy``); None when ``e`` records no npy chunks for a run that writes them."""
+    files: list[tuple[Location, str | None]] = [(out, e.sha256)] if parquet else []
+    if npy:
+        if e.npy_chunks is None:
+            return None
+        for i, chunk in enumerate(e.npy_chunks):
+            files.extend((out.parent / chunk_file(e.output, field, i), digest) for field, digest in chunk.sha256.items())
+    return files
+
+
+def _changed_after(source: Location, files: list[Location]) -> bool:
+    """Whether the local file ``source`` changed after the earliest of the local ``files`` (its output) was last
+    written: its status change time (``st_ctime``), which every write and every change of its modification time
+    sets to the present and which cannot be set back, is later. This sees an edit in place that keeps the size, the
+    footer and, set back, the modification time; a change of its metadata only (``chmod``) counts as a change too,
+    which costs the shard redone. Never for an object in storage (replaced whole, with a new modification time) or
+    an output there (another clock)."""
+    local = [f for f in files if isinstance(f, Path)]
+    if isinstance(source, Url) or not local or len(local) < len(files):
+        return False
+    return os.stat(source).st_ctime_ns > min(os.stat(f).st_mtime_ns for f in local)
 
 
 def check_apart(out_dir: Location, inputs: list[Location]) -> None:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 
 from etl.errors import ConfigError
-from etl.io.files import remove_temporaries
+from etl.io.files import check_no_linked_directories, remove_temporaries
 from etl.io.fs import Location
 from etl.io.lock import locked
 from etl.io.npy import DEFAULT_CHUNK_ROWS, NPY_DIR, NpySpec
@@ -40,7 +40,7 @@ from etl.pipeline import ON_ERROR, OnError, Pipeline, Transformed, check_match
 from etl.pipeline.single_pass import Plan, fit_stashing, transform_stashed
 from etl.pipeline.stash import Stash, default_budget, parse_budget
 from etl.preprocess.output import check_apart, is_complete, previous_run, remove_stale, save_artifacts
-from etl.preprocess.shard import Formats, RowGroupTransform, WrittenShard, commit_shard, fixed_columns, process_shard
+from etl.preprocess.shard import Formats, RowGroupTransform, WrittenShard, commit_shard, discard_shard, fixed_columns, process_shard
 from etl.runtime.cluster_tasks import run_tasks
 from etl.runtime.progress import Progress
 from etl.runtime.workers import run_workers
@@ -188,6 +188,7 @@ def _preprocess(run: RunSettings, pipeline: Pipeline, artifacts: Location | None
                 npy_chunk_rows: int) -> Summary:  # fmt: skip
     """``preprocess`` once the arguments are checked and ``run.out_dir`` is locked."""
     out_dir, shards, on_error = run.out_dir, run.shards, run.on_error
+    check_no_linked_directories(out_dir)  # before anything is written or removed there
     _remove_temporaries(out_dir)
     previous, before = previous_run(out_dir)
     outputs = run.outputs
@@ -291,8 +292,22 @@ def _transform(
     if transformed is not None and len(entries):
         transformed(sum(e.rows_in for e in entries.values()))
 
-    def record(i: int, written: WrittenShard | None) -> None:
-        """Commit the output of shard ``i`` and list it in the manifest (nothing when it was stopped)."""
+    taken_over = False
+
+    def take_over() -> None:
+        """Remove the earlier run's files that this run does not keep and list what it keeps (``entries`` then):
+        once, just before this run commits its first shard, or at once when it has none to write or there is no
+        earlier run. A run that fails or stops before then leaves the earlier output whole, its manifest included."""
+        nonlocal taken_over
+        if not taken_over:
+            remove_stale(out_dir, previous, set(entries))
+            save_manifest()
+            taken_over = True
+
+    def record(i: int, written: WrittenShard | None, failed: threading.Event | None = None) -> None:
+        """Commit the output of shard ``i`` and list it in the manifest (nothing when it was stopped). When another
+        shard has failed already (``failed`` is set) and nothing is committed yet, the output is discarded instead:
+        committing it would take the earlier output over for a run that fails."""
         if written is None:
             return
         if written.entry.output != outputs[i].name:
@@ -300,21 +315,23 @@ def _transform(
         try:
             sha = artifacts_sha()
         except BaseException:  # the save failed: the shard is not committed
-            for tmp in (written.output, written.quarantine, *(t for t, _ in written.npy)):
-                if tmp is not None:
-                    tmp.unlink(missing_ok=True)
+            discard_shard(written)
             raise
         with lock:
+            if failed is not None and failed.is_set() and not taken_over:
+                discard_shard(written)
+                return
+            take_over()
             entry = commit_shard(out_dir, written)
             entries[entry.output] = replace(entry, artifacts_sha256=sha)
             save_manifest()
 
     def work(w: int, i: int, stop: threading.Event) -> None:
-        record(i, process_shard(pipeline, shards[i], outputs[i], on_error, stop, compression, transformed, transform(i), formats))
+        record(i, process_shard(pipeline, shards[i], outputs[i], on_error, stop, compression, transformed, transform(i), formats), stop)
 
     t1 = time.perf_counter()
-    remove_stale(out_dir, previous, set(entries))
-    save_manifest()
+    if not todo or not previous:  # nothing to write, or no earlier output to keep whole until the first commit
+        take_over()
     if run.client is None:
         run_workers(todo, run.workers, work)
     else:
@@ -340,3 +357,4 @@ def _transform(
         transform_seconds=seconds,
         rows_processed=sum(entries[outputs[i].name].rows_in for i in todo),
     )
+

@@ -1,7 +1,8 @@
 """One shard of ``etl preprocess``: its row groups transformed (``RowGroupTransform``) and written under temporary
 names (``process_shard``: the Parquet file, the quarantine file, the npy chunks, with exact row accounting), then
-renamed onto their final names (``commit_shard``). Used by the run in threads (``etl.preprocess.run``), the tasks on
-a cluster (``etl.preprocess.tasks``) and the following run (``etl.preprocess.follow``).
+renamed onto their final names (``commit_shard``) or removed (``discard_shard``). Used by the run in threads
+(``etl.preprocess.run``), the tasks on a cluster (``etl.preprocess.tasks``) and the following run
+(``etl.preprocess.follow``).
 """
 
 from __future__ import annotations
@@ -146,6 +147,13 @@ def commit_shard(directory: Location, written: WrittenShard) -> ManifestEntry:
     if written.output is not None:
         replace_file(written.output, directory / written.entry.output)
     return written.entry
+
+
+def discard_shard(written: WrittenShard) -> None:
+    """Remove the temporary files of ``written`` instead of committing them."""
+    for tmp in (written.output, written.quarantine, *(t for t, _ in written.npy)):
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
 
 
 def _write_shard(

@@ -23,13 +23,18 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from etl.errors import ConfigError
+from etl.errors import ClusterError, ConfigError
 
 if TYPE_CHECKING:
     from distributed import Client
 
 #: The environment variable that names a scheduler when no spec is given (Dask's own convention).
 SCHEDULER_ENV = "DASK_SCHEDULER_ADDRESS"
+
+#: How long a local cluster started by ``connect`` may have no worker process at all before its waiting tasks fail
+#: (Dask's ``distributed.scheduler.no-workers-timeout``, when that is not set): far longer than a worker takes to start.
+NO_WORKERS_TIMEOUT = "60s"
+_NO_WORKERS_KEY = "distributed.scheduler.no-workers-timeout"
 
 _LOCAL = re.compile(r"local:(\d+)")
 _ADDRESS = re.compile(r"[a-z][a-z0-9+.-]*://\S+")
@@ -54,12 +59,16 @@ def cluster_spec(spec: str | None) -> str | None:
 def connect(spec: str | None, timeout: float = 30.0) -> Iterator[Client | None]:
     """A Dask client for ``spec`` (see ``cluster_spec``), or None to run in threads. A local cluster started here is
     closed on exit, whatever ends the block; an existing cluster is only disconnected from. A scheduler not
-    reached within ``timeout`` seconds is a ``ConfigError``."""
+    reached within ``timeout`` seconds is a ``ConfigError``; a local cluster that fails to start (a worker process
+    killed while it starts) is a ``ClusterError``. A local cluster left without any worker process for
+    ``NO_WORKERS_TIMEOUT`` fails the tasks waiting for one (``etl.runtime.cluster_tasks`` makes that a
+    ``ClusterError``)."""
     spec = cluster_spec(spec)
     if spec is None:
         yield None
         return
     try:
+        import dask
         from distributed import Client, LocalCluster
     except ImportError as e:
         raise ConfigError(f"--cluster {spec}: Dask is not installed (pip install 'etl[dist]')") from e
@@ -75,10 +84,28 @@ def connect(spec: str | None, timeout: float = 30.0) -> Iterator[Client | None]:
     # no dashboard; the scheduler's HTTP endpoint on a free port (its default, 8787, warns on stderr when taken);
     # the cluster's own log lines (a worker that loses the scheduler while the run stops, ...) stay off the terminal:
     # what goes wrong in a task reaches the client as an exception, user errors as one line
-    with LocalCluster(n_workers=int(m.group(1)), threads_per_worker=1, processes=True, dashboard_address=None,
-                      scheduler_kwargs={"dashboard_address": ":0"}, preload=[__name__],
-                      silence_logs=logging.CRITICAL) as cluster, Client(cluster) as client:  # fmt: skip
+    # worker processes killed again and again (their Nannies give up restarting them) leave a local cluster without
+    # any: its tasks then fail after NO_WORKERS_TIMEOUT (unless Dask's configuration sets that timeout) rather than
+    # wait forever for workers that nothing will start
+    no_workers = dask.config.get(_NO_WORKERS_KEY) or NO_WORKERS_TIMEOUT
+    try:
+        with dask.config.set({_NO_WORKERS_KEY: no_workers}):  # read by the scheduler as it starts
+            cluster = LocalCluster(n_workers=int(m.group(1)), threads_per_worker=1, processes=True, dashboard_address=None,
+                                   scheduler_kwargs={"dashboard_address": ":0"}, preload=[__name__],
+                                   silence_logs=logging.CRITICAL)  # fmt: skip
+    except Exception as e:  # noqa: BLE001 - Dask's RuntimeError("Nanny failed to start.") and the like, with their cause
+        raise ClusterError(f"--cluster {spec}: the local Dask cluster failed to start: {_first_cause(e)} "
+                           "(a worker process killed, or out of memory?)") from None  # fmt: skip
+    with cluster, Client(cluster) as client:
         yield client
+
+
+def _first_cause(e: BaseException) -> str:
+    """The message of the exception that started the chain ending in ``e`` (Dask wraps a worker's failure to start
+    in two RuntimeErrors), its class name when it has none."""
+    while e.__cause__ is not None:
+        e = e.__cause__
+    return str(e) or type(e).__name__
 
 
 @contextlib.contextmanager

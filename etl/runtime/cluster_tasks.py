@@ -15,7 +15,11 @@ temporary names and let the driver commit). Each task gets:
 The first error of a task (an ``EtlError`` such as ``RowError`` travels with its message and fields) is raised in
 the driver after the other tasks were told to stop and have ended, or ``STOP_GRACE`` seconds have passed. So is a
 ``ClusterError`` naming the item when the worker processes holding its task (running it, or with it queued)
-died more often than Dask allows (its ``distributed.scheduler.allowed-failures`` setting: killed, out of memory).
+died more often than Dask allows (its ``distributed.scheduler.allowed-failures`` setting: killed, out of memory), or
+when Dask forgot it because the worker processes holding its inputs (``shared``: what ``share`` sent them) all died,
+or when no worker process was left to run it for the scheduler's ``distributed.scheduler.no-workers-timeout`` (which
+``etl.runtime.cluster.connect`` sets for the local clusters it starts). ``share`` itself raises a ``ClusterError``
+when a worker process dies while the value is sent.
 """
 
 from __future__ import annotations
@@ -23,12 +27,13 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable
+from concurrent.futures import CancelledError
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from etl.errors import ClusterError, EtlError
 
 if TYPE_CHECKING:
-    from distributed import Client
+    from distributed import Client, Future
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -59,6 +64,7 @@ def run_tasks(
     result)`` here as each task completes. ``progress`` hears of the rows the tasks report. ``describe(item)``
     names an item in the ``ClusterError`` of a task whose workers kept dying."""
     from distributed import Event, KilledWorker, as_completed, wait
+    from distributed.scheduler import NoWorkerError
 
     run = uuid.uuid4().hex
     stop = Event(f"etl-stop-{run}", client=client)
@@ -75,6 +81,10 @@ def run_tasks(
                 result, rows, error = future.result()
             except KilledWorker:
                 raise ClusterError(f"{describe(items[k])}: {_DIED}") from None
+            except CancelledError:  # not by us: Dask forgot the task when the only copies of its inputs died
+                raise ClusterError(f"{describe(items[k])}: {_LOST}") from None
+            except NoWorkerError:
+                raise ClusterError(f"{describe(items[k])}: {_NONE_LEFT}") from None
             if error is not None:
                 raise error
             counter.update(k, rows)  # the rows of the attempt that made the result, whatever events are still on the way
@@ -83,7 +93,7 @@ def run_tasks(
         stop.set()
         try:
             wait(futures, timeout=STOP_GRACE)
-        except TimeoutError:
+        except (TimeoutError, CancelledError):  # tasks still running, or forgotten by Dask
             pass
         finally:
             client.cancel(futures)
@@ -95,6 +105,17 @@ def run_tasks(
 
 _DIED = ("stopped: the Dask worker processes holding this task died more often than distributed.scheduler.allowed-failures "
          "allows (killed, or out of memory?)")
+_LOST = "stopped: Dask gave this task up when the worker processes holding its inputs died (killed, or out of memory?)"
+_NONE_LEFT = "stopped: no Dask worker process was left to run this task (killed, or out of memory?)"
+
+
+def share(client: Client, value: Any, what: str) -> Future:
+    """``value`` sent once to every worker of ``client`` (``client.scatter``, broadcast), for ``run_tasks``'s
+    ``shared``. A ``ClusterError`` naming ``what`` when a worker process dies while it is sent."""
+    try:
+        return client.scatter(value, broadcast=True, hash=False)
+    except OSError:  # distributed's CommClosedError: the connection to a worker closed as it died
+        raise ClusterError(f"{what}: could not be sent to the Dask workers: a worker process died (killed, or out of memory?)") from None
 
 
 class _RowCounter:

@@ -1,9 +1,11 @@
 """Faults of ``preprocess`` on a Dask cluster: a worker process killed with SIGKILL mid-run (Dask runs its task
-again; the output is byte-identical to a threaded run, no row lost or duplicated, no temporary left), and Ctrl-C of
-``etl preprocess --cluster local:2`` (the cluster it started stops: no process is left behind)."""
+again; the output is byte-identical to a threaded run, no row lost or duplicated, no temporary left), Ctrl-C of
+``etl preprocess --cluster local:2`` (the cluster it started stops: no process is left behind), and worker processes
+killed while the cluster starts or again and again while it fits and transforms (one line, exit status 2)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -107,3 +109,61 @@ def test_ctrl_c_stops_the_cluster_it_started(raw: Path, reference: Path, tmp_pat
     assert not (out / ".etl.lock").exists()
     run_etl("preprocess", "--pipeline", PIPELINE, "--input", raw, "--out", out, "--artifacts", reference / "artifacts")  # resumed in threads
     assert tree_bytes(out) == tree_bytes(reference)
+
+
+def _worker_processes(parent: psutil.Process) -> list[psutil.Process]:
+    """The Dask worker processes under ``parent`` (started by multiprocessing's spawn; its resource tracker aside)."""
+    found = []
+    for p in parent.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if "spawn_main" in " ".join(p.cmdline()):
+                found.append(p)
+    return found
+
+
+def _preprocess_killing_workers(raw: Path, out: Path, every: float, artifacts: Path | None = None,
+                                once_working: bool = False) -> subprocess.CompletedProcess:  # fmt: skip
+    """``etl preprocess --cluster local:2`` from ``raw`` into ``out``, killing (SIGKILL) every worker process it has,
+    every ``every`` seconds from its start (``once_working``: from the first temporary written in ``out``, by a
+    task or the fit's work directory) to its end (at most 120 s); the finished process (stdout and stderr)."""
+    cmd = [sys.executable, "-m", "etl", "preprocess", "--pipeline", str(PIPELINE), "--input", str(raw), "--out", str(out), "--cluster", "local:2"]
+    cmd += ["--artifacts", str(artifacts)] if artifacts is not None else []
+    # a cluster whose workers all died for good fails its tasks after 5 s without any, not etl's default of a minute
+    env = os.environ | {"DASK_DISTRIBUTED__SCHEDULER__NO_WORKERS_TIMEOUT": "5s"}
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        parent = psutil.Process(proc.pid)
+        deadline = time.monotonic() + 120
+        while once_working and proc.poll() is None and time.monotonic() < deadline:
+            if out.is_dir() and any(is_temporary(p.name) for p in out.iterdir()):
+                break
+            time.sleep(0.005)
+        while proc.poll() is None and time.monotonic() < deadline:
+            for p in _worker_processes(parent):
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
+            time.sleep(every)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+def test_a_worker_killed_while_the_cluster_starts_is_one_line_and_exit_2(raw: Path, tmp_path: Path) -> None:
+    """Killed as soon as it is spawned, before it registers: Dask's Nanny gives up ("Nanny failed to start")."""
+    proc = _preprocess_killing_workers(raw, tmp_path / "out", every=0.002)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == ["error: --cluster local:2: the local Dask cluster failed to start: Nanny failed to start "
+                                                "worker process (a worker process killed, or out of memory?)"]  # fmt: skip
+
+
+@pytest.mark.parametrize("fitted", [False, True], ids=["fit", "transform"])
+def test_workers_killed_again_and_again_end_in_one_line_and_exit_2(raw: Path, reference: Path, tmp_path: Path, fitted: bool) -> None:
+    """A kill storm: each worker process is killed every 0.3 s (their Nannies restart them, then give up) while the run
+    fits on the cluster (the pipeline is being sent to them) or transforms (its tasks end up with no worker)."""
+    artifacts = reference / "artifacts" if fitted else None
+    proc = _preprocess_killing_workers(raw, tmp_path / "out", every=0.3, artifacts=artifacts, once_working=True)
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("error: ") and line.endswith("(killed, or out of memory?)"), line

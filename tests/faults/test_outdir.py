@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -492,6 +493,66 @@ def test_rerun_with_on_error_raise_over_a_quarantined_shard_exits_2(tmp_path: Pa
     assert r.returncode == 2 and "Traceback" not in r.stderr and "row 0, column 'C1'" in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_rerun_with_on_error_raise_that_fails_leaves_the_quarantine_mode_output_as_it_was(tmp_path: Path, workers: int) -> None:
+    """The rerun must redo the shard that quarantined rows, and fails on its first bad row: before it commits a file
+    of its own, it removes nothing, so the earlier output stays whole, its manifest included, and readable."""
+    from etl.errors import RowError
+    from etl.io.processed import open_processed
+    from etl.pipeline import Pipeline
+    from etl.preprocess import preprocess
+    from tests.conftest import tree_bytes
+
+    shards, _ = _criteo_shards(tmp_path, bad_first_c1=True)
+    out = tmp_path / "out"
+    spec = REPO / "pipelines/criteo_hash.yaml"
+    preprocess(Pipeline.from_file(spec), shards, out, on_error="quarantine")
+    before = tree_bytes(out)
+    with pytest.raises(RowError, match="part-00001.parquet.*C1"):
+        preprocess(Pipeline.from_file(spec), shards, out, on_error="raise", workers=workers)
+    assert tree_bytes(out) == before
+    assert open_processed(out).manifest.complete
+
+
+def test_a_shard_done_after_another_failed_is_not_committed_over_the_earlier_output(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two shards redone in two threads: the one that fails first stops the run; the other, finished after it, is
+    discarded rather than committed, since its commit would replace the earlier run's files."""
+    import threading
+
+    import pyarrow.parquet as pq
+
+    from etl.errors import RowError
+    from etl.pipeline import Pipeline
+    from etl.preprocess import preprocess
+    from etl.preprocess import run as run_module
+    from tests.conftest import tree_bytes
+
+    shards, table = _criteo_shards(tmp_path, bad_first_c1=True)
+    pq.write_table(table.slice(0, 100), shards[0].with_name("part-00002.parquet"))
+    shards.append(shards[0].with_name("part-00002.parquet"))
+    out = tmp_path / "out"
+    spec = REPO / "pipelines/criteo_hash.yaml"
+    preprocess(Pipeline.from_file(spec), shards, out, on_error="quarantine")
+    before = tree_bytes(out)
+    st = shards[2].stat()
+    os.utime(shards[2], ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # redone too
+    real = run_module.process_shard
+
+    def late(pipeline, source, out_path, on_error, stop, *args, **kwargs):
+        if source == shards[2]:  # finishes only once the other shard's error has stopped the run
+            deadline = time.monotonic() + 30
+            while not stop.is_set() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert stop.is_set()
+            return real(pipeline, source, out_path, on_error, threading.Event(), *args, **kwargs)
+        return real(pipeline, source, out_path, on_error, stop, *args, **kwargs)
+
+    monkeypatch.setattr(run_module, "process_shard", late)
+    with pytest.raises(RowError, match="part-00001.parquet.*C1"):
+        preprocess(Pipeline.from_file(spec), shards, out, on_error="raise", workers=2)
+    assert tree_bytes(out) == before
+
+
 def test_resume_redoes_a_shard_whose_modification_time_changed(tmp_path: Path) -> None:
     from etl.pipeline import Pipeline
     from etl.preprocess import preprocess
@@ -533,6 +594,45 @@ def test_resume_redoes_a_shard_edited_with_the_same_size_and_modification_time(t
     assert preprocess(Pipeline.from_file(spec), shards, out).files_skipped == 1
     after = read_manifest(out).files[1]
     assert after.sha256 != before.sha256 and after.source_footer_sha256 != before.source_footer_sha256
+
+
+def test_resume_redoes_a_shard_edited_in_place_with_the_same_size_footer_and_modification_time(tmp_path: Path) -> None:
+    """One value of a data page overwritten in place by another between the column's minimum and maximum: the size,
+    the footer (statistics, offsets) and, set back, the modification time are those the manifest records; the
+    status change time, which cannot be set back, is later than the output's. The shard is redone."""
+    import struct
+
+    import pyarrow.parquet as pq
+
+    from etl.io.parquet import footer_sha256
+    from etl.io.processed import read_manifest
+    from etl.pipeline import Pipeline
+    from etl.preprocess import preprocess
+
+    shards, table = _criteo_shards(tmp_path, bad_first_c1=False)
+    pq.write_table(table, shards[1], compression="none", use_dictionary=False)  # plain int64 values in the pages
+    out = tmp_path / "out"
+    spec = REPO / "pipelines/criteo_hash.yaml"
+    preprocess(Pipeline.from_file(spec), shards, out)
+    before = read_manifest(out).files[1]
+    values = [v for v in table["I1"].to_pylist() if v is not None]
+    old = next(v for v in values if min(values) < v < max(values) and values.count(v) == 1)
+    new = next(v for v in range(min(values) + 1, max(values)) if v not in values)
+    chunk = pq.ParquetFile(shards[1]).metadata.row_group(0).column(table.schema.get_field_index("I1"))
+    start = chunk.dictionary_page_offset or chunk.data_page_offset
+    pages = shards[1].read_bytes()[start:start + chunk.total_compressed_size]  # I1's pages: header, levels, values
+    assert pages.count(struct.pack("<q", old)) == 1
+    st, footer = shards[1].stat(), footer_sha256(shards[1])
+    time.sleep(0.01)  # a status change time later than the output's modification time, whatever the clock's step
+    with open(shards[1], "r+b") as f:
+        f.seek(start + pages.index(struct.pack("<q", old)))
+        f.write(struct.pack("<q", new))
+    os.utime(shards[1], ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (shards[1].stat().st_size, shards[1].stat().st_mtime_ns, footer_sha256(shards[1])) == (st.st_size, st.st_mtime_ns, footer)
+    assert pq.read_table(shards[1])["I1"].to_pylist() != table["I1"].to_pylist()
+    assert preprocess(Pipeline.from_file(spec), shards, out).files_skipped == 1
+    assert read_manifest(out).files[1].sha256 != before.sha256
+    assert preprocess(Pipeline.from_file(spec), shards, out).files_skipped == 2  # and then kept
 
 
 def test_resume_redoes_shards_of_a_manifest_without_source_fingerprints(tmp_path: Path) -> None:

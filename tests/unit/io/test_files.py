@@ -1,5 +1,5 @@
 """etl.io.files: shard names, temporary names, atomic writes (no temporary left behind, also on failure),
-checksums and the removal of an interrupted writer's temporaries."""
+checksums, the removal of an interrupted writer's temporaries and the refusal of linked directories."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from etl.errors import OutputError
 from etl.io import files
 from etl.io.files import (
     WRITE_BUFFER_BYTES,
@@ -16,6 +17,7 @@ from etl.io.files import (
     atomic_write_bytes,
     atomic_write_parquet,
     buffered_stream,
+    check_no_linked_directories,
     is_shard_name,
     is_temporary,
     remove_temporaries,
@@ -157,3 +159,31 @@ def test_remove_temporaries_removes_only_temporaries(tmp_path: Path) -> None:
     remove_temporaries(sub)
     assert _names(sub) == []
     remove_temporaries(tmp_path / "missing")  # a directory that does not exist: nothing to do
+
+
+def test_linked_directories_are_refused_at_any_depth_through_real_directories_only(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "deeper").mkdir(parents=True)
+    (elsewhere / "deeper" / "x").symlink_to(tmp_path, target_is_directory=True)  # not looked into: behind a link
+    out = tmp_path / "out"
+    (out / "a" / "b").mkdir(parents=True)
+    (out / "a" / "file").write_bytes(b"1")
+    (out / "a" / "file-link").symlink_to(elsewhere / "deeper" / "missing-later")  # dangling
+    with pytest.raises(OutputError, match=r"file-link: a symbolic link to nothing \(.*missing-later\) inside"):
+        check_no_linked_directories(out)
+    (out / "a" / "file-link").unlink()
+    (elsewhere / "target").write_bytes(b"2")
+    (out / "a" / "file-link").symlink_to(elsewhere / "target")  # a link to a file: replaced or removed as a link
+    check_no_linked_directories(out)
+    (out / "a" / "b" / "dir-link").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(OutputError) as info:
+        check_no_linked_directories(out)
+    assert str(info.value) == (f"{out / 'a' / 'b' / 'dir-link'}: a symbolic link to the directory {elsewhere} inside {out}: files written or "
+                               "removed through it would land outside it; remove the link")  # fmt: skip
+
+
+def test_the_directory_named_may_itself_be_a_link_or_missing(tmp_path: Path) -> None:
+    (tmp_path / "real" / "sub").mkdir(parents=True)
+    (tmp_path / "named").symlink_to(tmp_path / "real", target_is_directory=True)
+    check_no_linked_directories(tmp_path / "named")
+    check_no_linked_directories(tmp_path / "missing")

@@ -52,3 +52,27 @@ def test_a_pipeline_with_ops_to_fit_is_refused(tmp_path: Path) -> None:
     (tmp_path / "raw").mkdir()
     with pytest.raises(ConfigError, match="fitted pipeline"):
         preprocess_follow(Pipeline.from_file(REPO / "pipelines/criteo.yaml"), tmp_path / "raw", tmp_path / "out", stop=threading.Event())
+
+
+def test_a_rerun_with_on_error_raise_that_fails_leaves_the_quarantine_mode_output_as_it_was(tmp_path: Path) -> None:
+    """The shard that quarantined rows is redone and raises at its first bad row: nothing of the earlier output is
+    removed before this run commits a file of its own."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from etl.errors import RowError
+    from tests.conftest import criteo_table
+
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    table = criteo_table(200, seed=4)
+    pq.write_table(table, raw / "part-00000.parquet")
+    bad = table.set_column(table.schema.get_field_index("C1"), "C1", pa.array(["zz"] + table["C1"].to_pylist()[1:], pa.string()))
+    pq.write_table(bad, raw / "part-00001.parquet")
+    out = tmp_path / "out"
+    first = preprocess_follow(Pipeline.from_file(HASH), raw, out, stop=threading.Event(), stop_after_idle=0, on_error="quarantine")
+    assert (first.files_committed, first.totals.rows_quarantined) == (2, 1)
+    before = tree_bytes(out)
+    with pytest.raises(RowError, match="part-00001.parquet.*C1"):
+        preprocess_follow(Pipeline.from_file(HASH), raw, out, stop=threading.Event(), stop_after_idle=0, on_error="raise")
+    assert tree_bytes(out) == before

@@ -1,6 +1,7 @@
 """etl.runtime.cluster_tasks.run_tasks on a LocalCluster of two worker processes: every result reaches the driver once, rows
 are reported once, a task's error reaches the driver as itself and the other tasks see ``stop``, shared arguments
-(a scattered value) reach every task, and a task whose workers keep dying is a ``ClusterError`` naming its item."""
+(a scattered value) reach every task, and a task whose workers keep dying, or whose shared input died with them, is
+a ``ClusterError`` naming its item."""
 
 from __future__ import annotations
 
@@ -10,13 +11,17 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import dask
 import pytest
 
 from etl.errors import ClusterError, RowError
 from etl.runtime.cluster import connect
-from etl.runtime.cluster_tasks import Stop, _RowCounter, run_tasks
+from etl.runtime.cluster_tasks import Stop, _RowCounter, run_tasks, share
+
+if TYPE_CHECKING:
+    from distributed import Client
 
 
 @pytest.fixture
@@ -102,3 +107,33 @@ def test_a_task_whose_workers_keep_dying_is_a_cluster_error_naming_its_item() ->
         with pytest.raises(ClusterError) as info:
             run_tasks(client, kill_own_worker, ["a"], lambda k, r: None, describe=lambda item: f"item {item}")
     assert str(info.value).startswith("item a: stopped: the Dask worker processes holding this task died more often than")
+
+
+def kill_own_worker_sharing(factor: int, item: str, stop: Stop, progress: Callable[[int], None]) -> None:
+    """Kills the worker process running it, which holds the only copy of the shared ``factor``."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_task_whose_shared_input_died_with_its_worker_is_a_cluster_error_naming_its_item() -> None:
+    """Dask cannot make the scattered value again: it forgets the task ("already forgotten") instead of running it
+    once more, and the driver says so in one line, not with Dask's FutureCancelledError."""
+    with connect("local:1") as client:
+        with pytest.raises(ClusterError) as info:
+            run_tasks(client, kill_own_worker_sharing, ["a"], lambda k, r: None, shared=(share(client, 10, "factor"),),
+                      describe=lambda item: f"item {item}")  # fmt: skip
+    assert str(info.value) == ("item a: stopped: Dask gave this task up when the worker processes holding its inputs died "
+                               "(killed, or out of memory?)")  # fmt: skip
+
+
+class _ClosingClient:
+    """Stands for a Dask client whose connection to a worker closes (the worker died) while it scatters."""
+
+    def scatter(self, value: object, **options: object) -> None:
+        from distributed.comm.core import CommClosedError
+
+        raise CommClosedError("in <TCP (closed) ConnectionPool.scatter>: Stream is closed")
+
+
+def test_a_worker_dying_while_a_value_is_shared_is_a_cluster_error_naming_it() -> None:
+    with pytest.raises(ClusterError, match=r"^pipeline criteo: could not be sent to the Dask workers: a worker process died"):
+        share(cast("Client", _ClosingClient()), 10, "pipeline criteo")

@@ -64,7 +64,7 @@ from etl.pipeline.core import Rejected
 from etl.pipeline.exchange import BUCKETS, GROUP, HASH, INPUT, ROW, buckets, plan, read_partition, spill
 from etl.preprocess.output import previous_run, remove_stale, save_artifacts
 from etl.preprocess.run import RunSettings, Summary  # it imports this module when it runs
-from etl.preprocess.shard import WrittenShard, commit_shard
+from etl.preprocess.shard import WrittenShard, commit_shard, discard_shard
 from etl.runtime.workers import run_workers
 
 #: Rows per slice of a partition (one output row group each).
@@ -212,8 +212,20 @@ def _transform(run: RunSettings, pipeline: Pipeline, op: History, exchanged: _Ex
     def save_manifest() -> None:
         write_manifest(run.out_dir, Manifest.of(pipeline.name, list(entries.values()), complete=len(entries) == len(ranges)))
 
-    remove_stale(run.out_dir, previous, set())
-    save_manifest()
+    taken_over = False
+
+    def take_over() -> None:
+        """Remove the earlier run's files and list this run's (none yet): once, just before the first partition is
+        committed, or at once when there is no earlier run (``etl.preprocess.run``'s rule: a run that fails or
+        stops before then leaves the earlier output whole)."""
+        nonlocal taken_over
+        if not taken_over:
+            remove_stale(run.out_dir, previous, set())
+            save_manifest()
+            taken_over = True
+
+    if not previous:
+        take_over()
 
     def work(_w: int, p: int, stop: threading.Event) -> None:
         lo, hi = ranges[p]
@@ -224,6 +236,10 @@ def _transform(run: RunSettings, pipeline: Pipeline, op: History, exchanged: _Ex
         if written is None:
             return
         with lock:
+            if stop.is_set() and not taken_over:  # another partition failed first: keep the earlier output whole
+                discard_shard(written)
+                return
+            take_over()
             entry = commit_shard(run.out_dir, written)
             entries[entry.output] = replace(entry, artifacts_sha256=sha)
             save_manifest()

@@ -225,6 +225,19 @@ def test_rows_rejected_before_history_are_no_events(tmp_path: Path) -> None:
                for r in first_bad)  # fmt: skip
 
 
+def test_a_rerun_with_on_error_raise_that_fails_leaves_the_quarantine_mode_output_as_it_was(tmp_path: Path) -> None:
+    shards = write_shards(events(2000, seed=11, nulls=True), tmp_path / "raw", [800], 300)
+    out = tmp_path / "out"
+    preprocess(make_pipeline(tmp_path), shards, out, on_error="quarantine", workers=2)
+    fitted = tmp_path / "fitted"
+    Pipeline.load(out / "artifacts").save(fitted)
+    before = {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file() and p.name != ".etl.lock"}
+    with pytest.raises(RowError):  # found by the transform of a partition, the fit being given
+        preprocess(make_pipeline(tmp_path), shards, out, artifacts=fitted, workers=2)
+    after = {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file() and p.name != ".etl.lock"}
+    assert after == before
+
+
 def test_a_filter_stage_runs_before_the_exchange(tmp_path: Path) -> None:
     table = events(1500, seed=12)
     shards = write_shards(table, tmp_path / "raw", [600], 250)

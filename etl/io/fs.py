@@ -312,11 +312,13 @@ def locations(items: list[str | Path | Url], storage_options: dict[str, Any] | N
 
 def identity(path: Location) -> tuple[int, ...]:
     """What changes when a file is replaced or rewritten, cheaply (one ``stat``, no read): (device, inode, size,
-    modification time in ns) of a local file, ``fingerprint`` of a URL. A rewrite in place that keeps the size and
-    sets the modification time back is not seen; the sha256 of a manifest entry is what proves bytes."""
+    modification time and status change time in ns) of a local file, ``fingerprint`` of a URL. The status change
+    time cannot be set back, so a rewrite in place that keeps the size and sets the modification time back is seen
+    too (so is a ``chmod``: a change that proves nothing, where the caller's sha256 check then finds the same
+    bytes). The sha256 of a manifest entry is what proves bytes."""
     if not isinstance(path, Url):
         st = os.stat(path)
-        return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+        return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
     return fingerprint(path)
 
 

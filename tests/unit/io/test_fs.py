@@ -3,6 +3,8 @@ fixture: moto in server mode)."""
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -10,7 +12,7 @@ import pytest
 
 from etl.errors import ConfigError, InputError, OutputError
 from etl.io.files import atomic_write_bytes, atomic_write_parquet, remove_temporaries, sha256_file, temporary_path
-from etl.io.fs import Url, accessing, fingerprint, is_within, location, remove_tree, replace
+from etl.io.fs import Url, accessing, fingerprint, identity, is_within, location, remove_tree, replace
 from etl.io.parquet import footer_sha256, list_shards, open_shard, read_footer
 from etl.io.paths import expand_globs
 from etl.io.text import ShardSetWriter, raw_arrow_schema
@@ -51,6 +53,19 @@ def test_azure_urls_are_parsed_and_get_their_filesystem_without_network() -> Non
     assert location("abfs://container@acct.dfs.core.windows.net/raw", {"account_name": "other"}).storage_options["account_name"] == "other"
     v = location("az://container/raw", {"account_name": "acct", "anon": True})
     assert isinstance(v, Url) and str(v) == "az://container/raw" and v.key == "container/raw" and v.fs.account_name == "acct"
+
+
+def test_identity_sees_a_same_size_rewrite_in_place_whose_modification_time_is_set_back(tmp_path: Path) -> None:
+    f = tmp_path / "part-00000.parquet"
+    f.write_bytes(b"a" * 100)
+    st = f.stat()
+    before = identity(f)
+    time.sleep(0.01)  # a later status change time, also on file systems with coarse clocks
+    with open(f, "r+b") as h:
+        h.write(b"b")
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert fingerprint(f) == (st.st_size, st.st_mtime_ns)  # what a size + mtime check would take as unchanged
+    assert identity(f) != before
 
 
 def test_within_compares_prefixes_and_never_mixes_kinds(tmp_path: Path) -> None:

@@ -41,22 +41,24 @@ def three_shards(stream: Path, first: int = 0) -> None:
         add_shard(stream, i, first + 100 * i, 100)
 
 
+def follower(stream: Path, state: dict | None = None, source: str = "raw", **kw) -> Loader:
+    """A following loader of ``source`` with batches of 40 rows and shuffle buffers of 80, started from ``state``
+    (if given)."""
+    ld = loader(stream, source=source, **{"batch_size": 40, "shuffle_buffer": 80, "idle_flush": 30} | kw)
+    if state is not None:
+        ld.load_state_dict(state)
+    return ld
+
+
 def state_in_third_shard(stream: Path, **kw) -> tuple[list[int], dict]:
     """Batches of 40 rows from shuffle buffers of 80 up to 240 rows, and the state after them: in part-00002, the
     buffer of its last 60 rows not closed (so no digest of the shards of a closed buffer is saved)."""
-    ld = restarted(stream, None, **kw)
+    ld = follower(stream, **kw)
     got = take(ld, 240)
     state = ld.state_dict()
     ld.close()
     assert (state["follow"]["before"], state["follow"]["row"], state["follow"]["buffer_rows"]) == (2, 40, None), state
     return got, state
-
-
-def restarted(stream: Path, state: dict | None, source: str = "raw", **kw) -> Loader:
-    ld = loader(stream, source=source, **{"batch_size": 40, "shuffle_buffer": 80, "idle_flush": 30} | kw)
-    if state is not None:
-        ld.load_state_dict(state)
-    return ld
 
 
 def test_a_shard_replaced_between_its_poll_and_its_read_is_an_error(stream: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -131,7 +133,7 @@ def test_an_arrival_order_rewritten_while_stopped_is_an_error(stream: Path) -> N
     assert state["follow"]["shard"] == "c.parquet"
     pq.write_table(shard_table(300, 100), stream / "raw" / "d.parquet")
     write_arrivals(stream / "raw", ["a.parquet", "d.parquet", "c.parquet", "b.parquet"])
-    again = restarted(stream, state, arrivals="manifest")
+    again = follower(stream, state, arrivals="manifest")
     with pytest.raises(InputError, match=r"raw: the 3 shard\(s\) up to c\.parquet are not the ones the saved position counted"):
         take(again, 1)
     again.close()
@@ -146,7 +148,7 @@ def test_a_directory_recreated_while_stopped_is_an_error(stream: Path) -> None:
     (stream / "raw").mkdir()
     for i in range(4):
         add_shard(stream, i, 10_000 + 100 * i, 100)
-    again = restarted(stream, state)
+    again = follower(stream, state)
     with pytest.raises(InputError, match=r"raw: the 3 shard\(s\) up to part-00002\.parquet have the names .* not their contents"):
         take(again, 1)
     again.close()
@@ -160,11 +162,11 @@ def test_a_state_from_another_directory_is_an_error_and_from_a_copy_continues(st
     (stream / "raw").mkdir()
     three_shards(stream, first=10_000)  # another directory with the same shard names
     (stream / "raw").rename(stream / "other")
-    other = restarted(stream, state, source="other")
+    other = follower(stream, state, source="other")
     with pytest.raises(InputError, match=r"other: the 3 shard\(s\) up to part-00002\.parquet have the names .* not their contents"):
         take(other, 1)
     other.close()
-    copy = restarted(stream, state, source="copy", idle_flush=0.1)  # the same shards at another path: the same stream
+    copy = follower(stream, state, source="copy", idle_flush=0.1)  # the same shards at another path: the same stream
     assert sorted(got + take(copy, 300 - len(got))) == list(range(300))
     copy.close()
 
@@ -173,7 +175,7 @@ def test_a_position_the_shards_do_not_hold_is_an_error(stream: Path) -> None:
     three_shards(stream)
     _, state = state_in_third_shard(stream)
     beyond = state | {"follow": state["follow"] | {"row": 10_000}}
-    again = restarted(stream, beyond)
+    again = follower(stream, beyond)
     with pytest.raises(InputError, match=r"part-00002\.parquet: a saved position starts at row 10000 of this rank's 100 rows"):
         take(again, 1)
     again.close()
@@ -191,6 +193,22 @@ def test_a_position_the_shards_do_not_hold_is_an_error(stream: Path) -> None:
         again.close()
 
 
+def test_a_position_at_the_end_of_a_ranks_slice_continues(stream: Path) -> None:
+    """Rank 1 of 2 takes rows 50..100 of a 101-row shard (51 rows): a position after all of them is within it."""
+    add_shard(stream, 0, 0, 101)
+    settings = {"rank": 1, "world_size": 2, "batch_size": 17, "shuffle_buffer": 51, "drop_last": True}
+    first = loader(stream, **settings)
+    got = take(first, 51)
+    state = first.state_dict()
+    first.close()
+    assert (state["follow"]["row"], state["follow"]["buffer_rows"]) == (51, None)
+    add_shard(stream, 1, 101, 34)
+    again = loader(stream, **settings)
+    again.load_state_dict(state)
+    assert sorted(got + take(again, 17)) == list(range(50, 101)) + list(range(118, 135))
+    again.close()
+
+
 def test_a_position_saved_before_its_digests_still_loads_and_positions_after_carry_them(stream: Path) -> None:
     """A position saved without the digests of the shards up to it (by an earlier version) is checked as then (its
     shard and its buffer's end are where they were, its buffer's shards have their footers) and against the shards'
@@ -202,12 +220,12 @@ def test_a_position_saved_before_its_digests_still_loads_and_positions_after_car
     add_shard(stream, 3, 300, 100)
     after = []
     for saved in (state, older):  # the positions after the next batch (in the buffer from part-00002, row 40)
-        again = restarted(stream, saved)
+        again = follower(stream, saved)
         take(again, 40)
         after.append(again.state_dict())
         again.close()
     assert after[1] == after[0] and after[1]["follow"]["footers_sha256"] == state["follow"]["footers_sha256"]
-    again = restarted(stream, older, idle_flush=0.1)
+    again = follower(stream, older, idle_flush=0.1)
     assert sorted(got + take(again, 160)) == list(range(400))
     again.close()
 

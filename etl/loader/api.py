@@ -256,7 +256,7 @@ class Loader:
         state at this position under ``streams``, each with the op, column and parameters that made it
         (``etl.pipeline.saved_streams``: ints, str and bytes, no pickled objects). In follow
         mode, ``follow`` (the position in the stream after the last batch handed out, see
-        ``etl.loader.follow.FollowPosition``) and ``arrivals`` (the arrival order) replace epoch, position and
+        ``etl.loader.follow_position.FollowPosition``) and ``arrivals`` (the arrival order) replace epoch, position and
         total_rows: save it together with what the training did with that batch (a model checkpoint), never ahead of
         it, so that a restart neither loses nor repeats a row."""
         state = self._position_state()

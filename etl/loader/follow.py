@@ -19,18 +19,30 @@ in its row order as it gathers the batch, as an epoch's assembler does (``etl.lo
 saved with a position is the state after the batch that position follows (a restart continues from there: the same
 ids and events for the batches an uninterrupted run with the same batches would deliver).
 
-Position (``FollowPosition``, what ``Loader.state_dict`` saves in follow mode): the first buffer not yet wholly
-delivered, given by where its rows start in the stream (the shard, how many shards came before it, the row within
-the shard's slice), its number, its length when it was already closed (a buffer closed early by an idle flush is
-shorter), the shard holding its last row and a digest of the footers of the shards it spans when it was closed, and
-how many of its rows were delivered. A pass started from a position rebuilds that buffer, the same rows in the same
-permutation, drops the rows already delivered and goes on: every row of the stream is delivered exactly once across
-any number of restarts, provided each restart starts from the position saved with the last batch the training
-counted. The restart checks that the shards where the buffer starts and ends are where they were in arrival order
-(``Arrivals.check_before``: a shard removed, or added out of order while the consumer was stopped, is an
-``InputError``) and that the shards it spans have the footers they had (one replaced: ``InputError``), since a
-buffer rebuilt from other rows would deliver some rows twice and others never. Where later buffers end may differ
-from the run before (idle flushes depend on time); which rows come out does not.
+Position (``etl.loader.follow_position.FollowPosition``, what ``Loader.state_dict`` saves in follow mode): the
+first buffer not yet wholly delivered, given by where its rows start in the stream (the shard, how many shards
+came before it, the row within the shard's slice), its number, its length when it was already closed (a buffer
+closed early by an idle flush is shorter), the shard holding its last row and a digest of the footers of the
+shards it spans when it was closed, how many of its rows were delivered, and digests of the names and of the
+footers of the shards up to it in arrival order. A pass started from a position rebuilds that buffer, the same
+rows in the same permutation, drops the rows already delivered and goes on: every row of the stream is delivered
+exactly once across any number of restarts, provided each restart starts from the position saved with the last
+batch the training counted. Before it delivers a row, the restart checks the position against the shards
+(``etl.loader.follow_position.check_start``): the shards up to it are the ones it counted, in the same order, with
+the same footers (none removed, inserted, moved or replaced while the consumer was stopped; not another
+directory, nor this one made again by a producer that started again at ``part-00000``; a copy of the directory
+elsewhere passes), its row is within its shard, and its buffer ends in the shard it ended in and spans shards with
+the footers they had. Each breach is an ``InputError`` naming the directory or the shard, since a buffer rebuilt
+from other rows would deliver some rows twice and others never. A position saved before the digests of the
+shards up to it were recorded is checked for the rest. Where later buffers end may differ from the run before
+(idle flushes depend on time); which rows come out does not.
+
+Shards that change: a shard's footer, read at its poll, cuts its pieces, and each piece of a raw shard is read
+between two checks that the file is still the one polled (``etl.loader.follow_position.PolledShard``: a ``stat``
+each, the footer again when the file changed); at each poll, the last shard polled is checked so. A shard
+replaced or rewritten after its poll, or a directory made again under the pass, is an ``InputError`` naming the
+shard, never rows of another file delivered. (The files of a processed output are checked by its reader against
+the manifest entries they were counted with, ``etl.io.arrivals.CountedFiles``.)
 
 Ranks: each rank polls the directory on its own and waits, in its poll loop, for the next shard; a rank that sees
 a shard later (or reads it more slowly) delivers its rows later, and in distributed training the collectives of the
@@ -41,85 +53,37 @@ training step make the other ranks wait for it. Idle flushes follow each rank's 
 Memory does not grow with the stream: the buffers, their positions (``closed``) and the streaming states' undo
 records (``etl.loader.stream_state``) are those between the consumer and the assembler (bounded by the ring and the
 read-ahead), the pieces read ahead are ``num_workers + prefetch``, and the known shards not yet read hold a few
-objects a row group and a footer digest (``footers``, kept from the buffer being filled on; at start, those of
-every shard present). What grows with the shards seen is ``Arrivals``' record of their names (about 120 bytes a
-shard with names like ``part-00000.parquet``: 12 MB per 100 000 shards), as each poll's listing of the directory
-(or reading of the producer's manifest, which lists every shard) does; following the output of ``etl preprocess``,
-also the manifest entry each file was counted with (``etl.io.arrivals.CountedFiles``), as its manifest.json holds.
+objects a row group and their ``PolledShard`` (``shards``, kept from the buffer being filled on; at start, those of
+every shard present from the start position's on). What grows with the shards seen is ``Arrivals``' record of
+their names (about 120 bytes a shard with names like ``part-00000.parquet``: 12 MB per 100 000 shards), as each
+poll's listing of the directory (or reading of the producer's manifest, which lists every shard) does; following
+the output of ``etl preprocess``, also the manifest entry each file was counted with
+(``etl.io.arrivals.CountedFiles``), as its manifest.json holds. A restart reads the footer of every shard up to its
+position once (``check_start``), on the reader threads.
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
 import queue
 import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass, replace
 
-import pyarrow.parquet as pq
-
-from etl.errors import ConfigError, InputError
-from etl.io.arrivals import Arrivals, CountedFiles, check_order
+from etl.errors import ConfigError
+from etl.io.arrivals import PROCESSED, Arrivals, CountedFiles, check_order
 from etl.io.fs import Location
-from etl.io.parquet import read_footer
 from etl.loader.assembler import Assembler, Item, PassSettings, pieces_from
 from etl.loader.chunk import Chunk
 from etl.loader.epoch import Slots, assemble, next_item, shutdown
-from etl.loader.order import Piece, rank_pieces, row_groups
+from etl.loader.follow_position import FollowPosition, PolledShard, check_start, span_digest
+from etl.loader.order import Piece, rank_pieces
 from etl.loader.ring import Ring
 from etl.loader.stats import LoaderStats
 from etl.loader.stream_state import StreamPass
-
-
-@dataclass(frozen=True)
-class FollowPosition:
-    """A place in a rank's stream and the state of the shuffle buffer that starts there (see the module
-    docstring). ``shard``: the file name of the shard holding the buffer's first row (None before any shard),
-    ``before``: how many shards precede it in arrival order, ``row``: the row within the shard's slice for this
-    rank; ``buffer_no``: the buffer's number; ``buffer_rows``: its length, when it was closed before the position
-    was taken (None: still open, nothing of it delivered); ``delivered``: its rows already delivered; ``end_shard``
-    and ``end_before``: the shard holding the closed buffer's last row and how many shards precede it, and
-    ``span_sha256``: a digest of the footers of the shards from ``shard`` to ``end_shard`` (all three None without
-    ``buffer_rows``, and in positions saved before they were recorded), which a restart checks as it checks
-    ``shard``: the buffer it rebuilds must hold the same rows."""
-
-    shard: str | None = None
-    before: int = 0
-    row: int = 0
-    buffer_no: int = 0
-    buffer_rows: int | None = None
-    delivered: int = 0
-    end_shard: str | None = None
-    end_before: int | None = None
-    span_sha256: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, doc: Any) -> FollowPosition:
-        """The position a ``to_dict`` saved; ``ConfigError`` for anything else."""
-        try:
-            pos = cls(**doc)
-        except TypeError as e:
-            raise ConfigError(f"not a follow-mode loader position: {doc!r} ({e})") from None
-        ints = (pos.before, pos.row, pos.buffer_no, pos.delivered) + tuple(v for v in (pos.buffer_rows, pos.end_before) if v is not None)
-        names = (pos.shard, pos.end_shard, pos.span_sha256)
-        if not all(isinstance(v, int) and v >= 0 for v in ints) or not all(v is None or isinstance(v, str) for v in names):
-            raise ConfigError(f"not a follow-mode loader position: {doc!r}")
-        if (pos.end_shard is None) != (pos.end_before is None) or (pos.end_before is not None and pos.end_before < pos.before) or (
-            pos.span_sha256 is not None and pos.end_shard is None
-        ):
-            raise ConfigError(f"not a follow-mode loader position: {doc!r} (its buffer's end shard)")
-        if pos.delivered > (pos.buffer_rows or 0):
-            raise ConfigError(f"a follow-mode loader position with more rows delivered than its buffer holds: {doc!r}")
-        return pos
 
 
 @dataclass(frozen=True)
@@ -167,13 +131,17 @@ class FollowAssembler(Assembler):
         self.limit = start.buffer_rows  # the length of the first buffer, when the position fixed it
         self.next_at: _At = (start.before, start.shard, start.row)  # where the next row fed comes from
         self.filling_at: _At = self.next_at  # where the buffer being filled starts
-        self.closed: deque[tuple[_At, _At, int, int, str]] = deque()  # (start, end, number, rows, span) of each buffer in self.stream
-        self.footers: dict[int, str] = {}  # the footer digest of each shard from the buffer being filled on, by arrival index
+        self.closed: deque[tuple[FollowPosition, int]] = deque()  # the position (nothing delivered) and rows of each buffer in self.stream
+        self.shards: dict[int, PolledShard] = {}  # each shard from the one the buffer being filled starts in on, by arrival index
+        self.last: PolledShard | None = None  # the last shard polled
+        self.so_far: tuple[str | None, str | None] = (None, None)  # the digests of the names and footers of the shards polled so far
+        self.expected: dict[int, str] = {}  # the footer digests a restart checked, by arrival index, which the polls must find again
+        self.watch = arrivals.order != PROCESSED  # raw shards: each piece read is checked against its shard's poll
 
     def batches(self) -> Generator[FollowItem, None, None]:  # type: ignore[override]
         """The stream's batches, each with the position after it; ends only once ``stop`` is set."""
         f = self.follow
-        pending: deque[tuple[Piece, _At]] = deque()  # pieces of known shards not yet submitted
+        pending: deque[tuple[Piece, _At, PolledShard]] = deque()  # pieces of known shards not yet submitted
         window: deque[tuple[Future, _At]] = deque()
         next_poll = last_arrival = time.monotonic()
         flushed = True  # nothing buffered has arrived since the last idle flush
@@ -186,8 +154,8 @@ class FollowAssembler(Assembler):
                     last_arrival, flushed = now, False
                 first, next_poll = False, now + f.poll_interval
             while pending and len(window) < self.read_ahead:
-                piece, at = pending.popleft()
-                window.append((self.pool.submit(self.read, piece), at))
+                piece, at, shard = pending.popleft()
+                window.append((self.pool.submit(self._read, piece, shard) if self.watch else self.pool.submit(self.read, piece), at))
             if window:
                 future, at = window.popleft()
                 self._feed(future.result(), at)
@@ -201,42 +169,41 @@ class FollowAssembler(Assembler):
             self.stop.wait(max(0.0, wake - time.monotonic()))
 
     def _arrived(self, first: bool) -> list[tuple[int, Location]]:
-        """The shards that arrived since the last poll with their index in arrival order; on the first poll,
-        those from the start position's shard on (the ones before it were delivered before the restart), after
-        checking that the start position's shard, and the shard its closed buffer ends in, are where they were."""
+        """The shards that arrived since the last poll with their index in arrival order; on the first poll, those
+        from the start position's shard on (the ones before it were delivered before the restart), after checking
+        the start position against the shards (``check_start``); on the others, after checking that the last shard
+        polled before is still the file it was (raw shards)."""
         before = len(self.arrivals.names)
         new = self.arrivals.poll()
         if first:
-            self.arrivals.check_before(self.start.before, self.start.shard)
-            if self.start.end_shard is not None and self.start.end_before is not None:
-                self.arrivals.check_before(self.start.end_before, self.start.end_shard)
-                self._check_span(self.start.before, self.start.end_before, self.start.span_sha256)
+            resumed = check_start(self.start, self.arrivals, self.settings, self.pool)
+            self.so_far, self.expected = (resumed.listing_sha256, resumed.footers_sha256), resumed.footers
+        elif self.watch and self.last is not None:
+            self.last.check()
         return [(before + k, path) for k, path in enumerate(new) if before + k >= self.start.before]
 
-    def _check_span(self, first: int, last: int, span_sha256: str | None) -> None:
-        """``InputError`` unless the footers of shards ``first`` to ``last`` (in arrival order) have the digest
-        ``span_sha256`` (None: not recorded, not checked)."""
-        if span_sha256 is None:
-            return
-        names = self.arrivals.names[first : last + 1]
-        if _span_digest(_footer_digest(read_footer(self.arrivals.directory / name)) for name in names) != span_sha256:
-            raise InputError(str(self.arrivals.directory), f"the shards {names[0]} to {names[-1]}, which hold the rows of the buffer a saved "
-                             "position partly delivered, are not as they were when it was saved (one was replaced while the consumer "
-                             "was stopped): its rows cannot be delivered exactly once")  # fmt: skip
-
-    def _shard_pieces(self, index: int, path: Location) -> list[tuple[Piece, _At]]:
+    def _shard_pieces(self, index: int, path: Location) -> list[tuple[Piece, _At, PolledShard]]:
         """The pieces of this rank's slice of a shard, each with where it starts in the stream (from the start
-        position's row on, for the start position's shard); records the digest of its footer."""
+        position's row on, for the start position's shard) and the shard as polled (``PolledShard``)."""
         s = self.settings
-        groups = row_groups([path])
-        self.footers[index] = _footer_digest(groups[0].footer if groups and groups[0].footer is not None else read_footer(path))
+        shard, groups = PolledShard.poll(path, *self.so_far, self.expected.pop(index, None))
+        self.shards[index] = self.last = shard
+        self.so_far = shard.listing_sha256, shard.footers_sha256
         pieces = rank_pieces(groups, seed=s.seed, epoch=0, shuffle=False, rank=s.rank, world_size=s.world_size)
         row = self.start.row if index == self.start.before else 0
-        out: list[tuple[Piece, _At]] = []
+        out: list[tuple[Piece, _At, PolledShard]] = []
         for piece in pieces_from(pieces, row):
-            out.append((piece, (index, path.name, row)))
+            out.append((piece, (index, path.name, row), shard))
             row += piece.length
         return out
+
+    def _read(self, piece: Piece, shard: PolledShard) -> Chunk:
+        """The chunk of ``piece``, read between two checks that its shard is the file polled (``InputError`` naming
+        it otherwise), so that its rows come from that file."""
+        shard.check()
+        chunk = self.read(piece)
+        shard.check()
+        return chunk
 
     def _feed(self, chunk: Chunk, at: _At) -> None:
         """Append a chunk that starts at ``at`` to the shuffle buffers, closing each one that fills up."""
@@ -254,11 +221,13 @@ class FollowAssembler(Assembler):
 
     def _flush(self) -> None:
         """Close the buffer being filled; it ends where the rows fed so far end (``next_at``)."""
-        first, last = self.filling_at[0], self.next_at[0]
-        span = _span_digest(self.footers[i] for i in range(first, last + 1))
-        self.closed.append((self.filling_at, self.next_at, self.buffer_no, self.filled, span))
-        while self.footers and (oldest := next(iter(self.footers))) < last:  # the next buffer starts in shard ``last`` or after
-            del self.footers[oldest]  # (footers are recorded in arrival order)
+        (first, shard, row), (last, end_shard, _) = self.filling_at, self.next_at
+        span = span_digest(self.shards[i].footer_sha256 for i in range(first, last + 1))
+        upto = self.shards[first]
+        position = FollowPosition(shard, first, row, self.buffer_no, self.filled, 0, end_shard, last, span, upto.listing_sha256, upto.footers_sha256)
+        self.closed.append((position, self.filled))
+        while self.shards and (oldest := next(iter(self.shards))) < last:  # the next buffer starts in shard ``last`` or after
+            del self.shards[oldest]  # (shards are recorded in arrival order)
         self.limit = None
         super()._flush()
 
@@ -292,24 +261,11 @@ class FollowAssembler(Assembler):
         while len(self.closed) > len(self.stream):
             self.closed.popleft()
         if self.stream:
-            (before, shard, row), (end_before, end_shard, _), number, rows, span = self.closed[0]
-            delivered = rows - len(self.stream[0][1])
-            return FollowPosition(shard, before, row, number, rows, delivered, end_shard, end_before, span)
+            position, rows = self.closed[0]
+            return replace(position, delivered=rows - len(self.stream[0][1]))
         before, shard, row = self.filling_at if self.filled else self.next_at
-        return FollowPosition(shard, before, row, self.buffer_no)
-
-
-def _footer_digest(footer: pq.FileMetaData) -> str:
-    """The sha256 of a Parquet footer as pyarrow serializes it: it changes with the file's row groups, their sizes,
-    offsets, row counts and statistics."""
-    sink = io.BytesIO()
-    footer.write_metadata_file(sink)
-    return hashlib.sha256(sink.getvalue()).hexdigest()
-
-
-def _span_digest(footers: Iterable[str]) -> str:
-    """One digest of the footer digests of consecutive shards."""
-    return hashlib.sha256(" ".join(footers).encode()).hexdigest()
+        upto = self.shards[before]  # polled: rows of it were fed
+        return FollowPosition(shard, before, row, self.buffer_no, listing_sha256=upto.listing_sha256, footers_sha256=upto.footers_sha256)
 
 
 class FollowPass:

@@ -35,7 +35,8 @@ from etl.loader import cudf_columns
 from etl.loader.chunk import Chunk, Layout
 from etl.loader.device_stage import DeviceStage
 from etl.loader.epoch import EpochPass, InlinePass
-from etl.loader.follow import FollowCursor, FollowPass, FollowPosition, FollowSettings
+from etl.loader.follow import FollowCursor, FollowPass, FollowSettings
+from etl.loader.follow_position import FollowPosition
 from etl.loader.order import Piece, RowGroup, chunk_groups, row_groups
 from etl.loader.pieces import NpyReader, reader_for
 from etl.loader.ring import Ring

@@ -18,7 +18,7 @@ import pytest
 from etl.errors import ConfigError, InputError
 from etl.io.arrivals_manifest import read_arrivals, write_arrivals
 from etl.loader import Loader
-from etl.loader.follow import FollowPosition
+from etl.loader.follow_position import FollowPosition
 
 SCHEMA = "name: stream\ncolumns:\n  - {name: label, role: label, dtype: int64}\n  - {name: rid, role: dense, dtype: int64}\n"
 PIPELINE = "name: stream\nschema: schema.yaml\nops:\n  - {op: FillMissing, columns: [rid], value: 0}\n"

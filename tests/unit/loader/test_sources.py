@@ -10,7 +10,8 @@ import torch
 
 from etl.errors import ConfigError
 from etl.io.fs import location
-from etl.loader.follow import FollowPosition, FollowSettings
+from etl.loader.follow import FollowSettings
+from etl.loader.follow_position import FollowPosition
 from etl.loader.order import row_groups
 from etl.loader.settings import Batching
 from etl.loader.sources import FollowedSource, ProcessedSource, Resume, ShardSource, open_source

@@ -147,3 +147,22 @@ def test_refusals(tmp_path: Path) -> None:
     fitted(tmp_path, shards, max_len=2, min_len=1)
     with pytest.raises(ConfigError, match="min_len"):
         Loader(shards, pipeline=tmp_path / "pipeline.yaml", artifacts=tmp_path / "artifacts", batch_size=10, shuffle=False)
+
+
+def test_a_following_loader_gives_the_same_histories(tmp_path: Path) -> None:
+    table = time_ordered(600, seed=11)
+    shards = write_shards(table, tmp_path / "raw", [250], 100)
+    fitted(tmp_path, shards, max_len=3)
+    want = streamed(tmp_path, shards, batch_size=50)
+    loader = Loader(tmp_path / "raw", pipeline=tmp_path / "pipeline.yaml", artifacts=tmp_path / "artifacts", follow=True, batch_size=50,
+                    shuffle=False, poll_interval=0.05, idle_flush=0.2)  # fmt: skip
+    it = iter(loader)
+    head = rows_of(next(it) for _ in range(5))
+    state = loader.state_dict()
+    loader.close()
+    resumed = Loader(tmp_path / "raw", pipeline=tmp_path / "pipeline.yaml", artifacts=tmp_path / "artifacts", follow=True, batch_size=50,
+                     shuffle=False, poll_interval=0.05, idle_flush=0.2)  # fmt: skip
+    resumed.load_state_dict(state)
+    it = iter(resumed)
+    assert head + rows_of(next(it) for _ in range(7)) == want
+    resumed.close()

@@ -186,7 +186,10 @@ class Loader:
                 self.source = FollowedSource.open(items, pipeline, saved, followed, num_workers=num_workers, transform=chosen)
             else:
                 self.source = open_source(items, pipeline, saved, allow_partial=allow_partial, transform=chosen, device=self.device)
-        self.streams = StreamStates.of(self.pipeline.ops, self.layout.stream_fields())
+        self.streams = StreamStates.of(self.pipeline.ops if self.layout.streamed else [], self.layout.stream_fields())
+        if self.streams is not None and shuffle and any(s.per_epoch for s in self.streams.specs.values()):
+            raise ConfigError(f"{self.streams.describe()} takes each key's rows in the loader's row order, which must be their time order: "
+                              "shuffle=True permutes it; use shuffle=False (or etl preprocess, then shuffle its output)")  # fmt: skip
         # a following loader has no fixed number of rows: drop_last leaves no rank without batches
         self.rank, self.world_size = rank_and_world_size(rank, world_size, self.total_rows, batch_size, drop_last and self.source.epochs)
         if self.streams is not None and self.world_size > 1:

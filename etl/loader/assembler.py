@@ -29,13 +29,15 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from etl.batch import Column
+from etl.errors import EtlError, LoaderError, RowError
 from etl.loader.chunk import Chunk, ChunkRun
 from etl.loader.device_stage import DeviceStage, PendingCheck
 from etl.loader.order import Piece, RowGroup, epoch_rng, rank_pieces
 from etl.loader.ring import Ring
 from etl.loader.stats import LoaderStats
 from etl.loader.stream_state import StreamPass
-from etl.ops.stream import Carried
+from etl.ops.stream import Carried, RowRejected
 
 
 @dataclass(frozen=True)
@@ -200,7 +202,13 @@ class Assembler:
                 buf.gather(rows, {name: view[part] for name, view in views.items()}, {c: Carried(v[part], ok[part]) for c, (v, ok) in inputs.items()})
                 row += len(rows)
             if self.streams is not None:  # the batch's streamed values, in its row order, before its copy starts
-                events = self.streams.apply(inputs, views)
+                streamed: dict[str, Column] = {}
+                try:
+                    events = self.streams.apply(inputs, views, streamed)
+                except RowRejected as e:
+                    raise _row_error(e, parts) from None
+                if streamed:  # the states' list columns, in place of the empty ones the rows came with
+                    columns = columns | {k: Column(c.array.astype(columns[k].array.dtype), None, c.offsets) for k, c in streamed.items()}
             t1 = time.perf_counter()
             if stage is not None:
                 origin = np.concatenate([buf.take_fixed("origin", rows) for buf, rows in parts]) if parts else self.empty.fixed["origin"]
@@ -217,6 +225,20 @@ class Assembler:
     def _position_key(self) -> Hashable:
         """Where the streaming states' state after the batches emitted so far is kept (``etl.loader.stream_state``)."""
         return self.settings.epoch, self.emitted
+
+
+def _row_error(e: RowRejected, parts: list[tuple[ChunkRun, np.ndarray]]) -> EtlError:
+    """The ``RowError`` naming the file, row group and row of the batch row a streaming state refused (a
+    ``LoaderError`` naming its batch row when its origin is not known)."""
+    row = e.row
+    for buf, rows in parts:
+        if row < len(rows):
+            where = buf.row_origin(int(rows[row]))
+            if where is not None:
+                return RowError(where[0], where[1], where[2], e.column, e.problem)
+            break
+        row -= len(rows)
+    return LoaderError(f"row {e.row} of a batch, column '{e.column}': {e.problem}")
 
 
 def _gather_tensors(parts: list[tuple[ChunkRun, np.ndarray]], inputs: dict[str, torch.Tensor]) -> torch.Tensor:

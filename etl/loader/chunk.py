@@ -41,16 +41,19 @@ class Layout:
     carried: tuple[StreamInput, ...] = ()
 
     @classmethod
-    def of(cls, pipeline: Pipeline) -> Layout:
+    def of(cls, pipeline: Pipeline, raw: bool = True) -> Layout:
+        """The layout of ``pipeline``'s batches: made from ``raw`` shards, with its streaming states, or read from a
+        processed output (whose rows hold every value)."""
         labels = pipeline.schema.by_role("label")
         if len(labels) != 1:
             raise ValueError(f"the loader needs exactly one label column, the schema has {labels}")
         c = FixedColumns.of(pipeline.output_schema(), labels[0], pipeline.passthrough)  # passthrough columns are not batch fields
-        specs = stream_specs(pipeline.ops)
+        specs = stream_specs(pipeline.ops) if raw else []
         streamed = tuple(x for s in specs for x in s.outputs)
-        outside = [x for x in streamed if x not in c.dense and x not in c.sparse]
+        outside = [x for s in specs for x in s.outputs if x not in c.dense and x not in c.sparse and not (x in c.lists and x in s.lengths)]
         if outside:
-            raise ValueError(f"streaming state writes column '{outside[0]}', which is no dense or single-valued sparse column of the batch")
+            raise ValueError(f"streaming state writes column '{outside[0]}', which is no dense or single-valued sparse column of the batch, "
+                             "nor a list column it gives the lengths of")  # fmt: skip
         carried: dict[str, StreamInput] = {}
         for i in (i for s in specs for i in s.inputs):
             if carried.setdefault(i.column, i) != i:
@@ -70,8 +73,10 @@ class Layout:
         return np.dtype(np.int64) if self.sparse_dtype == torch.int64 else np.dtype(np.int32)
 
     def stream_fields(self) -> dict[str, tuple[str, int]]:
-        """Where each ``streamed`` column goes in a batch: its field (``dense`` or ``sparse``) and index there."""
-        return {c: ("dense", self.dense.index(c)) if c in self.dense else ("sparse", self.sparse.index(c)) for c in self.streamed}
+        """Where each ``streamed`` column goes in a batch: its field (``dense`` or ``sparse``) and index there (list
+        columns are no field: the states give them whole)."""
+        return {c: ("dense", self.dense.index(c)) if c in self.dense else ("sparse", self.sparse.index(c))
+                for c in self.streamed if c not in self.lists}  # fmt: skip
 
     def batch_fields(self) -> list[Field]:
         """The fixed-shape fields of a batch, as ring slots hold them: ``label`` [B] float32, ``dense`` [B, D]
@@ -104,6 +109,9 @@ class Chunk:
     fixed: dict[str, Array]
     lists: dict[str, Column]
     carried: dict[str, Carried] = field(default_factory=dict)
+    #: where its rows come from, when they are consecutive rows of one row group of a raw shard: its path, the row
+    #: group and the file row of the first row (for the errors of the streaming states)
+    origin: tuple[str, int, int] | None = None
 
     @classmethod
     def from_table(cls, table: pa.Table, layout: Layout) -> Chunk:
@@ -141,14 +149,25 @@ class Chunk:
             "dense": stack(layout.dense, np.dtype(np.float32)),
             "sparse": stack(layout.sparse, layout.sparse_numpy),
         }
-        lists = {c: Column(batch[c].array.astype(layout.sparse_numpy), None, batch[c].list_offsets.astype(np.int64)) for c in layout.lists}
+        lists = {c: Column(batch[c].array.astype(layout.sparse_numpy), None, batch[c].list_offsets.astype(np.int64))
+                 for c in layout.lists if c not in layout.streamed}  # fmt: skip
+        if len(lists) < len(layout.lists):  # lists a streaming state gives: empty until it does
+            lists |= {c: Column(np.zeros(0, layout.sparse_numpy), None, np.zeros(n + 1, np.int64)) for c in layout.lists if c in layout.streamed}
+            lists = {c: lists[c] for c in layout.lists}
         carried = {}
         for c, dtype in layout.carried:
             col = batch[c]
             values = col.array
             same = values.dtype.kind in "iu" and dtype.kind in "iu" and values.dtype.itemsize == dtype.itemsize
             carried[c] = Carried(values.view(dtype) if same else values.astype(dtype), np.ones(n, np.bool_) if col.valid is None else col.valid)
-        return cls(n, fixed, lists, carried)
+        origin = None
+        if layout.carried and (n == 0 or int(batch.row_ids[-1]) - int(batch.row_ids[0]) == n - 1):
+            origin = (batch.source, batch.row_group, int(batch.row_ids[0]) if n else 0)
+        return cls(n, fixed, lists, carried, origin)
+
+    def row_origin(self, i: int) -> tuple[str, int, int] | None:
+        """The path, row group and file row of row ``i`` (None when ``origin`` is not known)."""
+        return None if self.origin is None else (self.origin[0], self.origin[1], self.origin[2] + i)
 
     def slice(self, a: int, b: int) -> Chunk:
         lists = {}
@@ -156,7 +175,7 @@ class Chunk:
             o = c.list_offsets[a : b + 1]
             lists[k] = Column(c.array[o[0] : o[-1]], None if c.valid is None else c.valid[o[0] : o[-1]], o - o[0])
         carried = {k: Carried(v.values[a:b], v.valid[a:b]) for k, v in self.carried.items()}
-        return Chunk(b - a, {k: v[a:b] for k, v in self.fixed.items()}, lists, carried)
+        return Chunk(b - a, {k: v[a:b] for k, v in self.fixed.items()}, lists, carried, self.row_origin(a))
 
     def take_lists(self, rows: np.ndarray) -> Chunk:
         """The list columns of rows ``rows`` (no fixed fields: the loader gathers those into its ring)."""
@@ -201,6 +220,11 @@ class ChunkRun:
     @property
     def n(self) -> int:
         return int(self.starts[-1])
+
+    def row_origin(self, row: int) -> tuple[str, int, int] | None:
+        """The path, row group and file row of row ``row`` of the run (``Chunk.row_origin``)."""
+        k = int(np.searchsorted(self.starts, row, side="right")) - 1
+        return self.chunks[k].row_origin(row - int(self.starts[k]))
 
     def gather_tensors(self, rows: np.ndarray, out: dict[str, torch.Tensor]) -> None:
         """``gather`` for chunks of tensors (``on_device``), on their device and the current stream: the run's

@@ -40,6 +40,7 @@ from etl.loader.device_columns import DeviceColumnReader, ReadColumns
 from etl.loader.device_stage import DeviceStage
 from etl.loader.order import Piece, RowGroup
 from etl.loader.stats import LoaderStats
+from etl.ops.history import History, HistoryInputs
 from etl.pipeline import Pipeline
 
 T = TypeVar("T")
@@ -254,14 +255,21 @@ class HostReader(PieceReader):
     """A raw shard, transformed on the host by the whole pipeline."""
 
     def __init__(self, pipeline: Pipeline, layout: Layout, stats: LoaderStats):
-        super().__init__(pipeline.input_columns, stats)
+        # streaming states run in the assembler (etl.loader.stream_state); a History's key and time columns (which
+        # may be passthrough ones) are read, and its state's inputs checked where the op stands
+        self.histories = [op for op in pipeline.ops if isinstance(op, History)]
+        sources = {c for op in self.histories for c in op.source_columns()}
+        super().__init__([c for c in pipeline.schema.names if c in pipeline.input_columns or c in sources], stats)
         self.pipeline, self.layout = pipeline, layout
-        self.ops = [op for op in pipeline.ops if not op.stream_specs()]  # streaming states run in the assembler (etl.loader.stream_state)
+        self.ops = [HistoryInputs(op) if isinstance(op, History) else op for op in pipeline.ops if isinstance(op, History) or not op.stream_specs()]
 
     def convert(self, table: pa.Table, piece: Piece) -> Chunk:
-        if len(self.ops) == len(self.pipeline.ops):
+        if len(self.ops) == len(self.pipeline.ops) and not self.histories:
             return Chunk.from_batch(self.pipeline.transform(_raw_batch(table, self.pipeline, piece)).batch, self.layout)
-        batch = self.pipeline.run_ops(_raw_batch(table, self.pipeline, piece), self.ops, "raise", labels=True, output=True).batch
+        batch = _raw_batch(table, self.pipeline, piece, self.columns)
+        for op in self.histories:
+            batch = op.with_keys(batch)
+        batch = self.pipeline.run_ops(batch, self.ops, "raise", labels=True, output=True).batch
         return Chunk.from_batch(batch, self.layout)
 
 
@@ -280,11 +288,11 @@ class DeviceInputReader(PieceReader):
         return self.stage.inputs.chunk(host, self.group_no[g], g.first_row)
 
 
-def _raw_batch(table: pa.Table, pipeline: Pipeline, piece: Piece) -> Batch:
-    """A raw piece (its transform's input columns: passthrough columns are not read) as a batch whose rows are
-    numbered from the start of its file (for error messages)."""
+def _raw_batch(table: pa.Table, pipeline: Pipeline, piece: Piece, columns: list[str] | None = None) -> Batch:
+    """A raw piece (``columns``, default its transform's input columns: passthrough columns are not read) as a batch
+    whose rows are numbered from the start of its file (for error messages)."""
     g = piece.group
-    return batch_from_arrow(table, pipeline.schema, str(g.path), g.index, g.first_row + piece.start, pipeline.input_columns)
+    return batch_from_arrow(table, pipeline.schema, str(g.path), g.index, g.first_row + piece.start, columns or pipeline.input_columns)
 
 
 def reader_for(pipeline: Pipeline, layout: Layout, *, processed: ProcessedOutput | None, stage: DeviceStage | None,

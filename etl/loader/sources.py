@@ -43,6 +43,7 @@ from etl.loader.ring import Ring
 from etl.loader.settings import Batching
 from etl.loader.stats import LoaderStats
 from etl.loader.stream_state import Key, StreamPass
+from etl.ops.history import History
 from etl.ops.stream import describe_specs, stream_specs
 from etl.pipeline import Pipeline, check_match
 
@@ -133,7 +134,7 @@ class EpochSource:
 
     def __init__(self, pipeline: Pipeline, groups: list[RowGroup], output: ProcessedOutput | None, remote: bool):
         self.pipeline, self.groups, self.output, self.remote = pipeline, groups, output, remote
-        self.layout = Layout.of(pipeline)
+        self.layout = Layout.of(pipeline, raw=output is None)
 
     @property
     def total_rows(self) -> int:
@@ -253,7 +254,7 @@ class FollowedSource:
     def __init__(self, pipeline: Pipeline, directory: Location, output: ProcessedOutput | None, settings: FollowSettings):
         self.pipeline, self.directory, self.output, self.settings = pipeline, directory, output, settings
         self.groups: list[RowGroup] = []
-        self.layout = Layout.of(pipeline)
+        self.layout = Layout.of(pipeline, raw=output is None)
         self.remote = isinstance(directory, Url)
         # a followed output: the entries its files were counted with, which the reader checks them against
         self.counted = CountedFiles() if output is not None else None
@@ -330,9 +331,9 @@ def open_processed_with(directory: Location, pipeline: str | Path | None, artifa
 
 def raw_pipeline(pipeline: str | Path | None, artifacts: Location | None) -> Pipeline:
     """The fitted pipeline that transforms raw shards: loaded from ``artifacts`` (checked against ``pipeline``), or
-    ``pipeline`` itself when it has nothing to fit. A pipeline with reshaping stages, or with an op that needs every
-    row of a key (History), is refused (``ConfigError``): the loader streams raw rows through the ops only, and their
-    output is made by ``etl preprocess``."""
+    ``pipeline`` itself when it has nothing to fit. A pipeline with reshaping stages is refused (``ConfigError``):
+    the loader streams raw rows through the ops only, and their output is made by ``etl preprocess``; so is a
+    History the loader cannot run as a streaming state (``History.check_streamed``)."""
     if pipeline is None:
         raise ConfigError("raw shards need a pipeline (or give the output directory of etl preprocess)")
     p = Pipeline.load(artifacts) if artifacts is not None else Pipeline.from_file(pipeline)
@@ -342,10 +343,12 @@ def raw_pipeline(pipeline: str | Path | None, artifacts: Location | None) -> Pip
         names = ", ".join(s.name for s in p.stages)
         raise ConfigError(f"{pipeline} has reshaping stages ({names}), which the loader does not run on raw shards: run `etl preprocess` "
                           "first, then load its output directory")  # fmt: skip
-    keyed = [op.name for op in p.ops if op.keyed]
-    if keyed:
-        raise ConfigError(f"{pipeline} has a {keyed[0]} op, which needs every row of a key in time order: the loader does not run it on raw "
-                          "shards; run `etl preprocess` first, then load its output directory")  # fmt: skip
+    for i, op in enumerate(p.ops):
+        if isinstance(op, History):
+            op.check_streamed(p.ops[i + 1 :])
+        elif op.keyed:
+            raise ConfigError(f"{pipeline} has a {op.name} op, which needs every row of a key: the loader does not run it on raw "
+                              "shards; run `etl preprocess` first, then load its output directory")  # fmt: skip
     if not p.is_fitted:
         raise ConfigError(f"{pipeline} has ops to fit: run `etl fit` and pass artifacts=")
     return p

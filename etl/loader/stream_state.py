@@ -52,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from etl.batch import Column
 from etl.errors import ArtifactError, ConfigError, EtlError, LoaderError
 from etl.io.fs import Location
 from etl.ops.base import InvalidState, Op
@@ -86,6 +87,7 @@ class StreamStates:
             inputs.setdefault(i.column, i)
         self.inputs = tuple(inputs.values())
         self.base: State = self._export()
+        self.initial = {n: self.base[n] for n, spec in self.specs.items() if spec.per_epoch}  # what each epoch starts these from
         self._floor: Key | None = None  # the oldest position of the current pass whose state can be produced
         self._steps: list[_Step] = []  # the batches applied after it, oldest first
         self._at_base = True  # the states hold base (a pass starts without restoring it)
@@ -117,13 +119,17 @@ class StreamStates:
             return (0 if self._floor is None else 1 + len(self._steps)), sum(u.nbytes for s in self._steps for u in s.undo.values())
 
     # ------------------------------------------------------------------ the assembler's side
-    def start_pass(self, key: Key) -> StreamPass:
+    def start_pass(self, key: Key, epoch_start: bool = False) -> StreamPass:
         """Set the states to ``base`` for a pass starting at ``key`` (restoring it unless they hold it: a restored
-        state behaves as the one exported)."""
+        state behaves as the one exported); at the start of an epoch (``epoch_start``), the ``per_epoch`` states
+        to the state they were made with instead (so that the state at the epoch's start is that one)."""
         with self._tables, self._lock:
-            if not self._at_base:
+            fresh = self.initial if epoch_start else {}
+            if not self._at_base or fresh:
                 for n, v in self.states.items():
-                    v.restore(self.base[n])
+                    v.restore(fresh[n] if n in fresh else self.base[n])
+            if fresh:
+                self.base = self.base | fresh
             self._floor, self._steps, self._at_base = key, [], True
         return StreamPass(self)
 
@@ -239,11 +245,13 @@ class StreamPass:
         """Room for the carried columns of a batch of ``n`` rows, to gather them into (``ChunkRun.gather``)."""
         return {c: Carried(np.empty(n, dtype), np.empty(n, np.bool_)) for c, dtype in self.streams.inputs}
 
-    def apply(self, inputs: dict[str, Carried], views: dict[str, np.ndarray]) -> dict[str, Any]:
+    def apply(self, inputs: dict[str, Carried], views: dict[str, np.ndarray], lists: dict[str, Column] | None = None) -> dict[str, Any]:
         """Run the rows of one batch (``inputs``: its carried columns, in the batch's row order) through the states,
-        write what they give into the batch's fields ``views`` (one row per batch row), and return the batch's events
-        by state. Several states are updated on the threads of a pool that lives for this call (the online
-        vocabulary's kernels release the GIL); each state takes the rows in order."""
+        write what they give into the batch's fields ``views`` (one row per batch row) and its list columns into
+        ``lists`` (values and offsets), and return the batch's events by state. Several states are updated on the
+        threads of a pool that lives for this call (the online vocabulary's kernels release the GIL); each state
+        takes the rows in order. A state's ``RowRejected`` is raised as it is (the caller knows where the row came
+        from)."""
         h = self.streams
         names = list(h.states)
         results: list[StreamStep] = []
@@ -259,7 +267,14 @@ class StreamPass:
         h.apply_step(update_all)
         events = {}
         for n, r in zip(names, results):
+            spec = h.specs[n]
             for column, values in r.outputs.items():  # here, not in the threads: they would share the rows' cache lines
+                if column in spec.lengths:
+                    offsets = np.zeros(len(r.outputs[spec.lengths[column]]) + 1, np.int64)
+                    np.cumsum(r.outputs[spec.lengths[column]], out=offsets[1:])
+                    if lists is not None:
+                        lists[column] = Column(values, None, offsets)
+                    continue
                 field, j = h.fields[column]
                 views[field][:, j] = values
             if r.events is not None:

@@ -39,9 +39,26 @@ Example (``max_len: 2``; user u's rows in time order, the item column already as
 
 Where it runs: ``etl preprocess`` (and ``etl fit``, which fits the other ops on the raw rows: History fits nothing)
 brings each key's rows together and in order (``etl.preprocess.keyed``) and runs the op's state
-(``etl.ops.history_state``) over them. ``Pipeline.transform`` and the loader on raw shards, which see one batch at a
-time, refuse it (``ConfigError``). The output lists hold ids of the listed columns' cardinalities; ``{prefix}len``
-is an int32 column of cardinality ``max_len + 1``.
+(``etl.ops.history_state``) over them. The loader on raw shards (also ``follow=True``) drives the same state as a
+streaming state (``stream_specs``, ``etl.loader.stream_state``): it takes the rows in the loader's row order, which
+must then be each key's time order (``shuffle=False``; each epoch starts from an empty state), and:
+
+- ``allowed_lateness`` (default 0; an integer in the time's units, or a duration text with ``time_unit``): a row
+  older than its key's latest event seen by more than it is a row error (the loader stops with a ``RowError``
+  naming its file, row group, row and the time column). A row older by at most it ("late") gets the history of
+  the events the state still holds strictly before its time (within ``ttl``, the latest ``max_len``): fewer than
+  offline when older ones were already dropped, never a later one; its own event then joins the key's state at
+  its place in time order (after the events at its time), so that later rows see it as offline; rows given
+  before it never do. A late event older than the ``max_len`` events the key holds before its latest time is
+  dropped (no later row's latest ``max_len`` would hold it).
+- ``max_keys`` bounds the keys held (least recently seen evicted: a key seen again starts empty); evictions are
+  counted in the exported state (``evictions``) and in ``Loader.stats``.
+- Equal times take the order rows arrive in: ``tiebreak`` is refused, as are ``min_len`` (a batch keeps its rows)
+  and ops after History that read or change its columns (they run before the state gives its lists).
+On time-ordered input (each key's rows in time order, ``shuffle=False``) the lists equal those of ``etl
+preprocess`` row for row. ``Pipeline.transform``, which sees one batch at a time, refuses it (``ConfigError``).
+The output lists hold ids of the listed columns' cardinalities; ``{prefix}len`` is an int32 column of cardinality
+``max_len + 1``.
 """
 
 from __future__ import annotations
@@ -91,27 +108,32 @@ def _column_name(name: str, v: Any) -> str:
     return v
 
 
-def parse_ttl(ttl: Any, time_unit: Any) -> int | None:
-    """``ttl`` in the time's units: an integer as it is, a duration text (``"30d"``) through ``time_unit``."""
+def parse_ttl(ttl: Any, time_unit: Any, lateness: Any = 0) -> int | None:
+    """``ttl`` in the time's units: an integer as it is, a duration text (``"30d"``) through ``time_unit``
+    (which goes with a duration text in ``ttl`` or in ``lateness``, ``allowed_lateness``)."""
     if time_unit is not None and time_unit not in TIME_UNITS:
         raise ValueError(f"History.time_unit must be one of {list(TIME_UNITS)}, got {time_unit!r}")
-    if ttl is None:
-        if time_unit is not None:
+    if time_unit is not None and not isinstance(ttl, str) and not isinstance(lateness, str):
+        if ttl is None:
             raise ValueError("History.time_unit says what a duration text in ttl counts: it goes with a ttl such as '30d'")
-        return None
-    if isinstance(ttl, str):
-        m = re.fullmatch(r"(\d+)(ms|s|m|h|d|w)", ttl.strip())
+        raise ValueError("History.time_unit goes with a duration text in ttl (such as '30d'); an integer ttl is in the time's units")
+    return None if ttl is None else parse_duration("ttl", ttl, time_unit, 1)
+
+
+def parse_duration(name: str, v: Any, time_unit: Any, low: int) -> int:
+    """Parameter ``name`` in the time's units (at least ``low``): an integer as it is, a duration text (``"30d"``)
+    through ``time_unit``."""
+    if isinstance(v, str):
+        m = re.fullmatch(r"(\d+)(ms|s|m|h|d|w)", v.strip())
         if m is None:
-            raise ValueError(f"History.ttl {ttl!r}: expected an integer or a duration such as '30d', '12h', '15m', '90s', '500ms', '2w'")
+            raise ValueError(f"History.{name} {v!r}: expected an integer or a duration such as '30d', '12h', '15m', '90s', '500ms', '2w'")
         if time_unit is None:
-            raise ValueError(f"History.ttl {ttl!r} is a duration: give time_unit ({', '.join(TIME_UNITS)}), what the time column counts")
+            raise ValueError(f"History.{name} {v!r} is a duration: give time_unit ({', '.join(TIME_UNITS)}), what the time column counts")
         nanos = int(m[1]) * DURATION_UNITS[m[2]]
         if nanos % TIME_UNITS[time_unit]:
-            raise ValueError(f"History.ttl {ttl!r} is not a whole number of {time_unit}")
-        return _positive_int("ttl", nanos // TIME_UNITS[time_unit])
-    if time_unit is not None:
-        raise ValueError("History.time_unit goes with a duration text in ttl (such as '30d'); an integer ttl is in the time's units")
-    return _positive_int("ttl", ttl)
+            raise ValueError(f"History.{name} {v!r} is not a whole number of {time_unit}")
+        return _positive_int(name, nanos // TIME_UNITS[time_unit], low)
+    return _positive_int(name, v, low)
 
 
 class History(Op):
@@ -123,7 +145,7 @@ class History(Op):
 
     def __init__(self, columns: list[str], key: Any = None, time: Any = None, max_len: Any = None, prefix: Any = "hist_",
                  tiebreak: Any = None, ttl: Any = None, time_unit: Any = None, min_len: Any = 0, on_short: Any = None,
-                 max_keys: Any = 1_000_000):  # fmt: skip
+                 max_keys: Any = 1_000_000, allowed_lateness: Any = 0):  # fmt: skip
         super().__init__(columns)
         if not columns:
             raise ValueError("History lists at least one column")
@@ -143,8 +165,9 @@ class History(Op):
         twice = sorted({c for c in order if order.count(c) > 1})
         if twice:
             raise ValueError(f"History: column '{twice[0]}' is named twice among key, time and tiebreak")
-        self.ttl = parse_ttl(ttl, time_unit)
+        self.ttl = parse_ttl(ttl, time_unit, allowed_lateness)
         self.time_unit = time_unit
+        self.allowed_lateness = parse_duration("allowed_lateness", allowed_lateness, time_unit, 0)
         self.min_len = _positive_int("min_len", min_len, 0, self.max_len)
         if on_short is not None and on_short not in ON_SHORT:
             raise ValueError(f"History.on_short must be one of {list(ON_SHORT)}, got {on_short!r}")
@@ -201,30 +224,52 @@ class History(Op):
     def params_doc(self) -> dict[str, Any]:
         """The parameters the state's meaning depends on (JSON values)."""
         return {"key": self.key, "time": self.time, "columns": list(self.columns), "max_len": self.max_len, "ttl": self.ttl,
-                "tiebreak": list(self.tiebreak), "prefix": self.prefix, "max_keys": self.max_keys}  # fmt: skip
+                "tiebreak": list(self.tiebreak), "prefix": self.prefix, "max_keys": self.max_keys,
+                "allowed_lateness": self.allowed_lateness}  # fmt: skip
 
     def state_spec(self) -> StreamSpec:
         """Its state (``etl.ops.history_state``): it reads the key's hash, the time and the listed columns, and
-        writes the lists and lengths. Not among ``stream_specs`` (none): the loader does not drive it yet (its
-        outputs are lists, which the loader's streaming states do not write), ``etl preprocess`` does."""
+        writes the lists and lengths (each list's lengths: ``{prefix}len``); each epoch starts it empty."""
         inputs = (StreamInput(KEY_HASH, np.dtype(np.uint64)), StreamInput(RAW_TIME, np.dtype(np.int64)),
                   *(StreamInput(c, np.dtype(np.int64)) for c in self.columns))  # fmt: skip
         arrays = {"key": np.dtype(np.uint64), "last": np.dtype(np.int64), "time": np.dtype(np.int64)}
         arrays |= {value_array(c): np.dtype(np.int64) for c in self.columns}
         scalars = ("rows", "evictions")
-        return StreamSpec(f"{self.prefix}*", self.name, self.key, self.params_doc, "history", inputs, tuple(self.outputs), scalars, arrays)
+        lengths = {h: self.length for h in self.lists}
+        return StreamSpec(f"{self.prefix}*", self.name, self.key, self.params_doc, "history", inputs, tuple(self.outputs), scalars, arrays,
+                          lengths, per_epoch=True)  # fmt: skip
+
+    def stream_specs(self) -> list[StreamSpec]:
+        """Its state, which the loader drives on raw shards (``etl preprocess`` runs it over sorted rows instead:
+        ``etl.preprocess.keyed``)."""
+        return [self.state_spec()]
 
     def new_stream_state(self, name: str, max_keys: int | None = None) -> HistoryState:
         """A new (empty) state; ``max_keys``: the keys it keeps, default the op's (``OFFLINE_KEYS`` serve sorted input)."""
         spec = self.state_spec()
         if name != spec.name:
             raise ValueError(f"History: no state named {name!r} (its state is {spec.name!r})")
-        return HistoryState(spec, self.key, self.time, self.columns, self.max_len, self.ttl, max_keys or self.max_keys)
+        return HistoryState(spec, self.key, self.time, self.columns, self.max_len, self.ttl, max_keys or self.max_keys, self.allowed_lateness)
+
+    def check_streamed(self, later: list[Op]) -> None:
+        """``ConfigError`` unless the loader can run it as a streaming state (see the module docstring), ``later``
+        the ops after it in the pipeline."""
+        where = f"History (key '{self.key}', time '{self.time}') on raw shards"
+        if self.tiebreak:
+            raise ConfigError(f"{where}: rows at the same time take the order they arrive in; tiebreak {self.tiebreak} is for etl preprocess")
+        if self.min_len:
+            raise ConfigError(f"{where}: min_len {self.min_len} would take rows out of a batch; etl preprocess runs it")
+        mine = {*self.columns, *self.outputs}
+        for op in later:
+            touched = sorted(mine & {*op.columns, *op.outputs})
+            if touched:
+                raise ConfigError(f"{where}: {op.name} after it reads or writes '{touched[0]}', which the loader's streaming "
+                                  "history fills after every other op; run etl preprocess")  # fmt: skip
 
     def transform(self, batch: Batch, xp: Backend) -> dict[str, Column]:
         raise ConfigError(f"History (key '{self.key}', time '{self.time}') needs every row of a key, in time order: `etl preprocess` "
-                          "brings them together and makes its lists; a transform of one batch at a time (Pipeline.transform, "
-                          "the Loader on raw shards, --follow) cannot. Run etl preprocess, then load its output")  # fmt: skip
+                          "brings them together and makes its lists, the Loader on raw shards keeps a state of each key's events; a "
+                          "transform of one batch at a time (Pipeline.transform) cannot. Run etl preprocess, then load its output")  # fmt: skip
 
     # ------------------------------------------------------------------ offline
     def key_hashes(self, col: Column) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -238,6 +283,11 @@ class History(Op):
         malformed = np.zeros(len(col), np.bool_) if bad is None else np.asarray(bad, np.bool_) & ~missing
         usable = ~(missing | malformed)
         return np.where(usable, key_hashes(np.asarray(keys, np.uint64)), np.uint64(0)), usable, malformed
+
+    def with_keys(self, batch: Batch) -> Batch:
+        """``batch`` (the schema's columns as read) with the columns its state reads (``with_sources``)."""
+        hashes, usable, _ = self.key_hashes(batch[self.key])
+        return self.with_sources(batch, hashes, usable)
 
     def with_sources(self, batch: Batch, hashes: np.ndarray, usable: np.ndarray) -> Batch:
         """``batch`` (the schema's columns as read) with the columns the offline run adds for History: the key

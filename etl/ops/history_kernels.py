@@ -102,10 +102,12 @@ def _record(s, present, keys, last, count, head, times, vals, rec_heads, rec_tim
 
 
 @_jit
-def advance_rows(in_keys, in_times, in_vals, start, max_len, ttl, max_keys, keys, last, count, settled, head, logged, prev, nxt,
-             times, vals, table, meta, out_len, out_vals, record, rec_heads, rec_times, rec_vals):  # fmt: skip
+def advance_rows(in_keys, in_times, in_vals, start, max_len, ttl, lateness, max_keys, keys, last, count, settled, head, logged, prev,
+             nxt, times, vals, table, meta, out_len, out_vals, record, rec_heads, rec_times, rec_vals):  # fmt: skip
     """Take rows ``start..`` of the batch; returns (the row it stopped at, why: ``DONE`` at the end of the batch,
-    or the buffer to grow, or ``LATE``). Stops before changing anything for the row it stops at."""
+    or the buffer to grow, or ``LATE``: a row older than its key's latest time by more than ``lateness``). Stops
+    before changing anything for the row it stops at. A row older than its key's latest time by at most
+    ``lateness`` is taken by ``_take_late``."""
     w = times.shape[1]
     ncols = vals.shape[2]
     for r in range(start, len(in_keys)):
@@ -113,7 +115,8 @@ def advance_rows(in_keys, in_times, in_vals, start, max_len, ttl, max_keys, keys
         t = in_times[r]
         i = _find(table, keys, k)
         s = table[i] - 1
-        if s >= 0 and count[s] > 0 and t < times[s, (head[s] + count[s] - 1) % w]:
+        late = s >= 0 and count[s] > 0 and t < times[s, (head[s] + count[s] - 1) % w]
+        if late and times[s, (head[s] + count[s] - 1) % w] - t > lateness:  # no overflow: both are int64, t is smaller
             return r, LATE
         if meta[OUT] + max_len > len(out_vals):
             return r, NEED_OUT
@@ -149,6 +152,9 @@ def advance_rows(in_keys, in_times, in_vals, start, max_len, ttl, max_keys, keys
         _append(s, prev, nxt, meta)
         last[s] = meta[CLOCK]
         meta[CLOCK] += 1
+        if late:
+            out_len[r] = _take_late(s, t, in_vals[r], max_len, ttl, count, settled, head, times, vals, out_vals, meta)
+            continue
         n = count[s]
         h = head[s]
         if n > 0 and t > times[s, (h + n - 1) % w]:  # a later time: every entry is settled, the latest max_len kept
@@ -188,6 +194,59 @@ def advance_rows(in_keys, in_times, in_vals, start, max_len, ttl, max_keys, keys
         count[s] = n + 1
         head[s] = h
     return len(in_keys), DONE
+
+
+@_jit
+def _take_late(s, t, row_vals, max_len, ttl, count, settled, head, times, vals, out_vals, meta):
+    """A row of slot ``s`` at time ``t`` before the key's latest time: its history is the settled entries strictly
+    before ``t`` (within ``ttl``), the latest ``max_len`` the slot holds; its entry joins the settled ones at its
+    place in time order (after those at the same time), the oldest settled entry dropped beyond ``max_len`` (the
+    row's own entry, when it is older than ``max_len`` settled ones). Returns the history's length."""
+    w = times.shape[1]
+    ncols = vals.shape[2]
+    h, n, p = head[s], count[s], settled[s]
+    before = 0  # settled entries strictly before t
+    while before < p and times[s, (h + before) % w] < t:
+        before += 1
+    upto = before  # settled entries at or before t: the new entry goes after them
+    while upto < p and times[s, (h + upto) % w] == t:
+        upto += 1
+    first = 0
+    if ttl >= 0:
+        lower = t - ttl if t >= np.iinfo(np.int64).min + ttl else np.iinfo(np.int64).min
+        while first < before and times[s, (h + first) % w] < lower:
+            first += 1
+    o = meta[OUT]
+    for j in range(first, before):
+        idx = (h + j) % w
+        for c in range(ncols):
+            out_vals[o, c] = vals[s, idx, c]
+        o += 1
+    meta[OUT] = o
+    if p == max_len:
+        if upto == 0:  # older than every settled entry kept: no later row's latest max_len holds it
+            return before - first
+        for j in range(1, upto):  # drop the oldest settled entry, shift the earlier ones down
+            a = (h + j) % w
+            b = (h + j - 1) % w
+            times[s, b] = times[s, a]
+            for c in range(ncols):
+                vals[s, b, c] = vals[s, a, c]
+        at = (h + upto - 1) % w
+    else:
+        for j in range(n - 1, upto - 1, -1):  # make room at upto: the later entries move up one
+            a = (h + j) % w
+            b = (h + j + 1) % w
+            times[s, b] = times[s, a]
+            for c in range(ncols):
+                vals[s, b, c] = vals[s, a, c]
+        at = (h + upto) % w
+        count[s] = n + 1
+        settled[s] = p + 1
+    times[s, at] = t
+    for c in range(ncols):
+        vals[s, at, c] = row_vals[c]
+    return before - first
 
 
 @_jit

@@ -62,18 +62,19 @@ from etl.ops.history_kernels import (
     gather_entries,
     load_slots,
 )
-from etl.ops.stream import Carried, StateArrays, StreamSpec, StreamState, StreamStep
+from etl.ops.stream import Carried, RowRejected, StateArrays, StreamSpec, StreamState, StreamStep
 
 #: Keys the tables hold at first (they double as keys come, up to ``max_keys``).
 _FIRST_SLOTS = 1024
 
 
-class LateRow(ValueError):
-    """A row's time is before its key's latest row (``row``: its index in the batch)."""
+class LateRow(RowRejected):
+    """A row's time is before its key's latest row by more than the allowed lateness (``row``: its index in the
+    batch; ``column``: the time column)."""
 
-    def __init__(self, row: int):
-        self.row = row
-        super().__init__(f"row {row} of the batch is older than its key's latest row: a history takes each key's rows in time order")
+    def __init__(self, row: int, column: str, lateness: int):
+        beyond = f"by more than allowed_lateness {lateness}" if lateness else "(allowed_lateness 0)"
+        super().__init__(row, column, f"the time is before its key's latest event {beyond}: a streaming history takes each key's rows in time order")
 
 
 @dataclass(frozen=True)
@@ -96,10 +97,11 @@ class HistoryUndo:
 class HistoryState(StreamState):
     """The state of one ``History`` op (see the module docstring). ``columns``: the listed columns, in order."""
 
-    def __init__(self, spec: StreamSpec, key: str, time: str, columns: Sequence[str], max_len: int, ttl: int | None, max_keys: int):
+    def __init__(self, spec: StreamSpec, key: str, time: str, columns: Sequence[str], max_len: int, ttl: int | None, max_keys: int,
+                 lateness: int = 0):  # fmt: skip
         self.spec = spec
         self.key, self.time, self.columns = key, time, list(columns)
-        self.max_len, self.ttl, self.max_keys = max_len, ttl, max_keys
+        self.max_len, self.ttl, self.max_keys, self.lateness = max_len, ttl, max_keys, lateness
         self._reset(min(max_keys, _FIRST_SLOTS))
 
     # ------------------------------------------------------------------ tables
@@ -172,13 +174,13 @@ class HistoryState(StreamState):
         ttl = -1 if self.ttl is None else self.ttl
         r = 0
         while True:
-            r, why = advance_rows(keys, times, vals, r, self.max_len, ttl, self.max_keys, self.keys, self.last, self.count, self.settled, self.head,
-                              self.logged, self.prev, self.next, self.times, self.vals, self.table, self.meta, out_len, out_vals, record,
-                              rec_heads, rec_times, rec_vals)  # fmt: skip
+            r, why = advance_rows(keys, times, vals, r, self.max_len, ttl, self.lateness, self.max_keys, self.keys, self.last, self.count,
+                                  self.settled, self.head, self.logged, self.prev, self.next, self.times, self.vals, self.table, self.meta,
+                                  out_len, out_vals, record, rec_heads, rec_times, rec_vals)  # fmt: skip
             if why == DONE:
                 break
             if why == LATE:
-                raise LateRow(r)
+                raise LateRow(r, self.time, self.lateness)
             if why == NEED_SLOTS:
                 self._grow(min(self.max_keys, 2 * len(self.keys)))
             elif why == NEED_OUT:

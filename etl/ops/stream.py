@@ -63,6 +63,16 @@ class UndoRecord(Protocol):
     def nbytes(self) -> int: ...
 
 
+class RowRejected(ValueError):
+    """A state's refusal of one row of the batch it advances over (``row``: its index in the batch; ``column``: the
+    column at fault, ``problem``: why). The rows before it are taken; the loader reports it as a ``RowError``
+    naming the row's file, row group and row."""
+
+    def __init__(self, row: int, column: str, problem: str):
+        self.row, self.column, self.problem = row, column, problem
+        super().__init__(f"row {row} of the batch, column '{column}': {problem}")
+
+
 @dataclass(frozen=True)
 class StreamStep:
     """The result of one ``advance``: ``outputs`` (per output column, one value per row of the batch, in row
@@ -80,7 +90,11 @@ class StreamSpec:
     states; the column it gives, for a state of one column), ``op`` (the op's name), ``column`` (the column it
     belongs to), ``params`` (JSON values: every parameter the state's meaning depends on), ``kind`` (what it is,
     for messages: "online vocabulary"), ``inputs`` (columns carried to it), ``outputs`` (columns it writes),
-    ``scalars`` and ``arrays`` (the names of its state's scalars, and its arrays with their dtypes)."""
+    ``scalars`` and ``arrays`` (the names of its state's scalars, and its arrays with their dtypes), ``lengths``
+    (per output that is a list column, the output holding each row's list length: the list output's values are
+    then the rows' lists one after the other) and ``per_epoch`` (each epoch of a loader starts it from the state
+    the op made it with, not from where the epoch before left it: a per-key history, whose rows of a new epoch are
+    no later than those seen)."""
 
     name: str
     op: str
@@ -91,6 +105,8 @@ class StreamSpec:
     outputs: tuple[str, ...]
     scalars: tuple[str, ...]
     arrays: dict[str, np.dtype] = field(default_factory=dict)
+    lengths: dict[str, str] = field(default_factory=dict)
+    per_epoch: bool = False
 
     @property
     def made_by(self) -> dict[str, Any]:

@@ -140,7 +140,7 @@ def preprocess(
     if not formats or list(formats) != [f for f in FORMATS if f in formats]:
         raise ValueError(f"formats must be some of {FORMATS}, in that order, got {formats!r}")
     budget = default_budget() if memory_budget is None else parse_budget(memory_budget)
-    streamed = stream_specs(pipeline.ops)
+    streamed = stream_specs([op for op in pipeline.ops if not op.keyed])  # a keyed op's state runs here over sorted rows (keyed)
     if streamed:
         raise ConfigError(f"{describe_specs(streamed)}: such values are given by etl.Loader as it "
                           "streams rows, not by etl preprocess")  # fmt: skip

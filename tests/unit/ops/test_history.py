@@ -9,9 +9,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pytest
-import yaml
 
-from etl import Loader
 from etl.batch import Batch, Column
 from etl.errors import ConfigError, SpecError
 from etl.io.parquet import column_from_arrow
@@ -175,7 +173,4 @@ def test_one_batch_transforms_refuse_it(tmp_path: Path) -> None:
     row = {"label": [1], "user": ["0a"], "item": [5], "genres": [["x"]], "ts": [1], "price": [1.0], "session": ["s"], "event_time": [1]}
     with pytest.raises(ConfigError, match="etl preprocess"):
         p.transform_table(row)
-    (tmp_path / "schema.yaml").write_text(yaml.safe_dump(SCHEMA))
-    (tmp_path / "p.yaml").write_text(yaml.safe_dump({"name": "events", "schema": "schema.yaml", "ops": [*DECODE, history()]}))
-    with pytest.raises(ConfigError, match="has a History op"):
-        Loader(tmp_path, pipeline=tmp_path / "p.yaml", batch_size=2)
+    # the loader on raw shards runs it as a streaming state: tests/unit/loader/test_stream_history.py

@@ -102,6 +102,19 @@ def _record(s, present, keys, last, count, head, times, vals, rec_heads, rec_tim
 
 
 @_jit
+def _first_within_ttl(times, s, h, upto, t, ttl):
+    """The first of slot ``s``'s first ``upto`` entries (from its head ``h``) within ``ttl`` of time ``t``: not
+    older than ``t - ttl`` (``upto`` when none is; 0 without a ttl, ``ttl`` < 0)."""
+    first = 0
+    if ttl >= 0:
+        lower = t - ttl if t >= np.iinfo(np.int64).min + ttl else np.iinfo(np.int64).min
+        w = times.shape[1]
+        while first < upto and times[s, (h + first) % w] < lower:
+            first += 1
+    return first
+
+
+@_jit
 def advance_rows(in_keys, in_times, in_vals, start, max_len, ttl, lateness, max_keys, keys, last, count, settled, head, logged, prev,
              nxt, times, vals, table, meta, out_len, out_vals, record, rec_heads, rec_times, rec_vals):  # fmt: skip
     """Take rows ``start..`` of the batch; returns (the row it stopped at, why: ``DONE`` at the end of the batch,
@@ -165,11 +178,7 @@ def advance_rows(in_keys, in_times, in_vals, start, max_len, ttl, lateness, max_
                 p = max_len
             settled[s] = p
         p = settled[s]
-        first = 0
-        if ttl >= 0:
-            lower = t - ttl if t >= np.iinfo(np.int64).min + ttl else np.iinfo(np.int64).min
-            while first < p and times[s, (h + first) % w] < lower:
-                first += 1
+        first = _first_within_ttl(times, s, h, p, t, ttl)
         o = meta[OUT]
         out_len[r] = p - first
         for j in range(first, p):
@@ -211,11 +220,7 @@ def _take_late(s, t, row_vals, max_len, ttl, count, settled, head, times, vals, 
     upto = before  # settled entries at or before t: the new entry goes after them
     while upto < p and times[s, (h + upto) % w] == t:
         upto += 1
-    first = 0
-    if ttl >= 0:
-        lower = t - ttl if t >= np.iinfo(np.int64).min + ttl else np.iinfo(np.int64).min
-        while first < before and times[s, (h + first) % w] < lower:
-            first += 1
+    first = _first_within_ttl(times, s, h, before, t, ttl)
     o = meta[OUT]
     for j in range(first, before):
         idx = (h + j) % w

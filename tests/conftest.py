@@ -126,6 +126,22 @@ def criteo_table(n: int, seed: int = 0) -> pa.Table:
     return pa.table(cols)
 
 
+def criteo_shards(directory: Path, bad_first_c1: bool = True) -> tuple[list[Path], pa.Table]:
+    """Two raw Criteo shards of 200 rows written to ``directory`` (made here), ``part-00000.parquet`` and
+    ``part-00001.parquet``: the second has a malformed C1 in its first row (quarantined, or the run's row error)
+    when ``bad_first_c1``. Returns their paths and the first shard's table."""
+    import pyarrow.parquet as pq
+
+    directory.mkdir(parents=True)
+    table = criteo_table(200, seed=4)
+    pq.write_table(table, directory / "part-00000.parquet")
+    second = table
+    if bad_first_c1:
+        second = table.set_column(table.schema.get_field_index("C1"), "C1", pa.array(["zz"] + table["C1"].to_pylist()[1:], pa.string()))
+    pq.write_table(second, directory / "part-00001.parquet")
+    return sorted(directory.iterdir()), table
+
+
 @pytest.fixture(scope="session")
 def local_cluster() -> Iterator[Client | None]:
     """A Dask cluster of two worker processes (``etl.runtime.cluster.connect("local:2")``) for the whole session: its

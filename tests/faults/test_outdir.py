@@ -19,7 +19,7 @@ from etl.io import files
 from etl.io.files import ExclusiveParquetWriter, HashingFile, atomic_write_bytes, atomic_write_parquet, open_exclusive
 from etl.io.lock import LOCK_NAME, locked
 from etl.schema import load_schema
-from tests.conftest import REPO
+from tests.conftest import REPO, criteo_shards
 
 
 def _plant(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
@@ -432,39 +432,16 @@ def test_rerun_of_a_fixed_shard_removes_its_old_quarantine_file(tmp_path: Path) 
     from etl.io.processed import read_manifest
     from etl.pipeline import Pipeline
     from etl.preprocess import preprocess
-    from tests.conftest import criteo_table
 
     raw = tmp_path / "raw"
-    raw.mkdir()
-    table = criteo_table(200, seed=4)
-    pq.write_table(table, raw / "part-00000.parquet")
-    bad = table.set_column(table.schema.get_field_index("C1"), "C1", pa.array(["zz"] + table["C1"].to_pylist()[1:], pa.string()))
-    pq.write_table(bad, raw / "part-00001.parquet")
+    shards, table = criteo_shards(raw)
     out = tmp_path / "out"
-    shards = sorted(raw.iterdir())
     preprocess(Pipeline.from_file(REPO / "pipelines/criteo_hash.yaml"), shards, out, on_error="quarantine")
     assert (out / "quarantine" / "part-00001.parquet").exists()
     pq.write_table(table.slice(0, 150), raw / "part-00001.parquet")  # fixed (and other bytes)
     preprocess(Pipeline.from_file(REPO / "pipelines/criteo_hash.yaml"), shards, out, on_error="quarantine")
     assert not (out / "quarantine" / "part-00001.parquet").exists()
     assert [e.quarantine for e in read_manifest(out).files] == [None, None]
-
-
-def _criteo_shards(tmp_path: Path, bad_first_c1: bool) -> tuple[list[Path], pa.Table]:
-    """Two raw Criteo shards of 200 rows; the second has a malformed C1 in its first row when ``bad_first_c1``."""
-    import pyarrow.parquet as pq
-
-    from tests.conftest import criteo_table
-
-    raw = tmp_path / "raw"
-    raw.mkdir()
-    table = criteo_table(200, seed=4)
-    pq.write_table(table, raw / "part-00000.parquet")
-    second = table
-    if bad_first_c1:
-        second = table.set_column(table.schema.get_field_index("C1"), "C1", pa.array(["zz"] + table["C1"].to_pylist()[1:], pa.string()))
-    pq.write_table(second, raw / "part-00001.parquet")
-    return sorted(raw.iterdir()), table
 
 
 def test_rerun_with_on_error_raise_over_a_quarantined_shard_raises(tmp_path: Path) -> None:
@@ -474,7 +451,7 @@ def test_rerun_with_on_error_raise_over_a_quarantined_shard_raises(tmp_path: Pat
     from etl.pipeline import Pipeline
     from etl.preprocess import preprocess
 
-    shards, _ = _criteo_shards(tmp_path, bad_first_c1=True)
+    shards, _ = criteo_shards(tmp_path / "raw", bad_first_c1=True)
     out = tmp_path / "out"
     spec = REPO / "pipelines/criteo_hash.yaml"
     preprocess(Pipeline.from_file(spec), shards, out, on_error="quarantine")
@@ -485,7 +462,7 @@ def test_rerun_with_on_error_raise_over_a_quarantined_shard_raises(tmp_path: Pat
 
 
 def test_rerun_with_on_error_raise_over_a_quarantined_shard_exits_2(tmp_path: Path) -> None:
-    shards, _ = _criteo_shards(tmp_path, bad_first_c1=True)
+    shards, _ = criteo_shards(tmp_path / "raw", bad_first_c1=True)
     out = tmp_path / "out"
     args = ("preprocess", "--pipeline", str(REPO / "pipelines/criteo_hash.yaml"), "--input", str(tmp_path / "raw"), "--out", str(out))
     assert _run_cli(*args, "--on-error", "quarantine").returncode == 0
@@ -503,7 +480,7 @@ def test_a_rerun_with_on_error_raise_that_fails_leaves_the_quarantine_mode_outpu
     from etl.preprocess import preprocess
     from tests.conftest import tree_bytes
 
-    shards, _ = _criteo_shards(tmp_path, bad_first_c1=True)
+    shards, _ = criteo_shards(tmp_path / "raw", bad_first_c1=True)
     out = tmp_path / "out"
     spec = REPO / "pipelines/criteo_hash.yaml"
     preprocess(Pipeline.from_file(spec), shards, out, on_error="quarantine")
@@ -527,7 +504,7 @@ def test_a_shard_done_after_another_failed_is_not_committed_over_the_earlier_out
     from etl.preprocess import run as run_module
     from tests.conftest import tree_bytes
 
-    shards, table = _criteo_shards(tmp_path, bad_first_c1=True)
+    shards, table = criteo_shards(tmp_path / "raw", bad_first_c1=True)
     pq.write_table(table.slice(0, 100), shards[0].with_name("part-00002.parquet"))
     shards.append(shards[0].with_name("part-00002.parquet"))
     out = tmp_path / "out"
@@ -557,7 +534,7 @@ def test_resume_redoes_a_shard_whose_modification_time_changed(tmp_path: Path) -
     from etl.pipeline import Pipeline
     from etl.preprocess import preprocess
 
-    shards, _ = _criteo_shards(tmp_path, bad_first_c1=False)
+    shards, _ = criteo_shards(tmp_path / "raw", bad_first_c1=False)
     out = tmp_path / "out"
     spec = REPO / "pipelines/criteo_hash.yaml"
     preprocess(Pipeline.from_file(spec), shards, out)
@@ -576,7 +553,7 @@ def test_resume_redoes_a_shard_edited_with_the_same_size_and_modification_time(t
     from etl.pipeline import Pipeline
     from etl.preprocess import preprocess
 
-    shards, table = _criteo_shards(tmp_path, bad_first_c1=False)
+    shards, table = criteo_shards(tmp_path / "raw", bad_first_c1=False)
     plain = {"compression": "none", "use_dictionary": False}  # sizes that depend on the widths only
     pq.write_table(table, shards[1], **plain)
     out = tmp_path / "out"
@@ -609,7 +586,7 @@ def test_resume_redoes_a_shard_edited_in_place_with_the_same_size_footer_and_mod
     from etl.pipeline import Pipeline
     from etl.preprocess import preprocess
 
-    shards, table = _criteo_shards(tmp_path, bad_first_c1=False)
+    shards, table = criteo_shards(tmp_path / "raw", bad_first_c1=False)
     pq.write_table(table, shards[1], compression="none", use_dictionary=False)  # plain int64 values in the pages
     out = tmp_path / "out"
     spec = REPO / "pipelines/criteo_hash.yaml"
@@ -644,7 +621,7 @@ def test_resume_redoes_shards_of_a_manifest_without_source_fingerprints(tmp_path
     from etl.pipeline import Pipeline
     from etl.preprocess import preprocess
 
-    shards, _ = _criteo_shards(tmp_path, bad_first_c1=False)
+    shards, _ = criteo_shards(tmp_path / "raw", bad_first_c1=False)
     out = tmp_path / "out"
     spec = REPO / "pipelines/criteo_hash.yaml"
     preprocess(Pipeline.from_file(spec), shards, out)

@@ -9,12 +9,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from etl.errors import OutputError
-from tests.conftest import REPO, criteo_table, run_etl, tree_bytes
+from tests.conftest import REPO, criteo_shards, run_etl, tree_bytes
 
 CRITEO = REPO / "pipelines/criteo.yaml"
 NPY = ("--format", "parquet,npy")
@@ -23,13 +21,8 @@ NPY = ("--format", "parquet,npy")
 @pytest.fixture
 def raw(tmp_path: Path) -> Path:
     """Two raw Criteo shards of 200 rows; the second has a malformed C1 in its first row (quarantined)."""
-    d = tmp_path / "raw"
-    d.mkdir()
-    table = criteo_table(200, seed=4)
-    pq.write_table(table, d / "part-00000.parquet")
-    bad = table.set_column(table.schema.get_field_index("C1"), "C1", pa.array(["zz"] + table["C1"].to_pylist()[1:], pa.string()))
-    pq.write_table(bad, d / "part-00001.parquet")
-    return d
+    criteo_shards(tmp_path / "raw")
+    return tmp_path / "raw"
 
 
 def _preprocess(raw: Path, out: Path, *args: str, check: bool = True):

@@ -16,7 +16,7 @@ from etl.preprocess import preprocess
 from etl.preprocess.follow import preprocess_follow
 from etl.schema import load_schema
 from etl.tools.synth import generate
-from tests.conftest import REPO, tree_bytes
+from tests.conftest import REPO, criteo_shards, tree_bytes
 
 HASH = REPO / "pipelines/criteo_hash.yaml"
 
@@ -57,18 +57,10 @@ def test_a_pipeline_with_ops_to_fit_is_refused(tmp_path: Path) -> None:
 def test_a_rerun_with_on_error_raise_that_fails_leaves_the_quarantine_mode_output_as_it_was(tmp_path: Path) -> None:
     """The shard that quarantined rows is redone and raises at its first bad row: nothing of the earlier output is
     removed before this run commits a file of its own."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     from etl.errors import RowError
-    from tests.conftest import criteo_table
 
     raw = tmp_path / "raw"
-    raw.mkdir()
-    table = criteo_table(200, seed=4)
-    pq.write_table(table, raw / "part-00000.parquet")
-    bad = table.set_column(table.schema.get_field_index("C1"), "C1", pa.array(["zz"] + table["C1"].to_pylist()[1:], pa.string()))
-    pq.write_table(bad, raw / "part-00001.parquet")
+    criteo_shards(raw)
     out = tmp_path / "out"
     first = preprocess_follow(Pipeline.from_file(HASH), raw, out, stop=threading.Event(), stop_after_idle=0, on_error="quarantine")
     assert (first.files_committed, first.totals.rows_quarantined) == (2, 1)

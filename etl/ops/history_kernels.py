@@ -115,6 +115,20 @@ def _first_within_ttl(times, s, h, upto, t, ttl):
 
 
 @_jit
+def _emit(s, h, first, end, vals, out_vals, meta):
+    """Append the values of slot ``s``'s entries ``first`` to ``end`` (from its head ``h``) to ``out_vals`` at
+    ``meta[OUT]``, which moves past them."""
+    w = vals.shape[1]
+    o = meta[OUT]
+    for j in range(first, end):
+        idx = (h + j) % w
+        for c in range(vals.shape[2]):
+            out_vals[o, c] = vals[s, idx, c]
+        o += 1
+    meta[OUT] = o
+
+
+@_jit
 def advance_rows(in_keys, in_times, in_vals, start, max_len, ttl, lateness, max_keys, keys, last, count, settled, head, logged, prev,
              nxt, times, vals, table, meta, out_len, out_vals, record, rec_heads, rec_times, rec_vals):  # fmt: skip
     """Take rows ``start..`` of the batch; returns (the row it stopped at, why: ``DONE`` at the end of the batch,
@@ -179,14 +193,8 @@ def advance_rows(in_keys, in_times, in_vals, start, max_len, ttl, lateness, max_
             settled[s] = p
         p = settled[s]
         first = _first_within_ttl(times, s, h, p, t, ttl)
-        o = meta[OUT]
         out_len[r] = p - first
-        for j in range(first, p):
-            idx = (h + j) % w
-            for c in range(ncols):
-                out_vals[o, c] = vals[s, idx, c]
-            o += 1
-        meta[OUT] = o
+        _emit(s, h, first, p, vals, out_vals, meta)
         if n - p == max_len:  # max_len entries already wait at this time: the oldest of them will never be seen
             for j in range(p - 1, -1, -1):
                 a = (h + j) % w
@@ -221,13 +229,7 @@ def _take_late(s, t, row_vals, max_len, ttl, count, settled, head, times, vals, 
     while upto < p and times[s, (h + upto) % w] == t:
         upto += 1
     first = _first_within_ttl(times, s, h, before, t, ttl)
-    o = meta[OUT]
-    for j in range(first, before):
-        idx = (h + j) % w
-        for c in range(ncols):
-            out_vals[o, c] = vals[s, idx, c]
-        o += 1
-    meta[OUT] = o
+    _emit(s, h, first, before, vals, out_vals, meta)
     if p == max_len:
         if upto == 0:  # older than every settled entry kept: no later row's latest max_len holds it
             return before - first

@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -88,15 +89,20 @@ def test_a_following_processed_reader_checks_each_file_against_the_entry_it_was_
     assert_same(ProcessedReader(LAYOUT, LoaderStats(), output, counted)(middle(out)), HostReader(PIPELINE, LAYOUT, LoaderStats())(middle(raw)))
 
 
-def test_a_processed_file_changed_under_the_reader_is_checked_again(raw: Path, tmp_path: Path) -> None:
-    """A reader checks a file once, then again whenever it changed (replaced, rewritten): bytes other than the
-    manifest's are an error naming the file, never rows of the new file; a file touched but unchanged reads on."""
+def _one_part_output(raw: Path, tmp_path: Path) -> tuple[Path, pa.Table, ProcessedReader]:
+    """A processed output in ``tmp_path`` of one part (``raw`` transformed), its table and a reader of it."""
     out = part_path(tmp_path, 0)
     table = PIPELINE.transform_table(pq.read_table(raw))
     pq.write_table(table, out, row_group_size=300)
     entry = ManifestEntry(out.name, str(raw), raw.stat().st_size, 900, 900, 0, None, sha256_file(out))
     output = ProcessedOutput(tmp_path, tmp_path / "artifacts", [out], Manifest.of("criteo_hash", [entry], complete=True))
-    reader = ProcessedReader(LAYOUT, LoaderStats(), output)
+    return out, table, ProcessedReader(LAYOUT, LoaderStats(), output)
+
+
+def test_a_processed_file_changed_under_the_reader_is_checked_again(raw: Path, tmp_path: Path) -> None:
+    """A reader checks a file once, then again whenever it changed (replaced, rewritten): bytes other than the
+    manifest's are an error naming the file, never rows of the new file; a file touched but unchanged reads on."""
+    out, table, reader = _one_part_output(raw, tmp_path)
     want = HostReader(PIPELINE, LAYOUT, LoaderStats())(middle(raw))
     assert_same(reader(middle(out)), want)
     os.utime(out, ns=(out.stat().st_atime_ns, out.stat().st_mtime_ns + 10**9))  # touched: the same bytes
@@ -114,12 +120,7 @@ def test_a_processed_file_changed_while_a_piece_is_read_is_named(raw: Path, tmp_
     """The file is replaced (or removed) between the reader's check and its read of the rows, as a rerun of etl
     preprocess may do at any moment: the check after the read names it, instead of rows of the new file (or a
     FileNotFoundError)."""
-    out = part_path(tmp_path, 0)
-    table = PIPELINE.transform_table(pq.read_table(raw))
-    pq.write_table(table, out, row_group_size=300)
-    entry = ManifestEntry(out.name, str(raw), raw.stat().st_size, 900, 900, 0, None, sha256_file(out))
-    output = ProcessedOutput(tmp_path, tmp_path / "artifacts", [out], Manifest.of("criteo_hash", [entry], complete=True))
-    reader = ProcessedReader(LAYOUT, LoaderStats(), output)
+    out, table, reader = _one_part_output(raw, tmp_path)
     other = tmp_path / "other.parquet"
     pq.write_table(table.slice(1), other, row_group_size=300)
     read = ProcessedReader.read

@@ -13,21 +13,23 @@ and on synthetic events (``--item item_id --history hist_item_id``, after ``etl 
 schemas/events.yaml`` and ``etl preprocess --pipeline pipelines/events_sequence.yaml``).
 
 Split by time, without leakage: the rows are ordered by the time column as the batches hold it (the pipeline may
-standardise it: Normalize is increasing, so the order is the raw times'); the latest ``--test-share`` of the rows is
+standardise it: Normalize, float32 rounding included, never puts a later time before an earlier one, so a row below
+the split's value is strictly earlier than every row at or above it; the dates printed are exact to float32's
+precision, about 30 s on MovieLens); the latest ``--test-share`` of the rows is
 the test window, the rows strictly before its first time the training window (``--train-rows N``: only its latest
 N rows). So every training event is strictly earlier than every test event; a row's history holds only events
 strictly earlier than the row (History's rule), which for a test row may include earlier test-window events, as
 they would be known when predicting it. The model's items are the items of the training window (an item first seen
 in the test window is unknown to every ranker: a miss); the most-popular baseline counts the training window only.
 
-Model: item and position embeddings of the history (left-padded to ``--max-len``: a small local function turns the
-loader's values and offsets into a padded [B, L] tensor), ``--blocks`` transformer blocks (self-attention over the
+Model: item and position embeddings of the latest ``--max-len`` items of the history (left-padded: a small local
+function turns the loader's values and offsets into a padded [B, L] tensor), ``--blocks`` transformer blocks (self-attention over the
 history's items, padding masked), and the output at the last position scored against every item's embedding (shared
 with the input); softmax cross-entropy on the row's item. An empty history reads the padding's position only, so it
 learns a popularity-like answer.
 
 Evaluation on the test window: the rank of the row's item among the training window's items, the items of the row's
-history left out (``--keep-seen`` keeps them), ties in score broken at random in expectation; HR@10 (the item in the
+whole history (History's list) left out (``--keep-seen`` keeps them), ties in score broken at random in expectation; HR@10 (the item in the
 top 10) and NDCG@10, for the model, the most-popular ranker and a random ranker (expected values).
 """
 

@@ -254,7 +254,8 @@ def generate(
         None, min=1, help="Largest categorical cardinality, whatever --rows (default: 30 × min(rows, 1 M))."
     ),
 ) -> None:
-    """Generate synthetic shards shaped like the schema's data (Zipf categoricals, nulls, heavy tails)."""
+    """Generate synthetic shards shaped like the schema's data (Zipf categoricals, nulls, heavy tails); a schema with
+    generate.events gets a stream of behaviour events (users in sessions, Zipf items, ties, late events)."""
     from etl.schema import load_schema
     from etl.tools.synth import generate as run
 

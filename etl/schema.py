@@ -33,11 +33,16 @@ Encodings (categorical and list columns) say how a raw value becomes a uint64 ke
 
 ``null_values`` (per column) lists the texts that mean "missing" in that column; it replaces ``text.null_value``
 for the column (the empty field is always missing). For a list column they are matched against each element.
+
+An optional top-level ``generate`` section says how ``etl generate`` shapes synthetic rows; today one kind,
+``generate: {events: {...}}`` (``EventsSpec``): the rows are one stream of behaviour events (users, items, time), see
+``etl.tools.events``. Without it every row is generated independently (``etl.tools.synth``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -85,6 +90,46 @@ class TextLayout:
 
 
 @dataclass(frozen=True)
+class LogNormal:
+    """A log-normal distribution by its median and the standard deviation of its logarithm."""
+
+    median: float
+    sigma: float
+
+
+@dataclass(frozen=True)
+class EventsSpec:
+    """The schema's ``generate.events`` section: ``etl generate`` writes its rows as one stream of behaviour events
+    (``etl.tools.events``). ``user``, ``item``, ``time`` and the optional ``session`` and ``category`` name the
+    columns it fills; the other fields shape the stream (``users``/``items`` None: a default from the row count).
+    Times are integers in the time column's unit (seconds for the defaults). Documented in schemas/README.md."""
+
+    user: str
+    item: str
+    time: str
+    session: str | None = None
+    category: str | None = None
+    users: int | None = None
+    items: int | None = None
+    categories: int = 50
+    item_skew: float = 1.1
+    follow: float = 0.3
+    session_events: float = 6.0
+    event_gap: LogNormal = LogNormal(60.0, 1.0)
+    session_gap: LogNormal = LogNormal(86_400.0, 1.5)
+    ties: float = 0.05
+    late: float = 0.01
+    lateness: int = 3_600
+    start: int = 1_600_000_000
+
+    @property
+    def filled(self) -> dict[str, str]:
+        """The columns the stream fills, by what they hold (``user``, ``item``, ``time``, ``session``, ``category``)."""
+        roles = {"user": self.user, "item": self.item, "time": self.time, "session": self.session, "category": self.category}
+        return {k: v for k, v in roles.items() if v is not None}
+
+
+@dataclass(frozen=True)
 class Schema:
     """A data set's columns. ``columns``: the columns of the raw layout (every role but ``drop``), in schema order;
     ``text_columns``: every field of a headerless text line, in order, dropped ones included (default:
@@ -95,6 +140,7 @@ class Schema:
     text: TextLayout = field(default_factory=TextLayout)
     path: str = "<memory>"
     text_columns: tuple[ColumnSpec, ...] = ()
+    events: EventsSpec | None = None
 
     def __post_init__(self) -> None:
         if not self.text_columns:
@@ -198,11 +244,85 @@ def _parse_column(raw: Any, path: str, i: int) -> ColumnSpec:
     return ColumnSpec(name, role, dtype, encoding, width, separator, null_values)
 
 
+#: ``generate.events`` fields holding column names, and the roles each may name
+_EVENT_COLUMNS = {"user": ("categorical",), "item": ("categorical",), "category": ("categorical",),
+                  "time": ("dense", "passthrough"), "session": ("categorical", "passthrough")}
+
+
+def _number(raw: Any, path: str, where: str, kind: type, low: float, high: float | None = None, low_open: bool = False) -> Any:
+    """``raw`` as an int (``kind`` int) or a float within [low, high] ((low, high] when ``low_open``), else SpecError."""
+    ok_type = isinstance(raw, int) if kind is int else isinstance(raw, (int, float))
+    value = kind(raw) if ok_type and not isinstance(raw, bool) else None
+    if value is None or not math.isfinite(value) or value < low or (low_open and value == low) or (high is not None and value > high):
+        bounds = f"{'(' if low_open else '['}{low}, {'∞)' if high is None else f'{high}]'}"
+        raise SpecError(path, where, f"expected {'an integer' if kind is int else 'a number'} in {bounds}, got {raw!r}")
+    return value
+
+
+def _parse_events(raw: Any, columns: tuple[ColumnSpec, ...], path: str) -> EventsSpec:
+    where = "generate.events"
+    if not isinstance(raw, dict):
+        raise SpecError(path, where, f"expected a mapping, got {raw!r}")
+    names = {f.name for f in fields(EventsSpec)}
+    unknown = set(raw) - names
+    if unknown:
+        raise _unknown(path, f"{where}.{sorted(unknown)[0]}")
+    by_name = {c.name: c for c in columns}
+    kw: dict[str, Any] = {}
+    for key, roles in _EVENT_COLUMNS.items():
+        name = raw.get(key)
+        if name is None and key in ("user", "item", "time"):
+            raise SpecError(path, f"{where}.{key}", "missing: the name of a column")
+        if name is None:
+            continue
+        c = by_name.get(name) if isinstance(name, str) else None
+        if c is None:
+            raise SpecError(path, f"{where}.{key}", f"{name!r} is not a column of the schema")
+        if c.role not in roles or (key in ("time", "session") and c.dtype != "int64"):
+            need = " int64" if key in ("time", "session") else ""
+            raise SpecError(path, f"{where}.{key}", f"column {name!r} ({c.role}, {c.dtype}) must be a{need} column of role {' or '.join(roles)}")
+        kw[key] = name
+    used = list(kw.values())
+    if len(set(used)) != len(used):
+        raise SpecError(path, where, f"each filled column must be a different one, got {kw}")
+    for key in ("users", "items", "categories", "lateness"):
+        if raw.get(key) is not None:
+            kw[key] = _number(raw[key], path, f"{where}.{key}", int, 1)
+    for key, high in (("follow", 1.0), ("ties", 1.0), ("late", 1.0)):
+        if key in raw:
+            kw[key] = _number(raw[key], path, f"{where}.{key}", float, 0.0, high)
+    if "item_skew" in raw:
+        kw["item_skew"] = _number(raw["item_skew"], path, f"{where}.item_skew", float, 0.0, 4.0, low_open=True)
+        if kw["item_skew"] == 1.0:
+            raise SpecError(path, f"{where}.item_skew", "1.0 is not supported: use 0.99 or 1.01 (the same law, within 1 %)")
+    if "session_events" in raw:
+        kw["session_events"] = _number(raw["session_events"], path, f"{where}.session_events", float, 1.0, 1e6)
+    if "start" in raw:
+        kw["start"] = _number(raw["start"], path, f"{where}.start", int, 0, 2**53)
+    for key in ("event_gap", "session_gap"):
+        if key in raw:
+            gap = raw[key]
+            if not isinstance(gap, dict) or set(gap) != {"median", "sigma"}:
+                raise SpecError(path, f"{where}.{key}", f"expected {{median: NUMBER, sigma: NUMBER}}, got {gap!r}")
+            kw[key] = LogNormal(_number(gap["median"], path, f"{where}.{key}.median", float, 0.0, 1e15, low_open=True),
+                                _number(gap["sigma"], path, f"{where}.{key}.sigma", float, 0.0, 5.0))
+    return EventsSpec(**kw)
+
+
+def _parse_generate(raw: Any, columns: tuple[ColumnSpec, ...], path: str) -> EventsSpec | None:
+    """The ``generate`` section: absent or ``{events: {...}}``."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) != {"events"}:
+        raise SpecError(path, "generate", f"expected {{events: {{...}}}} (the one kind of generation a schema sets), got {raw!r}")
+    return _parse_events(raw["events"], columns, path)
+
+
 def parse_schema(doc: Any, path: str = "<memory>") -> Schema:
     """Validate a parsed schema document; raises ``SpecError`` naming the bad field."""
     if not isinstance(doc, dict):
         raise SpecError(path, "<root>", "expected a mapping")
-    unknown = set(doc) - {"name", "text", "columns", "description"}
+    unknown = set(doc) - {"name", "text", "columns", "description", "generate"}
     if unknown:
         raise _unknown(path, sorted(unknown)[0])
     name = _require(doc, "name", path, "<root>")
@@ -226,7 +346,7 @@ def parse_schema(doc: Any, path: str = "<memory>") -> Schema:
     columns = tuple(c for c in text_columns if c.role != "drop")
     if not columns:
         raise SpecError(path, "columns", "every column is dropped")
-    return Schema(str(name), columns, text, path, text_columns)
+    return Schema(str(name), columns, text, path, text_columns, _parse_generate(doc.get("generate"), columns, path))
 
 
 #: ``yaml.safe_load``'s loader, in its C implementation (libyaml) when PyYAML has it: same documents, parsed faster
@@ -263,4 +383,7 @@ def schema_to_dict(schema: Schema) -> dict[str, Any]:
             d["null_values"] = list(c.null_values)
         cols.append(d)
     t = schema.text
-    return {"name": schema.name, "text": {"delimiter": t.delimiter, "header": t.header, "null_value": t.null_value}, "columns": cols}
+    doc = {"name": schema.name, "text": {"delimiter": t.delimiter, "header": t.header, "null_value": t.null_value}, "columns": cols}
+    if schema.events is not None:
+        doc["generate"] = {"events": {k: v for k, v in asdict(schema.events).items() if v is not None}}
+    return doc

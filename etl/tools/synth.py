@@ -1,8 +1,9 @@
 """Synthetic data sets in the raw layout (the same Parquet layout and Arrow types ``etl.io.text`` writes).
 
 Every value is a pure function of ``(seed, column index, file index, row index)``: a counter-based generator
-(splitmix64 of a per-column stream key and the row counter) replaces a sequential RNG, so row groups and files can be
-generated in any order, on any number of threads, and the same seed gives byte-identical files.
+(splitmix64 of a per-column stream key and the row counter, ``etl.tools.draws``) replaces a sequential RNG, so row
+groups and files can be generated in any order, on any number of threads, and the same seed gives byte-identical
+files. A schema with ``generate.events`` gets a stream of behaviour events instead (``etl.tools.events``).
 
 Shape, per role (each column's parameters are a fixed function of its position in the schema, not of the seed):
 
@@ -41,21 +42,28 @@ import numba as nb
 import numpy as np
 import pyarrow as pa
 
-from etl.backends.cpu import encode_hex
 from etl.errors import SpecError
 from etl.io.fs import Location
 from etl.io.text import ARROW_SCALAR, ROW_GROUP_ROWS, ShardSetWriter, raw_arrow_schema
 from etl.runtime.workers import run_workers
 from etl.schema import ColumnSpec, Schema
+from etl.tools.draws import (
+    encode_keys,
+    key_bits,
+    key_space,
+    normal,
+    pareto_consts,
+    permute,
+    stream_key,
+    unif,
+    validity_bitmap,
+    zipf_rank,
+)
+from etl.tools.events import generate_events
 
 __all__ = ["generate", "default_cardinalities"]
 
-_M64 = (1 << 64) - 1
 _U = np.uint64
-_GOLDEN = _U(0x9E3779B97F4A7C15)
-_MUL1 = _U(0xBF58476D1CE4E5B9)
-_MUL2 = _U(0x94D049BB133111EB)
-_INT_BITS = 31
 _MAX_LIST = 6
 _LIST_LEN_CDF = np.cumsum([0.05, 0.30, 0.25, 0.18, 0.12, 0.06, 0.04])
 _RATINGS = np.arange(1, 11) * 0.5
@@ -67,47 +75,20 @@ _DENSE_NULLS = (0.2, 0.0, 0.2, 0.05, 0.45, 0.05, 0.0, 0.2)
 # Python-side helpers (stream keys, per-column parameters)
 
 
-def _mix64(x: int) -> int:
-    """splitmix64 finaliser on Python ints (same function as the numba ``_mix``)."""
-    x &= _M64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
-    return x ^ (x >> 31)
-
-
-def _key(*parts: int) -> int:
-    h = 0x243F6A8885A308D3
-    for p in parts:
-        h = _mix64(h ^ (p & _M64)) + 0x9E3779B97F4A7C15
-    return _mix64(h)
-
-
 def _unit(*parts: int) -> float:
     """A deterministic number in [0, 1) from ``parts``."""
-    return (_key(*parts) >> 11) / float(1 << 53)
+    return (stream_key(*parts) >> 11) / float(1 << 53)
 
 
 def _positions(n: int, salt: int) -> list[float]:
     """A deterministic scatter of ``n`` columns over [0, 1]: column j gets t_j (all distinct, evenly spaced)."""
     if n == 1:
         return [1.0]
-    order = sorted(range(n), key=lambda j: _key(salt, j))
+    order = sorted(range(n), key=lambda j: stream_key(salt, j))
     t = [0.0] * n
     for rank, j in enumerate(order):
         t[j] = rank / (n - 1)
     return t
-
-
-def _key_bits(c: ColumnSpec, cardinality: int) -> int:
-    if c.encoding == "hex":
-        return 4 * (c.width or 8)
-    if c.encoding == "int":
-        return _INT_BITS
-    return max(20, (cardinality - 1).bit_length())  # string words
-
-
-def _max_cardinality(c: ColumnSpec) -> int:
-    return 1 << (4 * (c.width or 8) if c.encoding == "hex" else _INT_BITS if c.encoding == "int" else 28)
 
 
 def default_cardinalities(schema: Schema, rows: int, max_cardinality: int | None = None) -> dict[str, int]:
@@ -127,10 +108,10 @@ def default_cardinalities(schema: Schema, rows: int, max_cardinality: int | None
     else:
         kmax = max(10.0, 30.0 * min(max(rows, 1), 1_000_000))
     for c, t in zip(cats, _positions(len(cats), 1)):
-        out[c.name] = min(round(10 * (kmax / 10) ** t), _max_cardinality(c))
+        out[c.name] = min(round(10 * (kmax / 10) ** t), key_space(c))
     lists = [c for c in schema.columns if c.is_list]
     for c, t in zip(lists, _positions(len(lists), 2)):
-        out[c.name] = min(round(10 * 100**t), _max_cardinality(c))
+        out[c.name] = min(round(10 * 100**t), key_space(c))
     return out
 
 
@@ -159,15 +140,15 @@ def _plans(schema: Schema, rows: int, seed: int, cardinalities: Mapping[str, int
         if name not in cards:
             raise SpecError("cardinalities", name, f"not a categorical or list column of schema '{schema.name}'")
         c = schema.column(name)
-        if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or not 1 <= k <= _max_cardinality(c):
-            raise SpecError("cardinalities", name, f"expected an integer in [1, {_max_cardinality(c)}], got {k!r}")
+        if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or not 1 <= k <= key_space(c):
+            raise SpecError("cardinalities", name, f"expected an integer in [1, {key_space(c)}], got {k!r}")
         cards[name] = int(k)
     cats = [c.name for c in schema.columns if c.role == "categorical"]
     cat_t = dict(zip(cats, _positions(len(cats), 1)))
     plans = []
     dense_j = 0
     for i, c in enumerate(schema.columns):
-        key = _key(seed, i)
+        key = stream_key(seed, i)
         if c.role == "label":
             plans.append(_Plan(i, c, "label_int" if c.dtype == "int64" else "label_float", key))
         elif c.role == "dense":
@@ -189,7 +170,7 @@ def _plans(schema: Schema, rows: int, seed: int, cardinalities: Mapping[str, int
                 null_frac, s, beta = 0.0, 1.1, 0.0
             plans.append(_Plan(
                 i, c, "cat" if c.role == "categorical" else "list", key, null_frac=null_frac,
-                cardinality=k, s=s, beta=beta, bits=_key_bits(c, k), salt=_key(seed, i, 7),
+                cardinality=k, s=s, beta=beta, bits=key_bits(c, k), salt=stream_key(seed, i, 7),
             ))
     return plans
 
@@ -198,69 +179,12 @@ def _plans(schema: Schema, rows: int, seed: int, cardinalities: Mapping[str, int
 # numba kernels (counter-based randomness: value i of a stream is a pure function of (stream key, i))
 
 
-@nb.njit(inline="always")
-def _mix(z):
-    z = (z ^ (z >> _U(30))) * _MUL1
-    z = (z ^ (z >> _U(27))) * _MUL2
-    return z ^ (z >> _U(31))
-
-
-@nb.njit(inline="always")
-def _unif(key, i):
-    """Uniform in (0, 1) for counter i of stream ``key``."""
-    r = _mix(key + (_U(i) + _U(1)) * _GOLDEN)
-    return (np.float64(r >> _U(11)) + 0.5) * (1.0 / 9007199254740992.0)
-
-
-@nb.njit(inline="always")
-def _normal(key, i):
-    u1 = _unif(key, 2 * i)
-    u2 = _unif(key, 2 * i + 1)
-    return math.sqrt(-2.0 * math.log(u1)) * math.cos(6.283185307179586 * u2)
-
-
-@nb.njit(inline="always")
-def _rank(u, k, beta, c, inv):
-    """Rank in [0, k) from a uniform u: uniform share ``beta``, else the floor of a Pareto, density ∝ (x+1)^-s on
-    [0, k), by inversion: x = (1 - v·c)^(1/(1-s)) - 1 with c = 1 - (k+1)^(1-s), inv = 1/(1-s)."""
-    if u < beta:
-        r = np.int64(u / beta * k)
-    else:
-        v = (u - beta) / (1.0 - beta)
-        r = np.int64((1.0 - v * c) ** inv - 1.0)
-    if r >= k:
-        r = k - 1
-    if r < 0:
-        r = 0
-    return r
-
-
-@nb.njit(inline="always")
-def _pareto_consts(k, s):
-    return 1.0 - (k + 1.0) ** (1.0 - s), 1.0 / (1.0 - s)
-
-
-@nb.njit(inline="always")
-def _permute(x, salt, bits):
-    """A bijection of [0, 2**bits): xor salt, then three rounds of odd multiply and xorshift, all mod 2**bits."""
-    mask = _U(0xFFFFFFFFFFFFFFFF) if bits == 64 else (_U(1) << _U(bits)) - _U(1)
-    sh = _U(max(1, bits // 2))
-    x = (_U(x) ^ salt) & mask
-    x = (x * _GOLDEN) & mask
-    x ^= x >> sh
-    x = (x * _MUL1) & mask
-    x ^= x >> sh
-    x = (x * _MUL2) & mask
-    x ^= x >> sh
-    return x
-
-
 @nb.njit(nogil=True, cache=True)
 def _valid(nkey, i0, n, null_frac, out):
     """out[i] = 1 where row i0+i is not null; returns the number of valid rows."""
     nv = 0
     for i in range(n):
-        v = _unif(nkey, i0 + i) >= null_frac
+        v = unif(nkey, i0 + i) >= null_frac
         out[i] = v
         nv += v
     return nv
@@ -268,47 +192,19 @@ def _valid(nkey, i0, n, null_frac, out):
 
 @nb.njit(nogil=True, cache=True)
 def _keys(vkey, i0, n, k, s, beta, salt, bits, out):
-    c, inv = _pareto_consts(k, s)
+    c, inv = pareto_consts(k, s)
     for i in range(n):
-        out[i] = _permute(_rank(_unif(vkey, i0 + i), k, beta, c, inv), salt, bits)
-
-
-@nb.njit(nogil=True, cache=True)
-def _word_lengths(keys, valid, offsets):
-    """Offsets of bijective base-26 words of key+1 ('a', ..., 'z', 'aa', ...); nulls take no bytes."""
-    pos = 0
-    offsets[0] = 0
-    for i in range(keys.shape[0]):
-        if valid[i]:
-            x = keys[i] + _U(1)
-            while x > _U(0):
-                x = (x - _U(1)) // _U(26)
-                pos += 1
-        offsets[i + 1] = pos
-    return pos
-
-
-@nb.njit(nogil=True, cache=True)
-def _word_fill(keys, valid, offsets, data):
-    for i in range(keys.shape[0]):
-        if valid[i]:
-            x = keys[i] + _U(1)
-            p = offsets[i + 1]
-            while x > _U(0):
-                x -= _U(1)
-                p -= 1
-                data[p] = 97 + np.int64(x % _U(26))
-                x //= _U(26)
+        out[i] = permute(zipf_rank(unif(vkey, i0 + i), k, beta, c, inv), salt, bits)
 
 
 @nb.njit(nogil=True, cache=True)
 def _dense_int(vkey, nkey_neg, i0, n, mu, sigma, neg_frac, out):
     for i in range(n):
         r = i0 + i
-        if neg_frac > 0.0 and _unif(nkey_neg, 2 * r) < neg_frac:
-            out[i] = -1 - np.int64(_unif(nkey_neg, 2 * r + 1) * 3.0)
+        if neg_frac > 0.0 and unif(nkey_neg, 2 * r) < neg_frac:
+            out[i] = -1 - np.int64(unif(nkey_neg, 2 * r + 1) * 3.0)
         else:
-            x = math.exp(min(mu + sigma * _normal(vkey, r), 36.0))  # e**36 ≈ 4e15 < 2**53
+            x = math.exp(min(mu + sigma * normal(vkey, r), 36.0))  # e**36 ≈ 4e15 < 2**53
             out[i] = np.int64(x)
 
 
@@ -316,8 +212,8 @@ def _dense_int(vkey, nkey_neg, i0, n, mu, sigma, neg_frac, out):
 def _dense_float(vkey, nkey_neg, i0, n, mu, sigma, neg_frac, out):
     for i in range(n):
         r = i0 + i
-        x = math.exp(min(mu + sigma * _normal(vkey, r), 700.0))
-        if neg_frac > 0.0 and _unif(nkey_neg, 2 * r) < neg_frac:
+        x = math.exp(min(mu + sigma * normal(vkey, r), 700.0))
+        if neg_frac > 0.0 and unif(nkey_neg, 2 * r) < neg_frac:
             x = -x
         out[i] = x
 
@@ -326,7 +222,7 @@ def _dense_float(vkey, nkey_neg, i0, n, mu, sigma, neg_frac, out):
 def _categorical_draw(vkey, i0, n, cdf, out):
     """out[i] = index of the first cdf entry above a uniform (a draw from a small discrete distribution)."""
     for i in range(n):
-        u = _unif(vkey, i0 + i) * cdf[-1]
+        u = unif(vkey, i0 + i) * cdf[-1]
         j = 0
         while j < cdf.shape[0] - 1 and u >= cdf[j]:
             j += 1
@@ -336,41 +232,19 @@ def _categorical_draw(vkey, i0, n, cdf, out):
 @nb.njit(nogil=True, cache=True)
 def _list_keys(vkey, i0, lengths, offsets, k, s, salt, bits, out):
     """Element e of row i0+i uses counter (i0+i)*MAX_LIST + e, so lists do not depend on chunking."""
-    c, inv = _pareto_consts(k, s)
+    c, inv = pareto_consts(k, s)
     for i in range(lengths.shape[0]):
         base = (i0 + i) * _MAX_LIST
         for e in range(lengths[i]):
-            out[offsets[i] + e] = _permute(_rank(_unif(vkey, base + e), k, 0.0, c, inv), salt, bits)
+            out[offsets[i] + e] = permute(zipf_rank(unif(vkey, base + e), k, 0.0, c, inv), salt, bits)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Building Arrow arrays
 
 
-def _bitmap(valid: np.ndarray, nvalid: int) -> pa.Buffer | None:
-    if nvalid == valid.shape[0]:
-        return None
-    return pa.py_buffer(np.packbits(valid, bitorder="little"))
-
-
-def _encode(keys: np.ndarray, valid: np.ndarray, nvalid: int, c: ColumnSpec) -> pa.Array:
-    """Keys → Arrow array of the column's raw type (hex/word strings or int64)."""
-    n = keys.shape[0]
-    if c.encoding == "int":
-        return pa.Array.from_buffers(pa.int64(), n, [_bitmap(valid, nvalid), pa.py_buffer(keys.view(np.int64))],
-                                     null_count=n - nvalid)
-    if c.encoding == "hex":
-        offsets, data = encode_hex(keys, valid, c.width or 8)
-    else:
-        offsets = np.empty(n + 1, np.int32)
-        data = np.empty(_word_lengths(keys, valid, offsets), np.uint8)
-        _word_fill(keys, valid, offsets, data)
-    return pa.Array.from_buffers(pa.string(), n, [_bitmap(valid, nvalid), pa.py_buffer(offsets), pa.py_buffer(data)],
-                                 null_count=n - nvalid)
-
-
 def _stream(p: _Plan, file: int, purpose: int) -> np.uint64:
-    return _U(_key(p.key, file, purpose))
+    return _U(stream_key(p.key, file, purpose))
 
 
 def _column(p: _Plan, file: int, i0: int, n: int) -> pa.Array:
@@ -396,12 +270,12 @@ def _column(p: _Plan, file: int, i0: int, n: int) -> pa.Array:
         (_dense_int if p.kind == "dense_int" else _dense_float)(
             vkey, _stream(p, file, 3), i0, n, p.mu, p.sigma, p.neg_frac, out)
         t = pa.int64() if p.kind == "dense_int" else pa.float64()
-        return pa.Array.from_buffers(t, n, [_bitmap(valid, nvalid), pa.py_buffer(out)], null_count=n - nvalid)
+        return pa.Array.from_buffers(t, n, [validity_bitmap(valid, nvalid), pa.py_buffer(out)], null_count=n - nvalid)
     salt, bits = _U(p.salt & ((1 << p.bits) - 1)), p.bits
     if p.kind == "cat":
         keys = np.empty(n, np.uint64)
         _keys(vkey, i0, n, p.cardinality, p.s, p.beta, salt, bits, keys)
-        return _encode(keys, valid, nvalid, p.spec)
+        return encode_keys(keys, valid, nvalid, p.spec)
     # list: length 0 → null list
     lengths = np.empty(n, np.int64)
     _categorical_draw(_stream(p, file, 4), i0, n, _LIST_LEN_CDF, lengths)
@@ -411,10 +285,10 @@ def _column(p: _Plan, file: int, i0: int, n: int) -> pa.Array:
     total = int(offsets[-1])
     keys = np.empty(total, np.uint64)
     _list_keys(vkey, i0, lengths, offsets, p.cardinality, p.s, salt, bits, keys)
-    values = _encode(keys, np.ones(total, np.uint8), total, p.spec)
+    values = encode_keys(keys, np.ones(total, np.uint8), total, p.spec)
     nvalid = int(np.count_nonzero(lvalid))
     list_type = pa.list_(pa.field("element", values.type))
-    return pa.Array.from_buffers(list_type, n, [_bitmap(lvalid, nvalid), pa.py_buffer(offsets)],
+    return pa.Array.from_buffers(list_type, n, [validity_bitmap(lvalid, nvalid), pa.py_buffer(offsets)],
                                  null_count=n - nvalid, children=[values])
 
 
@@ -458,6 +332,10 @@ def generate(
     other ``part-*.parquet`` files in ``out_dir`` are then removed. ``progress`` is called with the number of rows
     of each row group written (from the writing threads, one call at a time).
 
+    A schema with a ``generate.events`` section gets a stream of behaviour events instead
+    (``etl.tools.events.generate_events``, written by one thread; its other columns as here, from the row's position
+    in the stream), and ``cardinalities`` may not name the columns the events fill.
+
     Raises ``SpecError`` for ``rows < 0``, ``files < 1`` or a bad ``cardinalities`` entry.
     """
     if not isinstance(rows, (int, np.integer)) or rows < 0:
@@ -465,6 +343,17 @@ def generate(
     if not isinstance(files, (int, np.integer)) or files < 1:
         raise SpecError("generate", "files", f"expected an integer >= 1, got {files!r}")
     plans = _plans(schema, int(rows), int(seed), cardinalities, max_cardinality)
+    if schema.events is not None:
+        filled = set(schema.events.filled.values())
+        named = sorted(set(cardinalities or {}) & filled)
+        if named:
+            raise SpecError("cardinalities", named[0], "a column of the events: set generate.events.users, items or categories in the schema")
+        others = [p for p in plans if p.spec.name not in filled]  # made from the row's position in the stream
+
+        def other_columns(i0: int, n: int) -> dict[str, pa.Array]:
+            return {p.spec.name: _column(p, 0, i0, n) for p in others}
+
+        return generate_events(schema, int(rows), int(files), out_dir, int(seed), other_columns, progress, max_cardinality)
     arrow_schema = raw_arrow_schema(schema)
     sizes = [rows // files + (1 if f < rows % files else 0) for f in range(files)]
 

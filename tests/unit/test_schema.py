@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from etl.errors import SpecError
-from etl.schema import ColumnSpec, Schema, load_schema, parse_schema, schema_to_dict
+from etl.schema import ColumnSpec, EventsSpec, LogNormal, Schema, load_schema, parse_schema, schema_to_dict
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -267,3 +267,65 @@ def test_every_column_dropped_is_refused():
 def test_duplicate_name_of_a_dropped_column():
     with pytest.raises(SpecError, match="duplicate"):
         parse_schema({"name": "t", "columns": [{"name": "a", "role": "drop"}, {"name": "a", "role": "dense", "dtype": "int64"}]})
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# generate.events: how `etl generate` makes a stream of behaviour events
+
+
+def events_doc(**events) -> dict:
+    cols = [{"name": "u", "role": "categorical", "dtype": "int64"}, {"name": "i", "role": "categorical", "dtype": "string"},
+            {"name": "t", "role": "dense", "dtype": "int64"}, {"name": "s", "role": "passthrough", "dtype": "int64"},
+            {"name": "y", "role": "label", "dtype": "int64"}, {"name": "x", "role": "dense", "dtype": "float64"}]
+    return {"name": "e", "columns": cols, "generate": {"events": {"user": "u", "item": "i", "time": "t", **events}}}
+
+
+def test_events_schema():
+    s = load_schema(ROOT / "schemas" / "events.yaml")
+    e = s.events
+    assert e is not None and (e.user, e.item, e.time, e.session, e.category) == ("user_id", "item_id", "timestamp", "session_id", "category")
+    assert e == EventsSpec("user_id", "item_id", "timestamp", "session_id", "category")  # the file spells out the defaults
+    again = parse_schema(schema_to_dict(s))
+    assert again.events == s.events and again.columns == s.columns
+    assert "generate" not in schema_to_dict(load_schema(ROOT / "schemas" / "movielens.yaml"))
+    s = parse_schema(events_doc(users=10, event_gap={"median": 5, "sigma": 0}, item_skew=0.8))
+    assert s.events == EventsSpec("u", "i", "t", users=10, event_gap=LogNormal(5.0, 0.0), item_skew=0.8)
+    assert s.events.filled == {"user": "u", "item": "i", "time": "t"}
+
+
+BAD_EVENTS = {
+    "unknown field": (dict(shape="zipf"), "generate.events.shape", "unknown"),
+    "missing user": (dict(user=None), "generate.events.user", "missing"),
+    "not a column": (dict(item="nope"), "generate.events.item", "not a column"),
+    "float time": (dict(time="x"), "generate.events.time", "int64 column of role dense or passthrough"),
+    "label as item": (dict(item="y"), "generate.events.item", "role categorical"),
+    "categorical time": (dict(time="u"), "generate.events.time", "role dense or passthrough"),
+    "one column twice": (dict(item="u"), "generate.events", "different"),
+    "users 0": (dict(users=0), "generate.events.users", "integer in [1"),
+    "users float": (dict(users=2.5), "generate.events.users", "integer"),
+    "ties above 1": (dict(ties=1.5), "generate.events.ties", "[0.0, 1.0]"),
+    "late bool": (dict(late=True), "generate.events.late", "number"),
+    "skew 1": (dict(item_skew=1), "generate.events.item_skew", "0.99 or 1.01"),
+    "skew 0": (dict(item_skew=0), "generate.events.item_skew", "(0.0"),
+    "session_events below 1": (dict(session_events=0.5), "generate.events.session_events", "[1.0"),
+    "gap without sigma": (dict(event_gap={"median": 3}), "generate.events.event_gap", "median"),
+    "gap median 0": (dict(session_gap={"median": 0, "sigma": 1}), "generate.events.session_gap.median", "(0.0"),
+    "gap sigma nan": (dict(session_gap={"median": 9, "sigma": float("nan")}), "generate.events.session_gap.sigma", "number"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(BAD_EVENTS))
+def test_bad_events_fields(case):
+    events, field, word = BAD_EVENTS[case]
+    with pytest.raises(SpecError) as ei:
+        parse_schema(events_doc(**events), "<test>")
+    assert ei.value.field == field and word in str(ei.value)
+
+
+@pytest.mark.parametrize("generate", [{"rows": {}}, [], {"events": {}, "rows": {}}])
+def test_generate_has_one_kind(generate):
+    doc = events_doc()
+    doc["generate"] = generate
+    with pytest.raises(SpecError) as ei:
+        parse_schema(doc, "<test>")
+    assert ei.value.field in ("generate", "generate.events.user")

@@ -37,9 +37,8 @@ def rows_of(batches: Any) -> list[tuple[list[int], int]]:
     out = []
     for b in batches:
         values, offsets = b.lists["hist_item"]
-        j = b.sparse_names.index("hist_len")
         for i in range(len(b)):
-            out.append((values[offsets[i] : offsets[i + 1]].tolist(), int(b.sparse[i, j])))
+            out.append((values[offsets[i] : offsets[i + 1]].tolist(), int(b.lengths["hist_len"][i])))
     return out
 
 

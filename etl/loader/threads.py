@@ -85,7 +85,8 @@ class ThreadEngine:
         """A pass over ``epoch`` from batch ``start`` on; it takes ring slots once ``after`` (if given) is set."""
         streams = None
         if loader.streams is not None:
-            streams = loader.streams.start_pass(loader.source.vocab_key(loader.batching, epoch, start), start == 0 and loader.source.epochs)
+            key = loader.source.vocab_key(loader.batching, epoch, start)
+            streams = loader.streams.start_pass(key, start == 0 and loader.source.epochs, loader.stats)
         workers = Workers(guarded(_read_weakly(self)), self.slots(loader), loader.stats, loader.num_workers, loader.prefetch, loader.remote)
         return loader.source.new_pass(loader.batching, epoch, start, workers, after=after, streams=streams)
 

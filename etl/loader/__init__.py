@@ -14,6 +14,7 @@ Modules, from the training loop inwards (``api``'s docstring tells how they work
 - ``pieces``: reading and transforming one piece, per kind of source;
 - ``order``: which rows a rank reads, in which order;
 - ``chunk``: the column layout of rows between the pipeline and the ring;
+- ``sequences``: the lists of a History op in batches: their lengths, and padded to ``pad_to``;
 - ``ring``: pinned slots and the host→device copy;
 - ``device_stage``: the pipeline's device part, after the copy (``transform="device"``);
 - ``device_columns``: rows read into device memory (``transform="cudf"``): host part, chunks and gather on the device;

@@ -38,7 +38,7 @@ and resuming recomputes the order and skips ahead, re-reading at most one shuffl
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -53,6 +53,7 @@ from etl.loader.dali_engine import DaliEngine, open_dali_source
 from etl.loader.device_stage import DeviceStage
 from etl.loader.follow import FollowSettings
 from etl.loader.order import RowGroup
+from etl.loader.sequences import paddings
 from etl.loader.settings import Batching, check_device, rank_and_world_size, transform_of
 from etl.loader.sources import FollowedSource, Source, open_source
 from etl.loader.stats import LoaderStats
@@ -129,6 +130,12 @@ class Loader:
     ``engine="dali"`` reads the npy chunks of a local processed output with NVIDIA DALI instead of worker threads
     (``etl.loader.dali_engine``; the same ``LoaderBatch`` fields, the same position and ``state_dict``).
 
+    Sequences (the lists of a History op, ``etl.loader.sequences``): each batch gives a History op's lengths
+    column as ``batch.lengths[name]`` and its lists as jagged values + offsets in ``batch.lists``; ``pad_to=L``
+    also gives each of them as a padded [B, L] id tensor, ``batch.padded[column]`` (pad id 0; a history longer than
+    L keeps its latest L entries), padded on ``pad_side`` (``"right"``: entries first, or ``"left"``: entries
+    last); ``pad_to={"hist_len": L}`` pads the lists of the History op of that lengths column only.
+
     ``streams``: the loader's streaming states (online vocabularies: ``etl.loader.stream_state.StreamStates``),
     None when its pipeline keeps none."""
 
@@ -160,6 +167,8 @@ class Loader:
         idle_flush: float | None = None,
         arrivals: str = "names",
         engine: str = "default",
+        pad_to: int | Mapping[str, int] | None = None,
+        pad_side: str = "right",
     ):
         tune_allocator()
         if engine not in ENGINES:
@@ -196,7 +205,8 @@ class Loader:
             raise ConfigError(f"streaming states ({self.streams.describe()}) follow one row stream: world_size must be 1, got {self.world_size}")
         self.batch_size, self.shuffle, self.seed, self.drop_last, self.copy = batch_size, shuffle, seed, drop_last, copy
         self.shuffle_buffer = max(shuffle_buffer or 4 * batch_size, 1)
-        self.batching = Batching(batch_size, shuffle, seed, self.shuffle_buffer, drop_last, self.rank, self.world_size)
+        padding = paddings(self.layout.sequences, pad_to, pad_side)
+        self.batching = Batching(batch_size, shuffle, seed, self.shuffle_buffer, drop_last, self.rank, self.world_size, padding)
         self.num_workers, self.prefetch = num_workers, prefetch
         self.remote = self.source.remote  # reads wait on requests: see EpochPass io_bound
         self.epoch, self.position = 0, 0

@@ -35,6 +35,7 @@ from etl.loader.chunk import Chunk, ChunkRun
 from etl.loader.device_stage import DeviceStage, PendingCheck
 from etl.loader.order import Piece, RowGroup, epoch_rng, rank_pieces
 from etl.loader.ring import Ring
+from etl.loader.sequences import Padding, pad_into
 from etl.loader.stats import LoaderStats
 from etl.loader.stream_state import StreamPass
 from etl.ops.stream import Carried, RowRejected
@@ -44,7 +45,8 @@ from etl.ops.stream import Carried, RowRejected
 class PassSettings:
     """Which batches a pass makes: batches ``start`` to ``total`` (exclusive) of ``epoch`` on rank ``rank`` of
     ``world_size``, ``batch_size`` rows each, rows permuted within buffers of ``shuffle_buffer`` rows when
-    ``shuffle`` (the permutations and the piece order drawn from ``seed``)."""
+    ``shuffle`` (the permutations and the piece order drawn from ``seed``); ``padding``: the list columns each
+    batch also gives padded, in their ring fields (``etl.loader.sequences``)."""
 
     epoch: int
     start: int
@@ -55,6 +57,7 @@ class PassSettings:
     seed: int
     rank: int
     world_size: int
+    padding: tuple[Padding, ...] = ()
 
 
 class Item(NamedTuple):
@@ -196,10 +199,12 @@ class Assembler:
         else:
             row = 0
             views = self.ring.write(slot, n)
+            padded = {p.field for p in self.settings.padding}  # filled from the lists below, not gathered
             inputs = self.streams.new_inputs(n) if self.streams is not None else {}
             for buf, rows in parts:
                 part = slice(row, row + len(rows))
-                buf.gather(rows, {name: view[part] for name, view in views.items()}, {c: Carried(v[part], ok[part]) for c, (v, ok) in inputs.items()})
+                buf.gather(rows, {name: view[part] for name, view in views.items() if name not in padded},
+                           {c: Carried(v[part], ok[part]) for c, (v, ok) in inputs.items()})  # fmt: skip
                 row += len(rows)
             if self.streams is not None:  # the batch's streamed values, in its row order, before its copy starts
                 streamed: dict[str, Column] = {}
@@ -209,6 +214,8 @@ class Assembler:
                     raise _row_error(e, parts) from None
                 if streamed:  # the states' list columns, in place of the empty ones the rows came with
                     columns = columns | {k: Column(c.array.astype(columns[k].array.dtype), None, c.offsets) for k, c in streamed.items()}
+            for p in self.settings.padding:
+                pad_into(columns[p.column].array, columns[p.column].list_offsets, views[p.field], p.side)
             t1 = time.perf_counter()
             if stage is not None:
                 origin = np.concatenate([buf.take_fixed("origin", rows) for buf, rows in parts]) if parts else self.empty.fixed["origin"]

@@ -29,7 +29,14 @@ class LoaderBatch:
     their ids in the batch's row order (``etl.loader.stream_state``). An id evicted in a batch is given again only in a
     later one, so within a batch an id names one key. Reset the embedding rows of ``admitted_ids`` before training
     on the batch: no row of an evicted key uses its id in or after the batch that admits the new key. Empty without
-    online columns."""
+    online columns.
+
+    Sequences (the list columns of a History op, ``etl.loader.sequences``): ``lengths``, per History op its lengths
+    column (``hist_len``) → [B] int32, each row's history length (not in ``sparse`` nor ``to_kjt``); the lists are
+    in ``lists`` as jagged values + offsets; with the loader's ``pad_to``, ``padded`` also gives each list column
+    as [B, L] ids (``sparse``'s dtype): a row's latest ``min(length, L)`` entries, oldest first, the rest ``0`` (the
+    padding id, ``etl.ids.PAD``), on the loader's ``pad_side``. ``lengths`` and ``padded`` are views of the ring
+    slot, as ``sparse`` is."""
 
     label: torch.Tensor
     dense: torch.Tensor
@@ -37,13 +44,15 @@ class LoaderBatch:
     lists: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     sparse_names: list[str] = field(default_factory=list)
     vocab_events: dict[str, VocabEvents] = field(default_factory=dict)
+    lengths: dict[str, torch.Tensor] = field(default_factory=dict)
+    padded: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return self.label.shape[0]
 
     def to_kjt(self) -> Any:
-        """The sparse and list columns as a TorchRec ``KeyedJaggedTensor`` (keys: sparse columns, then lists;
-        values key-major). Needs torchrec installed."""
+        """The sparse and list columns as a TorchRec ``KeyedJaggedTensor`` (keys: sparse columns, then lists, the
+        History lists among them as jagged features; values key-major). Needs torchrec installed."""
         try:
             from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
         except ImportError as e:

@@ -9,6 +9,9 @@ are no batch field: they are left out of the loader's batches.
 Columns given by the loader's streaming states (``etl.ops.stream``, ``etl.loader.stream_state``) are not filled by
 the transform (``Layout.streamed``); the columns those states read travel with the rows instead, raw
 (``Layout.carried``, ``Chunk.carried``).
+
+The lengths column of a History op's lists (``hist_len``, ``etl.loader.sequences``) is no sparse column: it goes to
+the field ``lengths`` [n, K] int32 (the lengths columns in op order; no such field without them).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from etl.backends.rows import scatter_rows, split_rows
 from etl.batch import Array, Batch, Column, list_elements
 from etl.io.npy import FixedColumns
 from etl.loader.ring import Field
+from etl.loader.sequences import Sequence, sequences_of
 from etl.ops.stream import Carried, StreamInput, stream_specs
 from etl.pipeline import Pipeline
 
@@ -39,6 +43,13 @@ class Layout:
     streamed: tuple[str, ...] = ()
     #: the columns those states read, carried raw from the transform to them (``Chunk.carried``), each once
     carried: tuple[StreamInput, ...] = ()
+    #: the list columns of each History op and their lengths column (``etl.loader.sequences``)
+    sequences: tuple[Sequence, ...] = ()
+
+    @property
+    def lengths(self) -> list[str]:
+        """The sequences' lengths columns: the columns of the field ``lengths``, in order."""
+        return [s.length for s in self.sequences]
 
     @classmethod
     def of(cls, pipeline: Pipeline, raw: bool = True) -> Layout:
@@ -58,7 +69,10 @@ class Layout:
         for i in (i for s in specs for i in s.inputs):
             if carried.setdefault(i.column, i) != i:
                 raise ValueError(f"streaming states read column '{i.column}' as {carried[i.column].dtype} and as {i.dtype}")
-        return cls(c.label, c.dense, c.sparse, c.lists, torch.int64 if c.wide else torch.int32, streamed, tuple(carried.values()))
+        sequences = sequences_of(pipeline.ops, c.lists, c.sparse)
+        lengths = {s.length for s in sequences}
+        sparse = [x for x in c.sparse if x not in lengths]
+        return cls(c.label, c.dense, sparse, c.lists, torch.int64 if c.wide else torch.int32, streamed, tuple(carried.values()), sequences)
 
     @property
     def fixed_columns(self) -> FixedColumns:
@@ -66,26 +80,27 @@ class Layout:
 
     @property
     def columns(self) -> list[str]:
-        return [self.label, *self.dense, *self.sparse, *self.lists]
+        return [self.label, *self.dense, *self.sparse, *self.lengths, *self.lists]
 
     @property
     def sparse_numpy(self) -> np.dtype:
         return np.dtype(np.int64) if self.sparse_dtype == torch.int64 else np.dtype(np.int32)
 
     def stream_fields(self) -> dict[str, tuple[str, int]]:
-        """Where each ``streamed`` column goes in a batch: its field (``dense`` or ``sparse``) and index there (list
-        columns are no field: the states give them whole)."""
-        return {c: ("dense", self.dense.index(c)) if c in self.dense else ("sparse", self.sparse.index(c))
-                for c in self.streamed if c not in self.lists}  # fmt: skip
+        """Where each ``streamed`` column goes in a batch: its field (``dense``, ``sparse`` or ``lengths``) and index
+        there (list columns are no field: the states give them whole)."""
+        fields = {"dense": self.dense, "sparse": self.sparse, "lengths": self.lengths}
+        return {c: next((f, names.index(c)) for f, names in fields.items() if c in names) for c in self.streamed if c not in self.lists}
 
     def batch_fields(self) -> list[Field]:
         """The fixed-shape fields of a batch, as ring slots hold them: ``label`` [B] float32, ``dense`` [B, D]
-        float32, ``sparse`` [B, S] ids."""
-        return [
+        float32, ``sparse`` [B, S] ids, and with sequences ``lengths`` [B, K] int32."""
+        fields = [
             Field("label", (), torch.float32),
             Field("dense", (len(self.dense),), torch.float32),
             Field("sparse", (len(self.sparse),), self.sparse_dtype),
         ]
+        return fields + [Field("lengths", (len(self.sequences),), torch.int32)] if self.sequences else fields
 
     def empty(self) -> Chunk:
         fixed = {
@@ -93,6 +108,8 @@ class Layout:
             "dense": np.zeros((0, len(self.dense)), np.float32),
             "sparse": np.zeros((0, len(self.sparse)), self.sparse_numpy),
         }
+        if self.sequences:
+            fixed["lengths"] = np.zeros((0, len(self.sequences)), np.int32)
         lists = {c: Column(np.zeros(0, self.sparse_numpy), None, np.zeros(1, np.int64)) for c in self.lists}
         return Chunk(0, fixed, lists)
 
@@ -117,6 +134,8 @@ class Chunk:
     def from_table(cls, table: pa.Table, layout: Layout) -> Chunk:
         """An output table (``Pipeline.to_arrow`` or a processed shard) → a chunk."""
         fixed = layout.fixed_columns.arrays(table)
+        if layout.sequences:
+            fixed["lengths"] = np.stack([table.column(c).to_numpy().astype(np.int32, copy=False) for c in layout.lengths], axis=1)
         lists = {}
         for c in layout.lists:
             arr = table.column(c).combine_chunks()
@@ -149,6 +168,8 @@ class Chunk:
             "dense": stack(layout.dense, np.dtype(np.float32)),
             "sparse": stack(layout.sparse, layout.sparse_numpy),
         }
+        if layout.sequences:
+            fixed["lengths"] = stack(layout.lengths, np.dtype(np.int32))
         lists = {c: Column(batch[c].array.astype(layout.sparse_numpy), None, batch[c].list_offsets.astype(np.int64))
                  for c in layout.lists if c not in layout.streamed}  # fmt: skip
         if len(lists) < len(layout.lists):  # lists a streaming state gives: empty until it does

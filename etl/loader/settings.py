@@ -14,6 +14,7 @@ import torch
 from etl.errors import ConfigError
 from etl.loader.assembler import PassSettings
 from etl.loader.order import batches_per_rank
+from etl.loader.sequences import Padding
 
 #: Where a loader transforms raw shards: ``"host"`` (worker threads run the whole pipeline), ``"device"`` (they run
 #: its host part, the rest runs on the device after the copy: ``etl.loader.device_stage``), ``"cudf"`` (row groups
@@ -25,7 +26,8 @@ TRANSFORMS = ("host", "device", "cudf")
 class Batching:
     """How a loader cuts its rows into batches: ``batch_size`` rows each, permuted within buffers of
     ``shuffle_buffer`` rows when ``shuffle`` (drawn from ``seed``), without a short last batch with ``drop_last``;
-    rank ``rank`` of ``world_size`` (``etl.loader.order``)."""
+    rank ``rank`` of ``world_size`` (``etl.loader.order``); the list columns of ``padding`` also padded
+    (``etl.loader.sequences``)."""
 
     batch_size: int
     shuffle: bool
@@ -34,6 +36,7 @@ class Batching:
     drop_last: bool
     rank: int
     world_size: int
+    padding: tuple[Padding, ...] = ()
 
     def length(self, total_rows: int) -> int:
         """Batches per epoch on every rank, for an epoch of ``total_rows`` rows (``etl.loader.order.batches_per_rank``)."""
@@ -42,7 +45,8 @@ class Batching:
     def pass_settings(self, epoch: int, start: int, total: int) -> PassSettings:
         """The settings of a pass making batches ``start`` to ``total`` of ``epoch``."""
         return PassSettings(epoch=epoch, start=start, total=total, batch_size=self.batch_size, shuffle_buffer=self.shuffle_buffer,
-                            shuffle=self.shuffle, seed=self.seed, rank=self.rank, world_size=self.world_size)  # fmt: skip
+                            shuffle=self.shuffle, seed=self.seed, rank=self.rank, world_size=self.world_size,
+                            padding=self.padding)  # fmt: skip
 
 
 def transform_of(transform: str | None, transform_on: str | None, reader: str | None) -> str:

@@ -22,6 +22,9 @@ class LoaderStats:
     transform_seconds: float = 0.0
     assemble_seconds: float = 0.0
     copy_seconds: float = 0.0  # host→device copy, and the device transform's launch with transform_on="device"
+    #: keys the streaming History states evicted (``max_keys``, least recently seen first), counted as batches are
+    #: assembled: a batch assembled again (a resumed or restarted pass) counts again
+    history_evictions: int = 0
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -38,6 +41,11 @@ class LoaderStats:
         with self._lock:
             self.assemble_seconds += assemble
             self.copy_seconds += copy
+
+    def add_evictions(self, keys: int) -> None:
+        """The streaming History states evicted ``keys`` keys while the assembler gave a batch its histories."""
+        with self._lock:
+            self.history_evictions += keys
 
     def add_batch(self, rows: int, wait: float, elapsed: float) -> None:
         """The consumer got a batch of ``rows`` rows after waiting ``wait`` seconds for it, ``elapsed`` seconds

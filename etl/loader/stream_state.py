@@ -55,6 +55,7 @@ import numpy as np
 from etl.batch import Column
 from etl.errors import ArtifactError, ConfigError, EtlError, LoaderError
 from etl.io.fs import Location
+from etl.loader.stats import LoaderStats
 from etl.ops.base import InvalidState, Op
 from etl.ops.stream import Carried, StreamInput, StreamState, StreamStep, UndoRecord, describe_specs
 from etl.pipeline import saved_streams
@@ -119,10 +120,11 @@ class StreamStates:
             return (0 if self._floor is None else 1 + len(self._steps)), sum(u.nbytes for s in self._steps for u in s.undo.values())
 
     # ------------------------------------------------------------------ the assembler's side
-    def start_pass(self, key: Key, epoch_start: bool = False) -> StreamPass:
+    def start_pass(self, key: Key, epoch_start: bool = False, stats: LoaderStats | None = None) -> StreamPass:
         """Set the states to ``base`` for a pass starting at ``key`` (restoring it unless they hold it: a restored
         state behaves as the one exported); at the start of an epoch (``epoch_start``), the ``per_epoch`` states
-        to the state they were made with instead (so that the state at the epoch's start is that one)."""
+        to the state they were made with instead (so that the state at the epoch's start is that one). The pass
+        counts the keys the states evict in ``stats``, if given."""
         with self._tables, self._lock:
             fresh = self.initial if epoch_start else {}
             if not self._at_base or fresh:
@@ -131,7 +133,7 @@ class StreamStates:
             if fresh:
                 self.base = self.base | fresh
             self._floor, self._steps, self._at_base = key, [], True
-        return StreamPass(self)
+        return StreamPass(self, stats)
 
     def apply_step(self, update: Callable[[], dict[str, UndoRecord]]) -> None:
         """Run ``update`` (one batch through the states, returning their undo records) as one step."""
@@ -237,8 +239,8 @@ class StreamPass:
     """One pass's use of the states, from the assembler thread: ``apply`` to each batch as it is gathered into its
     ring slot, in the pass's batch order, then ``name_step`` with the key of the position after it."""
 
-    def __init__(self, streams: StreamStates):
-        self.streams = streams
+    def __init__(self, streams: StreamStates, stats: LoaderStats | None = None):
+        self.streams, self.stats = streams, stats
         self.threads = max(1, min(len(streams.states), os.cpu_count() or 1))
 
     def new_inputs(self, n: int) -> dict[str, Carried]:
@@ -265,6 +267,9 @@ class StreamPass:
             return {n: r.undo for n, r in zip(names, results)}
 
         h.apply_step(update_all)
+        evicted = sum(r.evicted for r in results)
+        if evicted and self.stats is not None:
+            self.stats.add_evictions(evicted)
         events = {}
         for n, r in zip(names, results):
             spec = h.specs[n]

@@ -22,7 +22,7 @@ from etl.loader.batch import LoaderBatch
 from etl.loader.chunk import Chunk
 from etl.loader.order import Piece
 from etl.loader.pieces import guarded
-from etl.loader.ring import Ring
+from etl.loader.ring import Field, Ring
 from etl.loader.sources import Pass, Workers
 
 if TYPE_CHECKING:
@@ -77,14 +77,16 @@ class ThreadEngine:
             if stage is not None:
                 self.ring = Ring(loader.prefetch + 2, loader.batch_size, stage.inputs.fields(), loader.device, stage.outputs())
             else:
-                self.ring = Ring(loader.prefetch + 2, loader.batch_size, loader.layout.batch_fields(), loader.device)
+                padded = [Field(p.field, (p.pad_to,), loader.layout.sparse_dtype) for p in loader.batching.padding]
+                self.ring = Ring(loader.prefetch + 2, loader.batch_size, loader.layout.batch_fields() + padded, loader.device)
         return self.ring
 
     def new_pass(self, loader: Loader, epoch: int, start: int, after: threading.Event | None = None) -> Pass:
         """A pass over ``epoch`` from batch ``start`` on; it takes ring slots once ``after`` (if given) is set."""
         streams = None
         if loader.streams is not None:
-            streams = loader.streams.start_pass(loader.source.vocab_key(loader.batching, epoch, start), start == 0 and loader.source.epochs)
+            key = loader.source.vocab_key(loader.batching, epoch, start)
+            streams = loader.streams.start_pass(key, start == 0 and loader.source.epochs, loader.stats)
         workers = Workers(guarded(_read_weakly(self)), self.slots(loader), loader.stats, loader.num_workers, loader.prefetch, loader.remote)
         return loader.source.new_pass(loader.batching, epoch, start, workers, after=after, streams=streams)
 
@@ -168,9 +170,12 @@ class Iteration:
             for t in (t for pair in lists.values() for t in pair):  # made on the copy stream, used on the consumer's
                 t.record_stream(torch.cuda.current_stream(loader.device))
         if loader.copy:  # owned tensors: the slot may take the next batch at once
-            tensors = {k: tensors[k].clone() for k in ("label", "dense", "sparse")}
+            fields = ["label", "dense", "sparse", *(["lengths"] if loader.layout.lengths else []), *(p.field for p in loader.batching.padding)]
+            tensors = {k: tensors[k].clone() for k in fields}
             epoch_pass.release()
-        return LoaderBatch(tensors["label"], tensors["dense"], tensors["sparse"], lists, loader.layout.sparse, item.events)
+        return LoaderBatch(tensors["label"], tensors["dense"], tensors["sparse"], lists, loader.layout.sparse, item.events,
+                           lengths={c: tensors["lengths"][:, k] for k, c in enumerate(loader.layout.lengths)},
+                           padded={p.column: tensors[p.field] for p in loader.batching.padding})  # fmt: skip
 
     def _is_active(self) -> bool:
         """Whether this is the engine's current iteration (not superseded by a later ``iter``)."""

@@ -52,7 +52,7 @@ must then be each key's time order (``shuffle=False``; each epoch starts from an
   before it never do. A late event older than the ``max_len`` events the key holds before its latest time is
   dropped (no later row's latest ``max_len`` would hold it).
 - ``max_keys`` bounds the keys held (least recently seen evicted: a key seen again starts empty); evictions are
-  counted in the exported state (``evictions``) and in ``Loader.stats``.
+  counted in the exported state (``evictions``) and in ``Loader.stats.history_evictions``.
 - Equal times take the order rows arrive in: ``tiebreak`` is refused, as are ``min_len`` (a batch keeps its rows)
   and ops after History that read or change its columns (they run before the state gives its lists).
 On time-ordered input (each key's rows in time order, ``shuffle=False``) the lists equal those of ``etl

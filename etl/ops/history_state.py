@@ -192,7 +192,7 @@ class HistoryState(StreamState):
         outputs[self.spec.outputs[-1]] = out_len
         nrec, nent = int(self.meta[RECORDS]), int(self.meta[RECORD_ENTRIES])
         undo = HistoryUndo(rows, evictions, rec_heads[:nrec].copy(), rec_times[:nent].copy(), rec_vals[:nent].copy())
-        return StreamStep(outputs, None, undo)
+        return StreamStep(outputs, None, undo, self.evictions - evictions)
 
     # ------------------------------------------------------------------ export and restore
     def export(self, canonical: bool = True, undo: Sequence[HistoryUndo] = ()) -> StateArrays:

@@ -76,12 +76,14 @@ class RowRejected(ValueError):
 @dataclass(frozen=True)
 class StreamStep:
     """The result of one ``advance``: ``outputs`` (per output column, one value per row of the batch, in row
-    order), ``events`` (what to report with the batch, of the op's own type, e.g. ``VocabEvents``; None: nothing)
-    and ``undo`` (what the update changed)."""
+    order), ``events`` (what to report with the batch, of the op's own type, e.g. ``VocabEvents``; None: nothing),
+    ``undo`` (what the update changed) and ``evicted`` (the keys a bounded per-key state dropped to make room for
+    the batch's keys: History's ``max_keys``, counted in the loader's stats)."""
 
     outputs: dict[str, np.ndarray]
     events: Any
     undo: UndoRecord
+    evicted: int = 0
 
 
 @dataclass(frozen=True)

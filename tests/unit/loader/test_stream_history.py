@@ -37,9 +37,8 @@ def rows_of(batches: Any) -> list[tuple[list[int], int]]:
     out = []
     for b in batches:
         values, offsets = b.lists["hist_item"]
-        j = b.sparse_names.index("hist_len")
         for i in range(len(b)):
-            out.append((values[offsets[i] : offsets[i + 1]].tolist(), int(b.sparse[i, j])))
+            out.append((values[offsets[i] : offsets[i + 1]].tolist(), int(b.lengths["hist_len"][i])))
     return out
 
 
@@ -131,6 +130,9 @@ def test_max_keys_evicts_the_least_recently_seen(tmp_path: Path) -> None:
     # user 3 evicts user 1 (seen before user 2), then user 1 evicts user 2: user 1 starts empty, user 3 keeps its event
     assert [n for _, n in got] == [0, 0, 0, 0, 1]
     assert loader.state_dict()[saved_streams.STATE_KEY]["hist_*"]["evictions"] == 2
+    assert loader.stats.history_evictions == 2 and loader.stats.as_dict()["history_evictions"] == 2
+    rows_of(loader)  # the next epoch starts empty and evicts the same keys again
+    assert loader.stats.history_evictions == 4
 
 
 def test_refusals(tmp_path: Path) -> None:

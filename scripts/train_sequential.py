@@ -53,18 +53,6 @@ PAD, UNKNOWN = 0, 1  # model indices; the training window's items are 2, 3, ...
 K = 10
 
 
-def pad_left(values: torch.Tensor, offsets: torch.Tensor, length: int) -> torch.Tensor:
-    """Jagged lists (``values``, ``offsets[B + 1]``) → [B, length] int64, each list's last ``length`` values at the right,
-    zeros (padding) at the left."""
-    lengths = (offsets[1:] - offsets[:-1]).clamp(max=length)
-    rows = torch.repeat_interleave(torch.arange(lengths.shape[0]), lengths)
-    starts = offsets[1:] - lengths  # the kept values of row b: values[starts[b]:offsets[b + 1]]
-    within = torch.arange(rows.shape[0]) - torch.repeat_interleave(torch.cumsum(lengths, 0) - lengths, lengths)
-    out = torch.zeros(lengths.shape[0], length, dtype=torch.int64)
-    out[rows, length - lengths[rows] + within] = values[starts[rows] + within].long()
-    return out
-
-
 class Block(nn.Module):
     """Pre-norm transformer block: self-attention over the positions kept, then a feed-forward layer."""
 
@@ -144,9 +132,9 @@ def time_scale(pipeline: Pipeline, time_col: str) -> tuple[float, float] | None:
     raise SystemExit(f"{time_col}: the pipeline applies {[op.name for op in ops]} to it; splitting by time needs the raw time or Normalize")
 
 
-def batches(loader: etl.Loader, lo: float, hi: float, item: str, history: str, time_col: str, remap: torch.Tensor, max_len: int):
-    """The rows with ``lo <= time < hi`` of each loader batch, as model indices: (histories padded to ``max_len``,
-    targets, the whole histories as (row, item) pairs)."""
+def batches(loader: etl.Loader, lo: float, hi: float, item: str, history: str, time_col: str, remap: torch.Tensor):
+    """The rows with ``lo <= time < hi`` of each loader batch (its histories padded on the left by the loader's
+    ``pad_to``), as model indices: (the padded histories, targets, the whole histories as (row, item) pairs)."""
     i, t = loader.layout.sparse.index(item), loader.layout.dense.index(time_col)
     for b in loader:
         keep = (b.dense[:, t] >= lo) & (b.dense[:, t] < hi)
@@ -155,7 +143,7 @@ def batches(loader: etl.Loader, lo: float, hi: float, item: str, history: str, t
             row = torch.repeat_interleave(torch.arange(len(keep)), offsets[1:] - offsets[:-1])
             kept = keep[row]
             seen = ((torch.cumsum(keep, 0) - 1)[row[kept]], remap[values[kept].long()])
-            yield remap[pad_left(values, offsets, max_len)[keep]], remap[b.sparse[keep, i].long()], seen
+            yield remap[b.padded[history][keep].long()], remap[b.sparse[keep, i].long()], seen
 
 
 def main() -> None:
@@ -215,12 +203,13 @@ def main() -> None:
 
     model = NextItem(2 + len(vocab), args.max_len, args.dim, args.blocks, args.heads, args.dropout)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
-    loader = etl.Loader(args.data, batch_size=args.batch_size, shuffle=True, seed=args.seed, shuffle_buffer=1 << 18, num_workers=1)
+    loader = etl.Loader(args.data, batch_size=args.batch_size, shuffle=True, seed=args.seed, shuffle_buffer=1 << 18, num_workers=1,
+                        pad_to=args.max_len, pad_side="left")
     for epoch in range(args.epochs):
         model.train()
         loader.set_epoch(epoch)
         t0, total, n = time.perf_counter(), 0.0, 0
-        for seq, target, _ in batches(loader, start, split, args.item, args.history, args.time, remap, args.max_len):
+        for seq, target, _ in batches(loader, start, split, args.item, args.history, args.time, remap):
             loss = nn.functional.cross_entropy(model(seq), target)
             opt.zero_grad()
             loss.backward()
@@ -231,9 +220,9 @@ def main() -> None:
     model.eval()
     sums = {name: torch.zeros(2) for name in ("model", "most popular", "random")}
     rows = 0
-    evaluation = etl.Loader(args.data, batch_size=1024, num_workers=1)
+    evaluation = etl.Loader(args.data, batch_size=1024, num_workers=1, pad_to=args.max_len, pad_side="left")
     with torch.no_grad():
-        for seq, target, seen in batches(evaluation, split, math.inf, args.item, args.history, args.time, remap, args.max_len):
+        for seq, target, seen in batches(evaluation, split, math.inf, args.item, args.history, args.time, remap):
             rankers = {"model": model(seq), "most popular": popular.expand(len(target), -1).clone(),
                        "random": torch.zeros(len(target), len(popular)).index_fill_(1, torch.tensor([PAD, UNKNOWN]), -math.inf)}
             for name, scores in rankers.items():

@@ -23,13 +23,7 @@ _spec = importlib.util.spec_from_file_location("train_sequential", REPO / "scrip
 assert _spec is not None and _spec.loader is not None
 script = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(script)
-pad_left, expected_hits = script.pad_left, script.expected_hits
-
-
-def test_pad_left_keeps_the_latest_values_at_the_right() -> None:
-    values = torch.tensor([5, 6, 7, 8, 9, 3], dtype=torch.int32)
-    offsets = torch.tensor([0, 0, 2, 6])  # [], [5, 6], [7, 8, 9, 3]
-    assert pad_left(values, offsets, 3).tolist() == [[0, 0, 0], [0, 5, 6], [8, 9, 3]]
+expected_hits = script.expected_hits
 
 
 def test_expected_hits_break_ties_at_random_in_expectation() -> None:

@@ -367,12 +367,12 @@ class Pipeline:
             raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
         if part not in PARTS:
             raise ValueError(f"part must be one of {PARTS}, got {part!r}")
-        if not self.is_fitted:
-            raise ArtifactError("the pipeline is not fitted: run fit first or load fitted artifacts")
         if self.groupby is not None:
             raise ConfigError(f"{self.path} ends with Groupby, which makes one row per group of events: `etl preprocess` brings each group's "
                               "events together; a transform of one batch at a time (Pipeline.transform, serving, the Loader on raw shards, "
                               "--follow) cannot. Run etl preprocess, then load its output")  # fmt: skip
+        if not self.is_fitted:
+            raise ArtifactError("the pipeline is not fitted: run fit first or load fitted artifacts")
         host, device = self.split()
         ops = {"all": self.ops, "host": host, "device": device}[part]
         return self.run_ops(batch, ops, on_error, xp, labels=part != "device", output=part != "host")
@@ -395,8 +395,9 @@ class Pipeline:
         return t
 
     def check_labels(self, batch: Batch, xp: Backend | None = None) -> None:
-        """Raise ``InvalidRows`` for the rows without a usable label (missing, NaN or infinite); checked before any
-        op, so fit and transform skip the same rows. ``xp``: the backend (default: the pipeline's)."""
+        """Raise ``InvalidRows`` for the rows without a usable label (missing, NaN or infinite) and, with a Groupby,
+        for those missing a ``by`` value (no event of any group); checked before any op, so fit and transform skip
+        the same rows. ``xp``: the backend (default: the pipeline's)."""
         for c in self.schema.by_role("label"):
             col = batch.columns.get(c)
             if col is None:
@@ -406,6 +407,10 @@ class Pipeline:
             bad = (xp or self.xp).nonfinite_mask(col.values, None)
             if bad is not None:
                 raise InvalidRows(c, bad, "label is NaN or infinite")
+        for c in self.groupby.by if self.groupby is not None else []:
+            key = batch.columns.get(c)
+            if key is not None and key.valid is not None and key.null_count():
+                raise InvalidRows(c, ~key.valid, "the group key is missing")
 
     def check_output(self, batch: Batch, xp: Backend | None = None) -> None:
         """Raise ``InvalidRows`` for the rows of a transformed batch holding, in an output column (the first such

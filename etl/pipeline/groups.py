@@ -3,8 +3,8 @@ their aggregates.
 
 ``etl preprocess`` (``etl.preprocess.keyed_groupby``) uses them in this order: ``key_hashes`` of each row group as
 read (the exchange partitions the rows by it), ``new_groups`` over a sorted partition (where each group starts),
-``KeyCheck`` among the ops (an event without its key is invalid), then, over the events left, ``Groups.of`` their
-group numbers, ``invalid`` (groups whose float aggregates overflow float32) and ``aggregate`` (the output rows).
+then, over the events the ops leave (``Pipeline.check_labels`` rejects those without their key), ``Groups.of``
+their group numbers, ``invalid`` (groups whose float aggregates overflow float32) and ``aggregate`` (the output rows).
 """
 
 from __future__ import annotations
@@ -16,10 +16,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from etl.backends import Backend, cpu
+from etl.backends import cpu
 from etl.batch import Batch, Column, Strings, gather_ranges
 from etl.io.arrow import from_numpy
-from etl.ops.base import InvalidRows, Op
 from etl.ops.counts import key_hashes as mix
 from etl.pipeline.groupby import NUMERIC, Aggregate, Groupby
 
@@ -63,25 +62,6 @@ def new_groups(table: pa.Table, by: list[str]) -> np.ndarray:
     return new
 
 
-class KeyCheck(Op):
-    """The check of Groupby's key among the ops ``Pipeline.run_ops`` runs: ``InvalidRows`` for the events whose
-    ``by`` value is missing (read from the columns as read: it runs before the ops)."""
-
-    name = "Groupby"
-    reads = writes = None
-
-    def __init__(self, groupby: Groupby):
-        super().__init__([])
-        self.groupby = groupby
-
-    def transform(self, batch: Batch, xp: Backend) -> dict[str, Column]:
-        for c in self.groupby.by:
-            valid = batch[c].valid
-            if valid is not None and not valid.all():
-                raise InvalidRows(c, ~np.asarray(valid, np.bool_), "the group key is missing")
-        return {}
-
-
 @dataclass(frozen=True)
 class Groups:
     """The groups of a run of events sorted by group: where each one's events start (``starts``, int64) and how
@@ -112,19 +92,27 @@ def numeric(col: Column, groups: Groups, agg: str) -> tuple[np.ndarray, np.ndarr
     values out; and whether the group has a value."""
     values = np.asarray(col.values, np.float64)
     present = np.ones(len(values), np.bool_) if col.valid is None else np.asarray(col.valid, np.bool_)
-    if not len(groups.starts):
-        return np.zeros(0, np.float64), np.zeros(0, np.bool_)
-    have = np.add.reduceat(present.astype(np.int64), groups.starts)
+    have = _reduce(np.add, present.astype(np.int64), groups)
     with np.errstate(over="ignore", invalid="ignore"):
         if agg in ("sum", "mean"):
-            out = np.add.reduceat(np.where(present, values, 0.0), groups.starts)
+            out = _reduce(np.add, np.where(present, values, 0.0), groups)
             if agg == "mean":
                 out = out / np.maximum(have, 1)
         elif agg == "min":
-            out = np.minimum.reduceat(np.where(present, values, np.inf), groups.starts)
+            out = _reduce(np.minimum, np.where(present, values, np.inf), groups)
         else:
-            out = np.maximum.reduceat(np.where(present, values, -np.inf), groups.starts)
+            out = _reduce(np.maximum, np.where(present, values, -np.inf), groups)
     return out, have > 0
+
+
+def _reduce(ufunc: np.ufunc, values: np.ndarray, groups: Groups) -> np.ndarray:
+    """``ufunc`` over each group's values (its ``counts`` values from its start, in order)."""
+    if not len(groups.starts):
+        return np.zeros(0, values.dtype)
+    bounds = np.empty(2 * len(groups.starts), np.int64)
+    bounds[0::2], bounds[1::2] = groups.starts, groups.starts + groups.counts
+    padded = np.append(values, values[:1])  # a group may end at the last value: its end bound is then a valid index
+    return ufunc.reduceat(padded, bounds)[0::2]
 
 
 def invalid(groupby: Groupby, events: Batch, groups: Groups) -> list[tuple[np.ndarray, Aggregate]]:

@@ -43,11 +43,12 @@ def fit_stages(ops: list[Op]) -> list[list[Op]]:
 
 def fit_plan(pipeline: Pipeline, stage: list[Op]) -> tuple[list[Op], list[str]]:
     """What fitting ``stage`` needs: the fitted ops that feed it, in pipeline order, and the columns to read
-    (theirs, the stage's and the labels: rows without a label are skipped by fit as by transform).
+    (theirs, the stage's, the labels and Groupby's key: rows without a label or key are skipped by fit as by
+    transform).
 
     An op that does not depend on an unfitted op never writes a column a stage op reads (ops write in place
     what they read, or new columns), so all of them can run before the stage ops gather statistics."""
-    needed = set(pipeline.schema.by_role("label"))
+    needed = set(pipeline.schema.by_role("label")) | set(pipeline.groupby.by if pipeline.groupby is not None else [])
     feeding = []
     for op in reversed(pipeline.ops):
         if op in stage or needed & set(op.outputs):

@@ -4,10 +4,10 @@ through the ops, then one row per group (``etl.pipeline.groupby``, ``etl.pipelin
 The exchange spills each row with the hash of its ``by`` values and sorts each partition by (hash, ``by`` values,
 ``sort_by``, input position): a group's events are together, in order. A partition is transformed in slices that
 end where a group ends (at least ``SLICE_ROWS`` events each, but the last; a larger group is a slice of its own):
-the label check, the check of the key (``KeyCheck``), the ops and the output check over the slice's events, then
-the groups of the events left: those whose float aggregates float32 cannot hold are rejected (their events
-quarantined, or the run stops naming the first one), those of fewer than ``min_len`` events dropped, the others
-aggregated into the output rows, one row group per slice.
+the label check (which also rejects the events missing a ``by`` value), the ops and the output check over the
+slice's events, then the groups of the events left: those whose float aggregates float32 cannot hold are rejected
+(their events quarantined, or the run stops naming the first one), those of fewer than ``min_len`` events
+dropped, the others aggregated into the output rows, one row group per slice.
 
 Row accounting (``Sliced``): of a slice's events, those rejected are quarantined, and the rest are ``removed``
 but for one per group written (the events folded into the groups, and those of the groups dropped).
@@ -24,7 +24,7 @@ from etl.errors import RowError
 from etl.io.parquet import batch_from_arrow
 from etl.pipeline import OnError, Pipeline, Rejected
 from etl.pipeline.groupby import Groupby
-from etl.pipeline.groups import Groups, KeyCheck, aggregate, invalid, key_hashes, new_groups
+from etl.pipeline.groups import Groups, aggregate, invalid, key_hashes, new_groups
 from etl.preprocess.keyed_step import SLICE_ROWS, Sliced
 
 
@@ -69,7 +69,7 @@ class GroupbyStep:
         columns whose values it writes)."""
         pipeline, g = self.pipeline, self.groupby
         batch = batch_from_arrow(piece, pipeline.schema, f"<partition {p}>", 0, start)
-        t = pipeline.run_ops(batch, [KeyCheck(g), *pipeline.ops], on_error, labels=True, output=True)
+        t = pipeline.run_ops(batch, pipeline.ops, on_error, labels=True, output=True)  # the label check rejects events without their key
         events = t.batch
         groups = Groups.of(group[events.row_ids])
         keep = np.ones(len(groups.starts), np.bool_)

@@ -437,9 +437,11 @@ def _check_rows(e: ManifestEntry, path: Location, where: str) -> None:
     without stages; with stages, the first takes ``rows_in``, each the rows the one before passed on, and the last
     passes on ``rows_out + rows_quarantined``."""
     stages = e.stages or ()
-    counts = (e.rows_in, e.rows_out, e.rows_quarantined, *(n for s in stages for n in (s.rows_in, s.rows_out, s.groups_dropped or 0)))
+    counts = (e.rows_in, e.rows_out, e.rows_quarantined, *(n for s in stages for n in (s.rows_in, s.rows_out)))
     rows = e.rows_in
     for k, s in enumerate(stages):
+        if s.groups_dropped is not None and s.groups_dropped < 0:
+            raise InputError(str(path), f"{where}: stages[{k}] ({s.stage}) dropped {s.groups_dropped} groups, below 0")
         if s.rows_in != rows:
             took = "rows_in" if k == 0 else f"stages[{k - 1}] ({stages[k - 1].stage}) passed on"
             raise InputError(str(path), f"{where}: stages[{k}] ({s.stage}) took {s.rows_in} rows in, but {took} {rows}")

@@ -217,14 +217,14 @@ class Groupby:
 def _check_agg(column: str, agg: str, kind: str, listed: bool, dtype: str | None) -> None:
     """``ValueError`` unless ``agg`` accepts ``column`` (of ``kind``; ``listed``: a list column; ``dtype``: its
     schema dtype, None for a column an op creates)."""
-    where = f"Groupby.aggs.{column}: {agg}"
+    where = f"Groupby.aggs.{column}"
     if agg == "count":
         return
     if kind in ("raw", "keys"):
         raise ValueError(f"{where}: column '{column}' holds {kind} values: turn it into ids first (Decode, then Hash or Categorify)")
     if agg == "list" and (listed or kind == "number"):
         what = "a list column (lists of lists are not made)" if listed else "a column of numbers"
-        raise ValueError(f"{where}: lists hold ids or passthrough values, and '{column}' is {what}")
+        raise ValueError(f"{where}: list takes single-valued ids or passthrough values, and '{column}' is {what}")
     if agg in NUMERIC and not (kind == "number" or (kind == "passthrough" and dtype in ("int64", "float64") and not listed)):
         raise ValueError(f"{where}: {agg} takes numbers (label, dense, passthrough int64 or float64 columns), and '{column}' holds {kind}")
 

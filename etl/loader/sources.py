@@ -329,21 +329,21 @@ def open_processed_with(directory: Location, pipeline: str | Path | None, artifa
 
 def raw_pipeline(pipeline: str | Path | None, artifacts: Location | None) -> Pipeline:
     """The fitted pipeline that transforms raw shards: loaded from ``artifacts`` (checked against ``pipeline``), or
-    ``pipeline`` itself when it has nothing to fit. A pipeline with reshaping stages, ending with Groupby, or with an
-    op that needs every row of a key (History), is refused (``ConfigError``): the loader streams raw rows through the ops only, and their
+    ``pipeline`` itself when it has nothing to fit. A pipeline with reshaping stages, or with an op that needs every
+    row of a key (History), is refused (``ConfigError``): the loader streams raw rows through the ops only, and their
     output is made by ``etl preprocess``."""
     if pipeline is None:
         raise ConfigError("raw shards need a pipeline (or give the output directory of etl preprocess)")
     p = Pipeline.load(artifacts) if artifacts is not None else Pipeline.from_file(pipeline)
     if artifacts is not None:
         check_match(p, Pipeline.from_file(pipeline), artifacts)
+    if p.groupby is not None:  # a reshaping stage of key scope: its rows are made by etl preprocess only
+        raise ConfigError(f"{pipeline} ends with Groupby, which makes one row per group of events: the loader does not run it on raw shards; "
+                          "run `etl preprocess` first, then load its output directory")  # fmt: skip
     if p.stages:
         names = ", ".join(s.name for s in p.stages)
         raise ConfigError(f"{pipeline} has reshaping stages ({names}), which the loader does not run on raw shards: run `etl preprocess` "
                           "first, then load its output directory")  # fmt: skip
-    if p.groupby is not None:
-        raise ConfigError(f"{pipeline} ends with Groupby, which makes one row per group of events: the loader does not run it on raw shards; "
-                          "run `etl preprocess` first, then load its output directory")  # fmt: skip
     keyed = [op.name for op in p.ops if op.keyed]
     if keyed:
         raise ConfigError(f"{pipeline} has a {keyed[0]} op, which needs every row of a key in time order: the loader does not run it on raw "

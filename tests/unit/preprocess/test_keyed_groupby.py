@@ -338,3 +338,18 @@ def test_a_million_events_in_several_partitions(tmp_path: Path) -> None:
         positions, total = want[(r["session"], r["shop"])]
         assert (r["item_count"], r["eid_list"], r["eid_first"], r["eid_last"]) == (len(positions), positions[-4:], positions[0], positions[-1])
         assert math.isclose(r["price_sum"], float(np.float32(total)), rel_tol=1e-6)
+
+
+def test_the_documented_example(tmp_path: Path) -> None:
+    """pipelines/README.md's Groupby example: one session's events, a tie in time kept in input order."""
+    columns = [("label", "label", "int64"), ("session_id", "passthrough", "string"), ("item_id", "passthrough", "int64"),
+               ("price", "dense", "float64"), ("timestamp", "passthrough", "int64")]  # fmt: skip
+    (tmp_path / "schema.yaml").write_text(yaml.safe_dump({"name": "ex", "columns": [{"name": n, "role": r, "dtype": d} for n, r, d in columns]}))
+    aggs = {"item_id": ["list", "count", "first", "last"], "price": ["sum", "mean"]}
+    groupby = {"op": "Groupby", "by": ["session_id"], "sort_by": ["timestamp"], "max_len": 2, "aggs": aggs}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump({"schema": "schema.yaml", "ops": [{"op": "FillMissing", "columns": ["price"]}, groupby]}))
+    rows = pa.table({"label": [0, 1, 0], "session_id": ["s"] * 3, "item_id": [8, 7, 9], "price": [1.0, 2.0, 4.0], "timestamp": [20, 10, 20]})
+    preprocess(Pipeline.from_file(tmp_path / "p.yaml"), write_shards(rows, tmp_path / "raw", [], 10), tmp_path / "out")
+    want = {"session_id": "s", "label": 0.0, "item_id_list": [8, 9], "item_id_count": 3.0, "item_id_first": 7, "item_id_last": 9,
+            "price_sum": 7.0, "price_mean": float(np.float32(7 / 3))}  # fmt: skip
+    assert outputs(tmp_path / "out").to_pylist() == [want]

@@ -108,11 +108,6 @@ class Groupby:
         #: passthrough columns of the output: the by columns and aggregates that keep a passthrough column's values
         self.passthrough: list[str] = []
 
-    @property
-    def columns(self) -> list[str]:
-        """The raw columns it reads to group and order the events."""
-        return [*self.by, *self.sort_by]
-
     @classmethod
     def parse(cls, params: dict[str, Any], path: str, where: str) -> Groupby:
         """A Groupby from its parameters in a pipeline file; ``SpecError`` naming ``path`` and the field."""

@@ -48,7 +48,7 @@ def fit_plan(pipeline: Pipeline, stage: list[Op]) -> tuple[list[Op], list[str]]:
 
     An op that does not depend on an unfitted op never writes a column a stage op reads (ops write in place
     what they read, or new columns), so all of them can run before the stage ops gather statistics."""
-    needed = set(pipeline.schema.by_role("label")) | set(pipeline.groupby.by if pipeline.groupby is not None else [])
+    needed = set(pipeline.schema.by_role("label"))
     feeding = []
     for op in reversed(pipeline.ops):
         if op in stage or needed & set(op.outputs):
@@ -61,4 +61,5 @@ def fit_plan(pipeline: Pipeline, stage: list[Op]) -> tuple[list[Op], list[str]]:
             stale |= set(op.outputs)
         else:
             prep.append(op)
-    return prep, [c for c in pipeline.schema.names if c in needed]
+    read = needed | set(pipeline.groupby.by if pipeline.groupby is not None else [])  # checked as read, before any op
+    return prep, [c for c in pipeline.schema.names if c in read]

@@ -56,11 +56,14 @@ FORMATS = ("parquet", "npy")
 @dataclass(frozen=True)
 class StageRows:
     """The rows one reshaping stage (``etl.pipeline.stages``) took in and passed on, for one file or summed over
-    several."""
+    several. ``groups_dropped``: for Groupby (``etl.pipeline.groupby``), the groups ``min_len`` dropped (None,
+    absent from the manifest, for other stages); its ``rows_in`` are the events, its ``rows_out`` the groups written
+    plus the events quarantined (the label check and the ops run within it)."""
 
     stage: str
     rows_in: int
     rows_out: int
+    groups_dropped: int | None = None
 
 
 @dataclass(frozen=True)
@@ -129,8 +132,23 @@ def sum_stages(per_file: list[tuple[StageRows, ...] | None]) -> tuple[StageRows,
     names = [s.stage for s in per_file[0]]
     if any(s is None or [x.stage for x in s] != names for s in per_file):
         raise ValueError(f"the files do not all list the reshaping stages {names}")
-    return tuple(StageRows(name, sum(s[k].rows_in for s in per_file if s), sum(s[k].rows_out for s in per_file if s))
+    return tuple(StageRows(name, sum(s[k].rows_in for s in per_file if s), sum(s[k].rows_out for s in per_file if s),
+                           _sum_dropped([s[k].groups_dropped for s in per_file if s]))
                  for k, name in enumerate(names))  # fmt: skip
+
+
+def _sum_dropped(counts: list[int | None]) -> int | None:
+    """The groups dropped over several files (None when no file counts them)."""
+    known = [n for n in counts if n is not None]
+    return sum(known) if known else None
+
+
+def describe_stage(s: StageRows, rows_out: int) -> str:
+    """One stage's rows: ``Filter: 1,000 → 900``; Groupby's ``Groupby: 1,000 events → 90 groups (5 dropped by
+    min_len)``, ``rows_out``: the rows written (its groups, Groupby being the last stage)."""
+    if s.groups_dropped is None:
+        return f"{s.stage}: {s.rows_in:,} → {s.rows_out:,}"
+    return f"{s.stage}: {s.rows_in:,} events → {rows_out:,} groups ({s.groups_dropped:,} dropped by min_len)"
 
 
 def describe_rows(rows_in: int, rows_out: int, rows_quarantined: int, stages: tuple[StageRows, ...] | None) -> str:
@@ -140,7 +158,7 @@ def describe_rows(rows_in: int, rows_out: int, rows_quarantined: int, stages: tu
     if stages is None:
         return line
     removed = sum(s.rows_in - s.rows_out for s in stages)
-    return line + f" + {removed:,} removed by stages (" + ", ".join(f"{s.stage}: {s.rows_in:,} → {s.rows_out:,}" for s in stages) + ")"
+    return line + f" + {removed:,} removed by stages (" + ", ".join(describe_stage(s, rows_out) for s in stages) + ")"
 
 
 @dataclass(frozen=True)
@@ -204,8 +222,8 @@ def write_manifest(directory: Location, manifest: Manifest) -> None:
         "pipeline": manifest.pipeline,
         "artifacts": ARTIFACTS,
         "complete": manifest.complete,
-        "totals": _without_none(asdict(manifest.totals), ("stages",)),
-        "files": [_without_none(asdict(e), ("npy_chunks", "stages")) for e in manifest.files],
+        "totals": _stages_without_none(_without_none(asdict(manifest.totals), ("stages",))),
+        "files": [_stages_without_none(_without_none(asdict(e), ("npy_chunks", "stages"))) for e in manifest.files],
     }
     if manifest.formats != ("parquet",):
         doc["formats"] = list(manifest.formats)
@@ -217,6 +235,13 @@ def write_manifest(directory: Location, manifest: Manifest) -> None:
 def _without_none(doc: dict[str, Any], optional: tuple[str, ...]) -> dict[str, Any]:
     """``doc`` without the ``optional`` keys whose value is None (the manifest of earlier versions lacks them)."""
     return {k: v for k, v in doc.items() if k not in optional or v is not None}
+
+
+def _stages_without_none(doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` (an entry or the totals) with its stages' ``groups_dropped`` left out where None."""
+    if doc.get("stages") is not None:
+        doc["stages"] = [_without_none(s, ("groups_dropped",)) for s in doc["stages"]]
+    return doc
 
 
 def read_manifest(directory: Location) -> Manifest:
@@ -415,6 +440,8 @@ def _check_rows(e: ManifestEntry, path: Location, where: str) -> None:
     counts = (e.rows_in, e.rows_out, e.rows_quarantined, *(n for s in stages for n in (s.rows_in, s.rows_out)))
     rows = e.rows_in
     for k, s in enumerate(stages):
+        if s.groups_dropped is not None and s.groups_dropped < 0:
+            raise InputError(str(path), f"{where}: stages[{k}] ({s.stage}) dropped {s.groups_dropped} groups, below 0")
         if s.rows_in != rows:
             took = "rows_in" if k == 0 else f"stages[{k - 1}] ({stages[k - 1].stage}) passed on"
             raise InputError(str(path), f"{where}: stages[{k}] ({s.stage}) took {s.rows_in} rows in, but {took} {rows}")
@@ -495,8 +522,9 @@ def _stage_rows(doc: dict[str, Any], path: Location, where: str) -> tuple[StageR
     for i, item in enumerate(items):
         if not isinstance(item, dict):
             raise InputError(str(path), f"manifest field '{name}[{i}]' is {json.dumps(item)}, expected an object")
+        dropped = _field(item, "groups_dropped", int, path, f"{name}[{i}]") if "groups_dropped" in item else None
         out.append(StageRows(_field(item, "stage", str, path, f"{name}[{i}]"), _field(item, "rows_in", int, path, f"{name}[{i}]"),
-                             _field(item, "rows_out", int, path, f"{name}[{i}]")))  # fmt: skip
+                             _field(item, "rows_out", int, path, f"{name}[{i}]"), dropped))  # fmt: skip
     return tuple(out)
 
 

@@ -339,6 +339,9 @@ def raw_pipeline(pipeline: str | Path | None, artifacts: Location | None) -> Pip
     p = Pipeline.load(artifacts) if artifacts is not None else Pipeline.from_file(pipeline)
     if artifacts is not None:
         check_match(p, Pipeline.from_file(pipeline), artifacts)
+    if p.groupby is not None:  # a reshaping stage of key scope: its rows are made by etl preprocess only
+        raise ConfigError(f"{pipeline} ends with Groupby, which makes one row per group of events: the loader does not run it on raw shards; "
+                          "run `etl preprocess` first, then load its output directory")  # fmt: skip
     if p.stages:
         names = ", ".join(s.name for s in p.stages)
         raise ConfigError(f"{pipeline} has reshaping stages ({names}), which the loader does not run on raw shards: run `etl preprocess` "

@@ -33,6 +33,9 @@ in their raw-layout type (``etl.io.text.raw_arrow_schema``). Ops and their param
 
 ``stages`` (optional) lists reshaping stages, which run on the raw rows before the fit and the ops and may change
 the row count; ``etl preprocess`` runs them, and ``Pipeline.transform`` does not (see ``etl.pipeline.stages``).
+``Groupby`` (``etl.pipeline.groupby``), a reshaping stage of key scope, is written as the last entry of ``ops``:
+the ops before it transform the events (and are fitted on them), and the output holds one row per group instead,
+its columns those of Groupby (``output_columns``; ``event_columns`` are those the ops leave).
 
 Fitting over shards is in ``etl.pipeline.fit``, saving and loading the fitted state in ``etl.pipeline.artifacts``;
 ``Pipeline.fit``, ``save`` and ``load`` call them.
@@ -51,7 +54,7 @@ import pyarrow as pa
 
 from etl.backends import cpu
 from etl.batch import Batch, Column, Strings
-from etl.errors import ArtifactError, InputError, RowError, SpecError
+from etl.errors import ArtifactError, ConfigError, InputError, RowError, SpecError
 from etl.ids import id_dtype
 from etl.io.arrow import from_numpy, validity
 from etl.io.fs import Location
@@ -62,6 +65,7 @@ from etl.io.text import raw_arrow_schema
 from etl.ops import REGISTRY, InvalidRows, Op
 from etl.pipeline import artifacts
 from etl.pipeline.fit import fit_shards
+from etl.pipeline.groupby import Groupby
 from etl.pipeline.stages import Stage, parse_stages
 from etl.runtime.progress import Progress
 from etl.schema import ColumnSpec, Schema, load_schema, read_yaml
@@ -173,6 +177,8 @@ class Pipeline:
         self.name = str(doc.get("name", schema.name))
         self.stages: list[Stage] = parse_stages(doc.get("stages"), schema, path)
         self.ops: list[Op] = []
+        #: the Groupby that ends the ops (None: the output has a row per event)
+        self.groupby: Groupby | None = None
         raw_ops = doc.get("ops")
         if not isinstance(raw_ops, list) or not raw_ops:
             raise SpecError(path, "ops", "expected a non-empty list of ops")
@@ -182,9 +188,16 @@ class Pipeline:
             where = f"ops[{i}]"
             if not isinstance(raw, dict) or "op" not in raw:
                 raise SpecError(path, where, "expected a mapping with an 'op' key")
+            if raw["op"] == Groupby.name:
+                if i != len(raw_ops) - 1:
+                    problem = "Groupby must be the last op: the ops run on the events, before it makes one row per group"
+                    raise SpecError(path, f"{where} (Groupby)", problem)
+                self.groupby = Groupby.parse({k: v for k, v in raw.items() if k != "op"}, path, f"{where} (Groupby)")
+                continue
             cls = REGISTRY.get(raw["op"])
             if cls is None:
-                raise SpecError(path, f"{where}.op", f"unknown op {raw['op']!r}; known: {sorted(REGISTRY)} (see {PIPELINE_DOCS})")
+                known = sorted([*REGISTRY, Groupby.name])
+                raise SpecError(path, f"{where}.op", f"unknown op {raw['op']!r}; known: {known} (see {PIPELINE_DOCS})")
             where = f"{where} ({raw['op']})"
             if "columns" not in raw:
                 raise SpecError(path, f"{where}.columns", "missing")
@@ -200,7 +213,15 @@ class Pipeline:
             created |= {c: spec for c, spec in op.new_columns().items() if c not in specs}
             self.ops.append(op)
         self.created = created
-        self.output_columns = self._check_flow()
+        #: the columns the ops leave, in output order; the output's columns (those of Groupby, when there is one)
+        self.event_columns = self._check_flow()
+        self.output_columns = self.event_columns
+        if self.groupby is not None:
+            try:
+                self.groupby.bind(schema, self.kinds_after(self.ops), self._is_list, self.event_columns)
+            except ValueError as e:
+                raise SpecError(path, f"ops[{len(raw_ops) - 1}] (Groupby)", str(e)) from None
+            self.output_columns = self.groupby.outputs
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -253,7 +274,7 @@ class Pipeline:
             categorical.extend(c for c, spec in op.new_columns().items() if spec.role == "categorical")
             written.update(op.outputs)
             _follow(kind, op)
-        for c in categorical:
+        for c in categorical if self.groupby is None else []:  # Groupby checks the columns it writes
             if kind[c] != "ids":
                 problem = f"categorical column '{c}' is not turned into ids (add Decode, then Hash or Categorify)"
                 raise SpecError(self.path, "ops", problem)
@@ -261,8 +282,10 @@ class Pipeline:
 
     @property
     def passthrough(self) -> list[str]:
-        """The passthrough columns: in the output as they were read, never transformed."""
-        return self.schema.by_role("passthrough")
+        """The passthrough columns: in the output as they were read, never transformed (with a Groupby, also its
+        aggregates that keep a passthrough column's values: ``Groupby.passthrough``)."""
+        named = self.schema.by_role("passthrough")
+        return named if self.groupby is None else named + [c for c in self.groupby.passthrough if c not in named]
 
     @property
     def input_columns(self) -> list[str]:
@@ -302,7 +325,12 @@ class Pipeline:
         artifacts.save(self, directory)
 
     def cardinalities(self) -> dict[str, int]:
-        """Embedding table size of every id column."""
+        """Embedding table size of every id column (with a Groupby: of its output's)."""
+        events = self._event_cardinalities()
+        return events if self.groupby is None else self.groupby.cardinalities(events)
+
+    def _event_cardinalities(self) -> dict[str, int]:
+        """Embedding table size of every id column the ops leave."""
         out: dict[str, int] = {}
         for op in self.ops:
             out.update(op.cardinalities_given(out))
@@ -345,6 +373,10 @@ class Pipeline:
             raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
         if part not in PARTS:
             raise ValueError(f"part must be one of {PARTS}, got {part!r}")
+        if self.groupby is not None:
+            raise ConfigError(f"{self.path} ends with Groupby, which makes one row per group of events: `etl preprocess` brings each group's "
+                              "events together; a transform of one batch at a time (Pipeline.transform, serving, the Loader on raw shards, "
+                              "--follow) cannot. Run etl preprocess, then load its output")  # fmt: skip
         if not self.is_fitted:
             raise ArtifactError("the pipeline is not fitted: run fit first or load fitted artifacts")
         host, device = self.split()
@@ -369,8 +401,9 @@ class Pipeline:
         return t
 
     def check_labels(self, batch: Batch, xp: Backend | None = None) -> None:
-        """Raise ``InvalidRows`` for the rows without a usable label (missing, NaN or infinite); checked before any
-        op, so fit and transform skip the same rows. ``xp``: the backend (default: the pipeline's)."""
+        """Raise ``InvalidRows`` for the rows without a usable label (missing, NaN or infinite) and, with a Groupby,
+        for those missing a ``by`` value (no event of any group); checked before any op, so fit and transform skip
+        the same rows. ``xp``: the backend (default: the pipeline's)."""
         for c in self.schema.by_role("label"):
             col = batch.columns.get(c)
             if col is None:
@@ -380,6 +413,10 @@ class Pipeline:
             bad = (xp or self.xp).nonfinite_mask(col.values, None)
             if bad is not None:
                 raise InvalidRows(c, bad, "label is NaN or infinite")
+        for c in self.groupby.by if self.groupby is not None else []:
+            key = batch.columns.get(c)
+            if key is not None and key.valid is not None and key.null_count():
+                raise InvalidRows(c, ~key.valid, "the group key is missing")
 
     def check_output(self, batch: Batch, xp: Backend | None = None) -> None:
         """Raise ``InvalidRows`` for the rows of a transformed batch holding, in an output column (the first such
@@ -388,7 +425,8 @@ class Pipeline:
         time) are not checked. ``xp``: the backend (default: the pipeline's)."""
         xp = xp or self.xp
         skip = set(self.passthrough)
-        names = [c for c in self.output_columns if c not in skip and c in batch.columns and not isinstance(batch[c].values, Strings)]
+        checked = self.output_columns if self.groupby is None else [c for c in self.event_columns if c in self.groupby.value_columns]
+        names = [c for c in checked if c not in skip and c in batch.columns and not isinstance(batch[c].values, Strings)]
         found = xp.first_nonfinite([(xp.as_float32(batch[c].values), batch[c].valid) for c in names])
         if found is None:
             return
@@ -422,19 +460,27 @@ class Pipeline:
     # ------------------------------------------------------------------ output
     def output_schema(self) -> pa.Schema:
         """Arrow schema of the output: float32 label/dense, int32/int64 ids by cardinality, list<id> lists,
-        passthrough columns in their raw-layout type (nullable)."""
-        cards = self.cardinalities()
+        passthrough columns in their raw-layout type (nullable); with a Groupby, its columns
+        (``Groupby.output_schema``)."""
+        cards = self._event_cardinalities()
         raw = raw_arrow_schema(self.schema)
-        fields = []
-        for c in self.output_columns:
-            if c in self.passthrough:
-                fields.append(raw.field(c))
-            elif c in cards:
-                t = pa.from_numpy_dtype(id_dtype(cards[c]))
-                fields.append(pa.field(c, pa.list_(t) if self._is_list(c) else t, nullable=False))
-            else:
-                fields.append(pa.field(c, pa.float32()))
-        return pa.schema(fields)
+        if self.groupby is not None:
+            return self.groupby.output_schema(partial(self._field, cards=cards, raw=raw))
+        return pa.schema([self._field(c, cards, raw) for c in self.output_columns])
+
+    def event_field(self, c: str) -> pa.Field:
+        """The output field of the event column ``c`` (one the ops leave), as a pipeline without Groupby writes it."""
+        return self._field(c, self._event_cardinalities(), raw_arrow_schema(self.schema))
+
+    def _field(self, c: str, cards: dict[str, int], raw: pa.Schema) -> pa.Field:
+        """The output field of the event column ``c`` (``cards``: the id columns' cardinalities; ``raw``: the
+        schema's raw-layout types)."""
+        if c in self.schema.by_role("passthrough"):
+            return raw.field(c)
+        if c in cards:
+            t = pa.from_numpy_dtype(id_dtype(cards[c]))
+            return pa.field(c, pa.list_(t) if self._is_list(c) else t, nullable=False)
+        return pa.field(c, pa.float32())
 
     def _is_list(self, c: str) -> bool:
         spec = self.created.get(c) if c not in self.schema.names else self.schema.column(c)

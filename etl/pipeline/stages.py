@@ -1,17 +1,19 @@
-"""Reshaping stages: steps that run on raw rows before the fit and the ops, and may change the row count.
+"""Reshaping stages: steps that may change the row count. Those of row scope run on raw rows before the fit and
+the ops; the one of key scope, Groupby, after the ops (see Scopes).
 
-A pipeline file lists them under ``stages``, before ``ops``::
+A pipeline file lists the row-scope ones under ``stages``, before ``ops``, and writes Groupby as the last op::
 
     stages:
       - {stage: Filter, where: {column: label, op: not_null}}
     ops:
       - ...
+      - {op: Groupby, by: [session_id], sort_by: [timestamp], aggs: {item_id: [list]}, max_len: 20}
 
 Ops keep every row (a row leaves only through the quarantine, with its reason); stages are where rows may be
-removed, or, in later stages, regrouped. The contract:
+removed, or regrouped. The contract:
 
-- A stage reads raw columns: the schema's columns as decoded from Parquet (``columns`` names those it reads),
-  before any op. Stages run in the order listed, each on what the one before passed on.
+- A row-scope stage reads raw columns: the schema's columns as decoded from Parquet (``columns`` names those it
+  reads), before any op. Stages run in the order listed, each on what the one before passed on.
 - Everything downstream sees the stages' output: the fit (vocabularies and statistics are fitted on the rows the
   stages keep: ``etl fit``, ``Pipeline.fit``, ``etl preprocess`` in threads, in its single pass and on a Dask
   cluster), the label check, the ops and the quarantine. A row a stage removes is never quarantined; a row it
@@ -30,16 +32,22 @@ Scopes (``scope``):
   order it passes them) and needs nothing from other row groups or shards. Such stages run wherever a row group is
   read (threads, Dask tasks, the single pass's stash, a rerun, ``--follow``), with no step of their own.
   ``Filter`` (``etl.pipeline.filter``) is one.
-- ``"key"``: keyed, for stages that need every row of a key at once (grouping a key's events into time-ordered
-  sessions, time splits). This is the extension point, with no stage yet. Such a stage cannot run per row group:
-  its plan is an exchange before it. Each shard's rows (after the row-scope stages before it) are partitioned by a
-  hash of the key into P partition files (spilled Parquet, as the distributed fit spills count tables:
-  ``etl.pipeline.spill``), each row carrying its input position (shard index in name order, row number in the
-  file); each partition is then read whole, sorted by (key, time, tiebreak columns, input position) and given to
-  the stage, whose output is partition ``p``'s rows, written as the ``p``-th intermediate shard. The fit and the
-  ops then run over those shards as over raw ones, so results depend neither on shard cuts nor on worker count;
-  the manifest records the exchange as one more stage (rows in and out). ``parse_stages`` accepts only stages in
-  ``REGISTRY``, and ``run_stages`` only row-scope ones.
+- ``"key"``: keyed, for stages that need every row of a key at once: ``Groupby`` (``etl.pipeline.groupby``: one
+  row per group of events, a session's or a user's lists). Such a stage cannot run per row group: its plan is an
+  exchange before it (``etl.pipeline.exchange``, driven by ``etl.preprocess.keyed``, the exchange History runs on
+  too). Each row group's rows (after the row-scope stages) are spilled with a hash of the key and their input
+  position (shard index in input order, row number in the file); the hash buckets are cut into partitions by the
+  bytes of their rows (at most a quarter of ``--memory-budget`` each, whatever the shards or workers); each
+  partition is read whole and sorted by (key hash, key values, order columns, input position), so a key's rows are
+  together and in order, and results depend neither on shard cuts nor on worker count. A key-scope stage needs
+  the events' transformed values (ids from vocabularies fitted on the events), so it is written as the last entry
+  of ``ops``, not under ``stages`` (``parse_stages`` says so): the fit sees the events, and the stage runs after the
+  ops, over each sorted partition; output file ``p`` holds partition ``p``'s rows. The manifest records it as one
+  more stage: the events it took in (``rows_in``), the rows it passed on (``rows_out``: the groups written, plus
+  the events quarantined within it by the label check and the ops), and ``groups_dropped`` (by ``min_len``), so
+  that the accounting above holds. ``etl preprocess`` runs it in threads (``--cluster`` is refused, as for
+  History); the loader, ``Pipeline.transform`` and ``transform_table`` refuse it. ``parse_stages`` accepts only
+  stages in ``REGISTRY``, and ``run_stages`` only row-scope ones.
 """
 
 from __future__ import annotations
@@ -92,6 +100,9 @@ def parse_stages(doc: Any, schema: Schema, path: str) -> list[Stage]:
         if not isinstance(raw, dict) or "stage" not in raw:
             raise SpecError(path, where, "expected a mapping with a 'stage' key")
         cls = REGISTRY.get(raw["stage"])
+        if raw["stage"] == "Groupby":
+            raise SpecError(path, f"{where}.stage", "Groupby groups the events the ops transform: write it as the last entry of ops "
+                            f"(see {STAGE_DOCS})")  # fmt: skip
         if cls is None:
             raise SpecError(path, f"{where}.stage", f"unknown stage {raw['stage']!r}; known: {sorted(REGISTRY)} (see {STAGE_DOCS})")
         stages.append(cls.parse({k: v for k, v in raw.items() if k != "stage"}, schema, path, f"{where} ({raw['stage']})"))

@@ -9,7 +9,7 @@ import pyarrow as pa
 from etl.errors import ArtifactError
 from etl.io.fs import Location
 from etl.io.parquet import list_shards, read_footer
-from etl.io.processed import is_processed, open_processed
+from etl.io.processed import describe_stage, is_processed, open_processed
 from etl.pipeline.artifacts import read_manifest
 
 
@@ -41,6 +41,10 @@ def _describe_artifacts(path: Location, doc: dict[str, Any]) -> str:
         f"id encoding: {doc.get('id_encoding')}",
         "ops: " + ", ".join(o["op"] for o in doc.get("ops", [])),
     ]
+    for o in doc.get("pipeline", {}).get("ops", []):
+        if isinstance(o, dict) and o.get("op") == "Groupby":  # the last op; no fitted state (etl.pipeline.groupby)
+            within = f" sorted by {', '.join(o.get('sort_by', []))}" if o.get("sort_by") else ""
+            lines.append(f"Groupby: one row per group of {', '.join(o.get('by', []))}{within}: " + ", ".join(doc.get("output_columns", [])))
     columns = [c.get("name") for c in doc.get("schema", {}).get("columns", [])]
     order = {name: i for i, name in enumerate(columns + doc.get("output_columns", []))}
     for i, o in enumerate(doc.get("ops", [])):
@@ -79,7 +83,8 @@ def describe_processed(path: Location) -> str:
         f"files: {len(m.files)}   rows in: {t.rows_in:,}   out: {t.rows_out:,}   quarantined: {t.rows_quarantined:,}",
     ]
     if t.stages is not None:
-        lines.append(f"stages: {t.rows_removed:,} rows removed   " + "   ".join(f"{s.stage}: {s.rows_in:,} in, {s.rows_out:,} out" for s in t.stages))
+        shown = [f"{s.stage}: {s.rows_in:,} in, {s.rows_out:,} out" if s.groups_dropped is None else describe_stage(s, t.rows_out) for s in t.stages]
+        lines.append(f"stages: {t.rows_removed:,} rows removed   " + "   ".join(shown))
     if out.parts:
         lines.append(describe_parquet(out.parts))
     if (out.artifacts / "pipeline.json").is_file():

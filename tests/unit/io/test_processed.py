@@ -329,6 +329,38 @@ def test_describe_rows_shows_what_the_stages_removed() -> None:
                                                             "(Filter: 300,000 → 260,000, Filter: 260,000 → 250,010)")  # fmt: skip
 
 
+def grouped_entry(i: int, rows_in: int, events: int, groups: int, dropped: int, quarantined: int = 0) -> ManifestEntry:
+    """An entry of a pipeline with a Filter (passing on ``events``) and a Groupby writing ``groups`` groups."""
+    stages = (StageRows("Filter", rows_in, events), StageRows("Groupby", events, groups + quarantined, dropped))
+    return replace(entry(i, rows_in, quarantined), rows_out=groups, stages=stages)
+
+
+def test_groupby_rows_round_trip_with_the_groups_dropped(tmp_path: Path) -> None:
+    files = [grouped_entry(0, 10, 8, 3, 1, quarantined=2), grouped_entry(1, 7, 7, 2, 0)]
+    m = Manifest.of("sessions", files, complete=True)
+    assert m.totals == Totals(17, 5, 2, (StageRows("Filter", 17, 15), StageRows("Groupby", 15, 7, 1)))
+    assert m.totals.rows_removed == 10 == m.totals.rows_in - m.totals.rows_out - m.totals.rows_quarantined
+    write_manifest(tmp_path, m)
+    doc = json.loads((tmp_path / MANIFEST).read_text())
+    assert doc["files"][0]["stages"] == [{"stage": "Filter", "rows_in": 10, "rows_out": 8},
+                                         {"stage": "Groupby", "rows_in": 8, "rows_out": 5, "groups_dropped": 1}]  # fmt: skip
+    assert doc["totals"]["stages"][1] == {"stage": "Groupby", "rows_in": 15, "rows_out": 7, "groups_dropped": 1}
+    for e in files:
+        pq.write_table(pa.table({"x": list(range(e.rows_out))}), tmp_path / e.output)
+    assert open_processed(tmp_path).manifest == m
+    assert describe_rows(17, 5, 2, m.totals.stages) == ("17 in = 5 out + 2 quarantined + 10 removed by stages "
+                                                        "(Filter: 17 → 15, Groupby: 15 events → 5 groups (1 dropped by min_len))")  # fmt: skip
+    doc["files"][1]["stages"][1]["groups_dropped"] = -1
+    doc["totals"]["stages"][1]["groups_dropped"] = 0  # the sum of the files'
+    write_doc(tmp_path, doc)
+    with pytest.raises(InputError, match=r"files\[1\] \(\"part-00001.parquet\"\): stages\[1\] \(Groupby\) dropped -1 groups, below 0"):
+        open_processed(tmp_path)
+    doc["files"][1]["stages"][1]["groups_dropped"] = "0"
+    write_doc(tmp_path, doc)
+    with pytest.raises(InputError, match="'files\\[1\\].stages\\[1\\].groups_dropped' is \"0\", expected an integer"):
+        open_processed(tmp_path)
+
+
 def _staged_doc(tmp_path: Path, change) -> Path:
     m = Manifest.of("criteo", [staged_entry(0, 10, [8, 5], quarantined=1)], complete=True)
     write_manifest(tmp_path, m)

@@ -25,6 +25,8 @@ from etl.ops import REGISTRY, InvalidRows
 from etl.ops.categorical import Categorify, Decode, Hash, HashedCross
 from etl.ops.dense import Bucketize, Clamp, FillMissing, Log1p, Normalize
 from etl.ops.lists import FirstX
+from etl.pipeline.groupby import PARAMS as GROUPBY_PARAMS
+from etl.pipeline.groupby import Groupby
 from etl.pipeline.stages import REGISTRY as STAGES
 from etl.schema import ColumnSpec
 
@@ -697,11 +699,12 @@ def test_bind_keeps_only_schema_columns():
 
 
 def test_every_op_and_parameter_is_documented_with_a_valid_example():
-    """pipelines/README.md has a section per op (and per reshaping stage) naming each of its parameters, and every op
-    line in it builds."""
+    """pipelines/README.md has a section per op (and per reshaping stage, Groupby included) naming each of its
+    parameters, and every op line in it builds."""
     text = (Path(__file__).resolve().parents[3] / "pipelines" / "README.md").read_text()
     sections = dict(re.findall(r"^### (\w+)\n(.*?)(?=^##)", text + "\n##", flags=re.S | re.M))
-    assert set(sections) == set(REGISTRY) | set(STAGES)
+    assert set(sections) == set(REGISTRY) | set(STAGES) | {Groupby.name}
+    assert all(f"`{p}`" in sections[Groupby.name] for p in GROUPBY_PARAMS)
     for name, cls in REGISTRY.items():
         params = [p.name for p in inspect.signature(cls.__init__).parameters.values()
                   if p.name not in ("self", "columns") and p.kind != p.VAR_KEYWORD]  # fmt: skip

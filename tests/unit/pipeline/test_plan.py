@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import yaml
+
 from etl.pipeline import Pipeline
 from etl.pipeline.plan import fit_plan, fit_stages, stage_name
 from tests.unit.pipeline.conftest import DLRM, PIPELINES, write_pipeline
@@ -30,3 +32,14 @@ def test_the_dlrm_pipeline_fits_in_one_stage_and_a_hash_pipeline_in_none() -> No
     assert [op.name for op in prep] == ["Decode"]
     assert set(columns) == set(p.schema.by_role("label")) | set(p.schema.by_role("categorical"))
     assert fit_stages(Pipeline.from_file(PIPELINES / "criteo_hash.yaml").ops) == []
+
+
+def test_a_fit_before_groupby_reads_its_key_to_skip_the_events_without_one(tmp_path: Path) -> None:
+    doc = {"schema": str(PIPELINES.parent / "schemas/movielens.yaml"),
+           "ops": [{"op": "Decode", "columns": ["movieId"]}, {"op": "Categorify", "columns": ["movieId"]},
+                   {"op": "Groupby", "by": ["timestamp"], "aggs": {"movieId": ["list"]}, "max_len": 5}]}  # fmt: skip
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(doc))
+    p = Pipeline.from_file(tmp_path / "p.yaml")
+    (stage,) = fit_stages(p.ops)
+    prep, columns = fit_plan(p, stage)
+    assert [op.name for op in prep] == ["Decode"] and columns == ["movieId", "rating", "timestamp"]  # the key: read, not transformed

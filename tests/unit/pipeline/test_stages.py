@@ -53,7 +53,8 @@ def test_a_pipeline_without_stages_has_none_and_one_with_stages_parses_them() ->
         ({"stage": "Filter"}, "stages", "expected a list of stages"),
         (["Filter"], "stages[0]", "expected a mapping with a 'stage' key"),
         ([{"where": {}}], "stages[0]", "expected a mapping with a 'stage' key"),
-        ([KEEP_I1, {"stage": "Groupby", "key": "C1"}], "stages[1].stage", "unknown stage 'Groupby'; known: ['Filter']"),
+        ([KEEP_I1, {"stage": "Grouping", "key": "C1"}], "stages[1].stage", "unknown stage 'Grouping'; known: ['Filter']"),
+        ([KEEP_I1, {"stage": "Groupby", "by": ["C1"]}], "stages[1].stage", "write it as the last entry of ops"),
         ([{"stage": "Filter", "where": {"column": "I1", "op": ">=", "value": "100"}}], "stages[0] (Filter).where.value", "not an integer"),
     ],
 )

@@ -93,12 +93,25 @@ def _value_bytes(arr: pa.Array) -> np.ndarray:
 
 def spill(path: Path, table: pa.Table, kept: np.ndarray, schema: Schema, hashes: np.ndarray, usable: np.ndarray, source: str, input_index: int,
           group: int, first_row: int) -> np.ndarray:  # fmt: skip
-    """Write the rows ``kept`` (positions, int64) of ``table`` (one row group of ``source``, the ``input_index``-th
-    shard, as read: its schema columns; row group ``group``, starting at row ``first_row`` of the shard) to
-    ``path``, in bucket order, with each row's key hash (``hashes`` of the rows of ``table``, null where not
-    ``usable``) and position. Returns the bytes (``row_bytes``) per bucket (int64 [BUCKETS]). ``InputError``
-    naming ``source`` for a column whose values its raw-layout type cannot hold (an unsigned 64-bit value beyond
-    the int64 range)."""
+    """Write the rows ``kept`` of ``table`` to ``path`` as ``spilled`` gives them; returns the bytes per bucket."""
+    rows, sizes = spilled(table, kept, schema, hashes, usable, source, input_index, group, first_row)
+    write_spilled(path, rows)
+    return sizes
+
+
+def write_spilled(path: Path, rows: pa.Table) -> None:
+    """Write ``rows`` (as ``spilled`` gives them) to the spilled file ``path`` (a temporary name, then a rename)."""
+    atomic_write_parquet(rows, path, row_group_size=SPILL_ROWS, compression="lz4")
+
+
+def spilled(table: pa.Table, kept: np.ndarray, schema: Schema, hashes: np.ndarray, usable: np.ndarray, source: str, input_index: int,
+            group: int, first_row: int) -> tuple[pa.Table, np.ndarray]:  # fmt: skip
+    """The rows ``kept`` (positions, int64) of ``table`` (one row group of ``source``, the ``input_index``-th
+    shard, as read: its schema columns; row group ``group``, starting at row ``first_row`` of the shard) as rows of
+    a spilled file (``spill_schema``), in bucket order, with each row's key hash (``hashes`` of the rows of
+    ``table``, null where not ``usable``) and position; and the bytes (``row_bytes``) per bucket (int64
+    [BUCKETS]). ``InputError`` naming ``source`` for a column whose values its raw-layout type cannot hold (an
+    unsigned 64-bit value beyond the int64 range)."""
     raw = raw_arrow_schema(schema)
     arrays = []
     for f in raw:
@@ -114,8 +127,7 @@ def spill(path: Path, table: pa.Table, kept: np.ndarray, schema: Schema, hashes:
     positions = [from_numpy(hashes, pa.uint64(), usable), from_numpy(np.full(len(kept), input_index, np.int32)),
                  from_numpy(np.full(len(kept), group, np.int32)), from_numpy(kept + first_row)]  # fmt: skip
     out = pa.Table.from_arrays([*rows.columns, *positions], schema=spill_schema(schema))
-    atomic_write_parquet(out.take(from_numpy(np.argsort(b, kind="stable"))), path, row_group_size=SPILL_ROWS, compression="lz4")
-    return sizes
+    return out.take(from_numpy(np.argsort(b, kind="stable"))), sizes
 
 
 def plan(sizes: np.ndarray, target: int) -> list[tuple[int, int]]:
@@ -140,7 +152,12 @@ def read_partition(files: Sequence[Path], lo: int, hi: int, schema: Schema, inpu
     ``schema``'s rows."""
     expected = spill_schema(schema)
     parts = [_read_range(path, lo, hi, expected, inputs) for path in files]
-    table = pa.concat_tables(parts) if parts else expected.empty_table()
+    return sort_partition(pa.concat_tables(parts) if parts else expected.empty_table(), order)
+
+
+def sort_partition(table: pa.Table, order: Sequence[str]) -> pa.Table:
+    """The spilled rows ``table`` sorted by ``/hash`` (a missing one first), the columns ``order`` (ascending,
+    missing values first), ``/input`` and ``/row``: the order of ``read_partition``."""
     keys = [(c, "ascending", "at_start") for c in (HASH, *order, INPUT, ROW)]
     return table.take(pc.sort_indices(table, sort_keys=keys))
 

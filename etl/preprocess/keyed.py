@@ -80,14 +80,12 @@ def keyed_step(pipeline: Pipeline) -> KeyedStep | None:
     return HistoryStep(keyed[0], pipeline) if keyed and isinstance(keyed[0], History) else None
 
 
-def check_keyed(pipeline: Pipeline, client: object, formats: tuple[str, ...]) -> bool:
-    """Whether ``pipeline`` has a keyed step, checked to run here: ``ConfigError`` with a Dask ``client`` or more
-    than one keyed step, ``ListColumnsError`` with the npy format (``ConfigError`` when the step writes no lists)."""
+def check_keyed(pipeline: Pipeline, formats: tuple[str, ...]) -> bool:
+    """Whether ``pipeline`` has a keyed step, checked to run here: ``ConfigError`` with more than one keyed step,
+    ``ListColumnsError`` with the npy format (``ConfigError`` when the step writes no lists)."""
     step = keyed_step(pipeline)
     if step is None:
         return False
-    if client is not None:
-        raise ConfigError(f"{step.name} needs an exchange by key, which etl preprocess runs in threads: leave out --cluster")
     if "npy" in formats:
         if step.lists:
             raise ListColumnsError(f"{step.name} writes list columns ({', '.join(step.lists)}): the npy format holds fixed-width columns only")

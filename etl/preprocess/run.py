@@ -146,7 +146,7 @@ def preprocess(
                           "streams rows, not by etl preprocess")  # fmt: skip
     from etl.preprocess.keyed import check_keyed, preprocess_keyed  # it imports this module
 
-    keyed = check_keyed(pipeline, client, formats)
+    keyed = check_keyed(pipeline, formats)
     check_apart(out_dir, shards)
     out_dir.mkdir(parents=True, exist_ok=True)
     with locked(out_dir):

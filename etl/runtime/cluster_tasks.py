@@ -57,12 +57,15 @@ def run_tasks(
     *,
     shared: tuple[Any, ...] = (),
     describe: Callable[[T], str] = str,
+    inputs: list[Any] | None = None,
 ) -> None:
     """Call ``work(*shared, item, stop, progress)`` for every item in a task on the cluster of ``client`` (``work``
     and the items are pickled: a module-level function or a ``functools.partial`` of one, and plain data; Dask
     futures in ``shared``, such as those of ``client.scatter``, arrive as their values), and ``on_result(index,
     result)`` here as each task completes. ``progress`` hears of the rows the tasks report. ``describe(item)``
-    names an item in the ``ClusterError`` of a task whose workers kept dying."""
+    names an item in the ``ClusterError`` of a task whose workers kept dying. ``inputs``: per item, a Dask
+    ``Delayed`` (such as a partition of a Dask DataFrame, ``to_delayed``) computed on the cluster, one graph for
+    all, whose value the item's task gets: ``work(*shared, inputs[k], item, stop, progress)``."""
     from distributed import Event, KilledWorker, as_completed, wait
     from distributed.scheduler import NoWorkerError
 
@@ -72,7 +75,13 @@ def run_tasks(
     counter = _RowCounter(progress or (lambda rows: None))
     if progress is not None:
         client.subscribe_topic(topic, counter.on_event)
-    futures = [client.submit(_task, work, k, item, run, *shared, key=f"etl-task-{k}-{run}", pure=False) for k, item in enumerate(items)]
+    if inputs is None:
+        futures = [client.submit(_task, work, k, item, run, *shared, key=f"etl-task-{k}-{run}", pure=False) for k, item in enumerate(items)]
+    else:
+        from dask import delayed
+
+        task = delayed(_task, pure=False)
+        futures = client.compute([task(work, k, item, run, *shared, inputs[k], dask_key_name=f"etl-task-{k}-{run}") for k, item in enumerate(items)])
     index = {f.key: k for k, f in enumerate(futures)}
     try:
         for future in as_completed(futures):

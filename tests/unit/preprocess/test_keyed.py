@@ -307,8 +307,6 @@ def test_refusals(tmp_path: Path) -> None:
     shards = write_shards(table, tmp_path / "raw", [], 100)
     with pytest.raises(ListColumnsError, match="History writes list columns"):
         preprocess(make_pipeline(tmp_path), shards, tmp_path / "npy", formats=("npy",))
-    with pytest.raises(ConfigError, match="--cluster"):
-        preprocess(make_pipeline(tmp_path), shards, tmp_path / "dask", client=object())  # type: ignore[arg-type]
     second = {"op": "History", "key": "item", "time": "ts", "columns": ["user"], "max_len": 2, "prefix": "by_item_"}
     with pytest.raises(ConfigError, match="at most one"):
         preprocess(make_pipeline(tmp_path, ops_after=[second]), shards, tmp_path / "two")

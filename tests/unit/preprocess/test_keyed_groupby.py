@@ -299,8 +299,6 @@ def test_refusals(tmp_path: Path) -> None:
         preprocess(make_pipeline(tmp_path, {}), shards, tmp_path / "npy", formats=("npy",))
     with pytest.raises(ConfigError, match="Parquet only"):
         preprocess(make_pipeline(tmp_path, {"aggs": {"price": ["sum"]}}, max_len=None), shards, tmp_path / "npy2", formats=("npy",))
-    with pytest.raises(ConfigError, match="Groupby needs an exchange by key.*leave out --cluster"):
-        preprocess(make_pipeline(tmp_path, {}), shards, tmp_path / "dask", client=object())  # type: ignore[arg-type]
     history = {"op": "History", "key": "session", "time": "ts", "columns": ["item"], "max_len": 2}
     doc = yaml.safe_load((tmp_path / "groupby.yaml").read_text())
     doc["ops"].insert(2, history)

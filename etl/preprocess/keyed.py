@@ -31,9 +31,10 @@ also count ``groups_dropped``). Its quarantine file holds the rejected rows in t
 (``etl.io.text.raw_arrow_schema``) with ``_source`` (the shard), ``_row``, ``_column`` and ``_reason``, ordered by
 shard and row; errors name the shard, row group and row.
 
-A rerun transforms everything again (every output depends on every shard). ``--cluster`` and the npy format are
-not available with a keyed step (``ConfigError``; ``ListColumnsError`` when it writes lists, which have no fixed
-width).
+A rerun transforms everything again (every output depends on every shard). With a Dask client (``--cluster``) the
+fit runs on the cluster and the exchange through Dask's shuffle, cut into the same partitions, written by the same
+code: the same bytes (``etl.preprocess.keyed_cluster``). The npy format is not available with a keyed step
+(``ConfigError``; ``ListColumnsError`` when it writes lists, which have no fixed width).
 """
 
 from __future__ import annotations

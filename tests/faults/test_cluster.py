@@ -1,7 +1,8 @@
 """Faults of ``preprocess`` on a Dask cluster: a worker process killed with SIGKILL mid-run (Dask runs its task
 again; the output is byte-identical to a threaded run, no row lost or duplicated, no temporary left), Ctrl-C of
 ``etl preprocess --cluster local:2`` (the cluster it started stops: no process is left behind), and worker processes
-killed while the cluster starts or again and again while it fits and transforms (one line, exit status 2)."""
+killed while the cluster starts or again and again while it fits and transforms (one line, exit status 2); the
+same for the exchange by key of a History pipeline (the bytes of threads after one kill, one line after a storm)."""
 
 from __future__ import annotations
 
@@ -121,12 +122,12 @@ def _worker_processes(parent: psutil.Process) -> list[psutil.Process]:
     return found
 
 
-def _preprocess_killing_workers(raw: Path, out: Path, every: float, artifacts: Path | None = None,
-                                once_working: bool = False) -> subprocess.CompletedProcess:  # fmt: skip
-    """``etl preprocess --cluster local:2`` from ``raw`` into ``out``, killing (SIGKILL) every worker process it has,
+def _preprocess_killing_workers(raw: Path, out: Path, every: float, artifacts: Path | None = None, once_working: bool = False,
+                                pipeline: Path = PIPELINE) -> subprocess.CompletedProcess:  # fmt: skip
+    """``etl preprocess --cluster local:2`` of ``pipeline`` from ``raw`` into ``out``, killing (SIGKILL) every worker process it has,
     every ``every`` seconds from its start (``once_working``: from the first temporary written in ``out``, by a
     task or the fit's work directory) to its end (at most 120 s); the finished process (stdout and stderr)."""
-    cmd = [sys.executable, "-m", "etl", "preprocess", "--pipeline", str(PIPELINE), "--input", str(raw), "--out", str(out), "--cluster", "local:2"]
+    cmd = [sys.executable, "-m", "etl", "preprocess", "--pipeline", str(pipeline), "--input", str(raw), "--out", str(out), "--cluster", "local:2"]
     cmd += ["--artifacts", str(artifacts)] if artifacts is not None else []
     # a cluster whose workers all died for good fails its tasks after 5 s without any, not etl's default of a minute
     env = os.environ | {"DASK_DISTRIBUTED__SCHEDULER__NO_WORKERS_TIMEOUT": "5s"}
@@ -164,6 +165,65 @@ def test_workers_killed_again_and_again_end_in_one_line_and_exit_2(raw: Path, re
     fits on the cluster (the pipeline is being sent to them) or transforms (its tasks end up with no worker)."""
     artifacts = reference / "artifacts" if fitted else None
     proc = _preprocess_killing_workers(raw, tmp_path / "out", every=0.3, artifacts=artifacts, once_working=True)
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("error: ") and line.endswith("(killed, or out of memory?)"), line
+
+
+EVENTS = REPO / "pipelines/events_sequence.yaml"
+EVENT_ROWS = 200_000
+
+
+@pytest.fixture(scope="module")
+def events(tmp_path_factory) -> tuple[Path, Path]:
+    """Synthetic events and a threaded run of their History pipeline (its artifacts serve the cluster run)."""
+    raw = tmp_path_factory.mktemp("events") / "raw"
+    generate(load_schema(REPO / "schemas/events.yaml"), EVENT_ROWS, 4, raw, seed=3)
+    out = tmp_path_factory.mktemp("events-ref") / "out"
+    preprocess(Pipeline.from_file(EVENTS), list_shards(raw), out, workers=2, memory_budget="8M")
+    return raw, out
+
+
+def test_a_worker_killed_in_the_exchange_by_key_leaves_the_bytes_of_threads(events: tuple[Path, Path], tmp_path: Path) -> None:
+    """History on a cluster (Dask's shuffle, then a task per partition): a worker process killed once the partitions
+    are being written; Dask runs the lost work again and the output is the threaded run's, byte for byte."""
+    raw, reference = events
+    out = tmp_path / "out"
+    writing = threading.Event()
+
+    def progress(name: str, n: int) -> None:
+        if name == "transform":
+            writing.set()
+
+    with connect("local:2") as client:
+        failure: list[BaseException] = []
+
+        def drive() -> None:
+            try:
+                preprocess(Pipeline.from_file(EVENTS), list_shards(raw), out, artifacts=reference / "artifacts", client=client, progress=progress,
+                           memory_budget="8M")  # fmt: skip
+            except BaseException as e:  # noqa: BLE001 - re-raised by the test thread
+                failure.append(e)
+
+        driver = threading.Thread(target=drive)
+        driver.start()
+        assert writing.wait(120), "no partition was written"
+        pids = client.run(os.getpid)
+        busy = [addr for addr, keys in client.processing().items() if keys] or list(pids)
+        os.kill(pids[busy[0]], signal.SIGKILL)
+        driver.join(180)
+        assert not driver.is_alive() and not failure, failure
+        assert set(client.run(os.getpid).values()) != set(pids.values())  # the killed worker was replaced
+    assert tree_bytes(out) == tree_bytes(reference)
+    assert not [p for p in out.rglob("*") if is_temporary(p.name)]
+
+
+def test_workers_killed_again_and_again_in_the_exchange_by_key_end_in_one_line_and_exit_2(events: tuple[Path, Path], tmp_path: Path) -> None:
+    """The kill storm of ``test_workers_killed_again_and_again_end_in_one_line_and_exit_2`` on History's run, from
+    its first partition written: the shuffle's and the partitions' tasks end up with no worker."""
+    raw, reference = events
+    proc = _preprocess_killing_workers(raw, tmp_path / "out", every=0.3, artifacts=reference / "artifacts", once_working=True,
+                                       pipeline=EVENTS)  # fmt: skip
     assert proc.returncode == 2, proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("error: ") and line.endswith("(killed, or out of memory?)"), line

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from etl.errors import RowError
@@ -71,3 +72,17 @@ def test_a_row_error_names_the_source_shard_and_row_as_in_threads(tmp_path: Path
             preprocess(make, shards, tmp_path / f"out{len(errors)}", **kwargs)  # type: ignore[arg-type]
         errors.append(str(e.value))
     assert errors[0] == errors[1] and str(tmp_path / "raw" / "s0") in errors[0]
+
+
+def test_list_columns_go_through_the_task_shuffle(tmp_path: Path, local_cluster: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A schema with a list column (Dask's P2P shuffle cannot carry pandas' Arrow list dtypes): the task shuffle,
+    the same bytes."""
+    tags_column = {"name": "tags", "role": "list", "dtype": "string", "encoding": "string", "separator": "|"}
+    schema = {**history.SCHEMA, "columns": [*history.SCHEMA["columns"], tags_column]}
+    monkeypatch.setattr(history, "SCHEMA", schema)
+    table = history.events(3000, seed=7, users=300)
+    tags = [None if i % 9 == 0 else [f"t{i % 5}", f"t{i % 3}"][: i % 3] for i in range(table.num_rows)]
+    table = table.append_column("tags", pa.array(tags, pa.list_(pa.string())))
+    shards = history.write_shards(table, tmp_path / "raw", [1200], 400)
+    make = history.make_pipeline(tmp_path, ops_after=[{"op": "Decode", "columns": ["tags"]}, {"op": "Categorify", "columns": ["tags"]}])
+    assert same_as_threads(make, shards, tmp_path, local_cluster, memory_budget=64 << 10) > 3

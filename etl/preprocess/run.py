@@ -144,9 +144,11 @@ def preprocess(
     if streamed:
         raise ConfigError(f"{describe_specs(streamed)}: such values are given by etl.Loader as it "
                           "streams rows, not by etl preprocess")  # fmt: skip
-    from etl.preprocess.keyed import check_keyed, preprocess_keyed  # it imports this module
+    keyed = any(op.keyed for op in pipeline.ops) or pipeline.groupby is not None
+    if keyed:  # the exchange by key and its pyarrow.compute are imported only for the pipelines that need them
+        from etl.preprocess.keyed import check_keyed, preprocess_keyed  # it imports this module
 
-    keyed = check_keyed(pipeline, formats)
+        keyed = check_keyed(pipeline, formats)
     check_apart(out_dir, shards)
     out_dir.mkdir(parents=True, exist_ok=True)
     with locked(out_dir):

@@ -1,6 +1,6 @@
 """etl preprocess of a pipeline with History (etl.preprocess.keyed) against a plain-Python reference over a sorted
 copy of the rows: ties, empty histories, keys seen once, max_len 1, ttl, tiebreak columns with missing values,
-rows rejected before History, min_len; the same bytes for 1 and 2 workers, for shards cut differently and
+rows rejected before History, min_len; the same bytes for 1, 2 and 4 workers, for shards cut differently and
 row groups of other sizes; several partitions; row accounting, quarantine and errors naming the source row."""
 
 from __future__ import annotations
@@ -146,17 +146,18 @@ def digests(out: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize(("max_len", "ttl"), [(1, None), (3, 6), (50, None)])
-def test_matches_the_reference_with_1_and_2_workers(tmp_path: Path, max_len: int, ttl: int | None) -> None:
+def test_matches_the_reference_with_1_2_and_4_workers(tmp_path: Path, max_len: int, ttl: int | None) -> None:
     table = events(3000, seed=max_len)
     shards = write_shards(table, tmp_path / "raw", [1000, 1700], 400)
     runs = []
-    for workers in (1, 2):
+    for workers in (1, 2, 4):  # in several partitions, which 4 workers transform at once
         out = tmp_path / f"out{workers}"
-        summary = preprocess(make_pipeline(tmp_path, max_len=max_len, ttl=ttl), shards, out, workers=workers)
+        summary = preprocess(make_pipeline(tmp_path, max_len=max_len, ttl=ttl), shards, out, workers=workers, memory_budget=96 << 10)
+        assert summary.files > 4
         assert (summary.rows_in, summary.rows_out, summary.rows_quarantined) == (3000, 3000, 0)
         check(out, table, max_len, ttl)
         runs.append(digests(out))
-    assert runs[0] == runs[1]
+    assert runs[0] == runs[1] == runs[2]
     got = outputs(tmp_path / "out1")
     lengths = got.column("hist_len").to_pylist()
     assert 0 in lengths and max_len in lengths  # empty histories, full ones

@@ -127,6 +127,13 @@ class Op:
         ``columns``: none by default (History: its key, time and tiebreak columns)."""
         return []
 
+    def check_sources(self, batch: Batch, xp: Backend) -> None:
+        """Raise ``InvalidRows`` for the rows of ``batch`` (the schema's columns as read, before any op; backend
+        ``xp``) that the
+        op's ``source_columns`` make no input of it (History: a missing or malformed key, a missing time); checked
+        with the labels (``Pipeline.check_labels``), so that the fit and the transform leave out the same rows.
+        Columns the batch does not hold are not checked. None by default."""
+
     def new_columns(self) -> dict[str, ColumnSpec]:
         """Columns this op creates that later ops select by role (``"@categorical"``) and bind like schema columns,
         with their specs (none by default)."""

@@ -294,18 +294,21 @@ class History(Op):
         ``hashes`` (missing where not ``usable``) and the key and time columns as read."""
         return batch.with_columns({KEY_HASH: Column(hashes, None if usable.all() else usable), RAW_KEY: batch[self.key], RAW_TIME: batch[self.time]})
 
-    def check_inputs(self, batch: Batch) -> None:
-        """``InvalidRows`` for the rows of a batch (made by ``with_sources``) without a usable key or time."""
-        hashed = batch[KEY_HASH]
-        if hashed.valid is not None and not hashed.valid.all():
-            raw = batch[RAW_KEY]
-            missing = np.zeros(len(raw), np.bool_) if raw.valid is None else ~raw.valid
+    def check_sources(self, batch: Batch, xp: Backend = cpu) -> None:
+        """``InvalidRows`` for the rows of ``batch`` (the schema's columns as read, of backend ``xp``) without a usable
+        key (missing, or malformed: not of its encoding) or time (missing): no events (``Op.check_sources``)."""
+        key, time = batch.columns.get(self.key), batch.columns.get(self.time)
+        if key is not None:
+            key = Column(*(None if a is None else xp.to_numpy(a) for a in (key.values, key.valid)))
+            _, usable, malformed = self.key_hashes(key)
+            if (~usable & ~malformed).any():
+                raise InvalidRows(self.key, ~usable & ~malformed, "the key is missing")
+            if malformed.any():
+                raise InvalidRows(self.key, malformed, f"malformed key (its encoding is {self.source_specs[self.key].encoding})")
+        if time is not None and time.valid is not None:
+            missing = ~np.asarray(xp.to_numpy(time.valid), np.bool_)
             if missing.any():
-                raise InvalidRows(self.key, missing, "the key is missing")
-            raise InvalidRows(self.key, ~hashed.valid, f"malformed key (its encoding is {self.source_specs[self.key].encoding})")
-        time = batch[RAW_TIME]
-        if time.valid is not None and not time.valid.all():
-            raise InvalidRows(self.time, ~time.valid, "the time is missing")
+                raise InvalidRows(self.time, missing, "the time is missing")
 
     def carried(self, batch: Batch) -> dict[str, Carried]:
         """What the state takes from a checked batch: the key hashes, times and listed columns' ids."""
@@ -325,19 +328,3 @@ class History(Op):
         for h, c in zip(self.lists, self.columns):
             out[h] = Column(step.outputs[h].astype(batch[c].array.dtype, copy=False), None, offsets)
         return out
-
-
-class HistoryInputs(Op):
-    """The check of History's key and time before its state takes the rows (``History.check_inputs``), as a step
-    ``Pipeline.run_ops`` runs (invalid rows raise or go to the quarantine)."""
-
-    name = "History"
-    reads = writes = None
-
-    def __init__(self, history: History):
-        super().__init__([])
-        self.history = history
-
-    def transform(self, batch: Batch, xp: Backend) -> dict[str, Column]:
-        self.history.check_inputs(batch)
-        return {}

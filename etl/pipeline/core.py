@@ -401,9 +401,10 @@ class Pipeline:
         return t
 
     def check_labels(self, batch: Batch, xp: Backend | None = None) -> None:
-        """Raise ``InvalidRows`` for the rows without a usable label (missing, NaN or infinite) and, with a Groupby,
-        for those missing a ``by`` value (no event of any group); checked before any op, so fit and transform skip
-        the same rows. ``xp``: the backend (default: the pipeline's)."""
+        """Raise ``InvalidRows`` for the rows without a usable label (missing, NaN or infinite), those an op's
+        source columns refuse (``Op.check_sources``: History's rows without a usable key or time, no events) and,
+        with a Groupby, those missing a ``by`` value (no event of any group); checked before any op, so fit and
+        transform skip the same rows. ``xp``: the backend (default: the pipeline's)."""
         for c in self.schema.by_role("label"):
             col = batch.columns.get(c)
             if col is None:
@@ -413,6 +414,8 @@ class Pipeline:
             bad = (xp or self.xp).nonfinite_mask(col.values, None)
             if bad is not None:
                 raise InvalidRows(c, bad, "label is NaN or infinite")
+        for op in self.ops:
+            op.check_sources(batch, xp or self.xp)
         for c in self.groupby.by if self.groupby is not None else []:
             key = batch.columns.get(c)
             if key is not None and key.valid is not None and key.null_count():

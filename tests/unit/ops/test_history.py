@@ -141,9 +141,8 @@ def checked(op: History, users: list, times: list) -> InvalidRows | None:
     user = column_from_arrow(pa.array(users, pa.string()), op.source_specs["user"])
     ts = column_from_arrow(pa.array(times, pa.int64()), op.source_specs["ts"])
     batch = Batch({"user": user, "ts": ts}, len(users))
-    hashes, usable, _ = op.key_hashes(user)
     try:
-        op.check_inputs(op.with_sources(batch, hashes, usable))
+        op.check_sources(batch)
     except InvalidRows as e:
         return e
     return None

@@ -331,3 +331,21 @@ def test_a_million_rows_in_several_partitions(tmp_path: Path) -> None:
     item_of = dict(zip(got.column("eid").to_pylist(), got.column("item").to_pylist()))
     for eid, hist in zip(got.column("eid").to_pylist(), got.column("hist_item").to_pylist()):
         assert hist == [item_of[e] for e in want[eid]]
+
+
+def test_the_fit_leaves_out_the_rows_that_are_no_events(tmp_path: Path) -> None:
+    """Rows without a key or a time are no events: the fit of the ops before History does not count them either."""
+    table = events(1500, seed=17)
+    rng = np.random.default_rng(17)
+    no_key, no_time = rng.random(1500) < 0.05, rng.random(1500) < 0.05
+    items = [f"orphan{i}" if k or t else v for i, (v, k, t) in enumerate(zip(table.column("item").to_pylist(), no_key, no_time))]
+    table = table.set_column(1, "user", pa.array(table.column("user").to_numpy(), pa.int64(), mask=no_key))
+    table = table.set_column(2, "item", pa.array(items, pa.string()))
+    table = table.set_column(4, "ts", pa.array(table.column("ts").to_numpy(), pa.int64(), mask=no_time))
+    out, events_only = tmp_path / "out", tmp_path / "events-only"
+    summary = preprocess(make_pipeline(tmp_path), write_shards(table, tmp_path / "raw", [600], 250), out, on_error="quarantine", workers=2)
+    assert summary.rows_quarantined == int((no_key | no_time).sum())
+    kept = table.filter(pa.array(~(no_key | no_time)))
+    preprocess(make_pipeline(tmp_path), write_shards(kept, tmp_path / "kept", [600], 250), events_only, workers=2)
+    assert Pipeline.load(out / "artifacts").cardinalities() == Pipeline.load(events_only / "artifacts").cardinalities()
+    assert outputs(out).equals(outputs(events_only))

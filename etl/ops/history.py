@@ -25,7 +25,9 @@ the row's, the latest ``max_len`` of them, oldest first; and ``{prefix}len`` (in
   the reason). Every row that reaches History is an event of its key, short or not.
 - A row that the label check or an op before History rejects never reaches it: it is no event (its key's later
   rows do not see it). A row with a missing or malformed key, or a missing time, is invalid (``--on-error``:
-  stop naming the file, row and column, or quarantine it). Rows an op after History rejects are events still.
+  stop naming the file, row and column, or quarantine it); it is checked with the label, before any op
+  (``check_sources``), so the fit of the other ops leaves it out too. Rows an op after History rejects are events
+  still.
 - ``max_keys`` (default 1,000,000) bounds the keys a streaming state keeps (least recently seen evicted); offline
   it changes nothing (``etl.ops.history_state``).
 

@@ -54,6 +54,22 @@ def test_outputs_follow_the_listed_columns() -> None:
     assert schema.field("h_len").type == pa.int32() and not schema.field("h_len").nullable
 
 
+def test_lists_of_numbers_and_of_passthrough_values() -> None:
+    p = pipeline(history(columns=["item", "price", "ts", "event_time"], prefix="h_"))
+    op = p.ops[-1]
+    assert isinstance(op, History)
+    assert (op.columns, op.passthrough, op.numbers) == (["item", "price", "ts"], ["event_time"], ["price", "ts"])
+    assert op.source_columns() == ["user", "ts", "event_time"] and op.value_lists == ["h_price", "h_ts", "h_event_time"]
+    schema = p.output_schema()
+    assert [schema.field(f"h_{c}").type for c in ("item", "price", "ts", "event_time")] == [pa.list_(pa.int64()), *[pa.list_(pa.float32())] * 2,
+                                                                                             pa.list_(pa.int64())]  # fmt: skip
+    assert "h_price" not in p.cardinalities() and "h_event_time" not in p.cardinalities()
+    with pytest.raises(ConfigError, match=r"^column 'h_price' \(History of 'price'\) holds lists of numbers"):
+        op.check_loadable()
+    bucketized = pipeline({"op": "Bucketize", "columns": ["price"], "boundaries": [1.0, 2.0]}, history(columns=["price"]))
+    assert bucketized.output_schema().field("hist_price").type == pa.list_(pa.int32())  # ids by then: a list of ids
+
+
 @pytest.mark.parametrize(
     ("params", "problem"),
     [
@@ -84,8 +100,7 @@ def test_outputs_follow_the_listed_columns() -> None:
         ({"tiebreak": ["genres"]}, "tiebreak: column 'genres' is a list"),
         ({"key": "nope"}, "no schema column named 'nope'"),
         ({"tiebreak": ["h"]}, "no schema column named 'h'"),
-        ({"columns": ["ts"]}, "holds number values, the op needs ids"),
-        ({"columns": ["session"]}, "passthrough"),
+        ({"columns": ["session"]}, "passthrough column 'session' is string; a history lists passthrough values of int64 columns only"),
         ({"prefix": "it", "columns": ["em"]}, "no column named 'em'"),
     ],
 )

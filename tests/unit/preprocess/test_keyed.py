@@ -349,3 +349,49 @@ def test_the_fit_leaves_out_the_rows_that_are_no_events(tmp_path: Path) -> None:
     preprocess(make_pipeline(tmp_path), write_shards(kept, tmp_path / "kept", [600], 250), events_only, workers=2)
     assert Pipeline.load(out / "artifacts").cardinalities() == Pipeline.load(events_only / "artifacts").cardinalities()
     assert outputs(out).equals(outputs(events_only))
+
+
+def test_lists_of_numbers_and_of_passthrough_values(tmp_path: Path) -> None:
+    """History of a dense column (list<float32>: its values as the ops before History leave them) and of a
+    passthrough int64 column (list<int64>: as read), beside the ids; rows whose listed number is missing or NaN
+    are invalid at History (no events); the loader refuses such lists with one line."""
+    from etl import Loader
+    from etl.errors import ConfigError
+
+    table = events(2000, seed=18)
+    price = table.column("price").to_numpy().copy()
+    price[::97] = np.nan
+    table = table.set_column(3, "price", pa.array(price, mask=np.arange(2000) % 101 == 5))
+    bad = {e for e in range(2000) if e % 97 == 0 or e % 101 == 5}
+    shards = write_shards(table, tmp_path / "raw", [900], 300)
+    make_pipeline(tmp_path, columns=["item", "price", "eid"])
+    doc = yaml.safe_load((tmp_path / "pipeline.yaml").read_text())
+    doc["ops"][3:] = [{"op": "Clamp", "columns": ["price"], "max": 50.0}, doc["ops"][3]]  # its lists hold the clamped prices
+    (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(doc))
+    pipe = Pipeline.from_file(tmp_path / "pipeline.yaml")
+    out = tmp_path / "out"
+    summary = preprocess(pipe, shards, out, on_error="quarantine", workers=2)
+    assert summary.rows_quarantined == len(bad)
+    got = check(out, table, 3, kept=set(range(2000)) - bad)
+    schema = got.schema
+    assert (schema.field("hist_price").type, schema.field("hist_eid").type) == (pa.list_(pa.float32()), pa.list_(pa.int64()))
+    price_of = {e: np.float32(min(p, 50.0)) for e, p in enumerate(price)}
+    want = reference(table, 3, None, set(range(2000)) - bad)
+    for r in got.to_pylist():
+        assert r["hist_eid"] == want[r["eid"]]
+        assert r["hist_price"] == [float(price_of[e]) for e in r["hist_eid"]]
+    q = pa.concat_tables([pq.read_table(out / e.quarantine) for e in read_manifest(out).files if e.quarantine])
+    assert set(q.column("_column").to_pylist()) == {"price"}
+    with pytest.raises(ConfigError, match=r"^column 'hist_price' \(History of 'price'\) holds lists of numbers, which the loader"):
+        Loader(out, batch_size=100)
+
+
+def test_a_listed_passthrough_column_must_be_int64(tmp_path: Path) -> None:
+    from etl.errors import SpecError
+
+    schema = {**SCHEMA, "columns": [*SCHEMA["columns"], {"name": "note", "role": "passthrough", "dtype": "string"}]}
+    (tmp_path / "schema.yaml").write_text(yaml.safe_dump(schema))
+    doc = {"name": "e", "schema": "schema.yaml", "ops": [{"op": "History", "key": "user", "time": "ts", "columns": ["note"], "max_len": 2}]}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(doc))
+    with pytest.raises(SpecError, match="passthrough column 'note' is string; a history lists passthrough values of int64 columns only"):
+        Pipeline.from_file(tmp_path / "p.yaml")

@@ -12,14 +12,20 @@ the row's, the latest ``max_len`` of them, oldest first; and ``{prefix}len`` (in
   the schema declares them, before any op: Categorify on the key column before History changes nothing here. The
   key is one value (int64 or text, not a list); two rows have the same key when their keys are equal as Decode
   reads them (``etl.ops.categorical.Decode``: integers and hex text exactly, other text by its 64-bit string hash).
-  The time is an int64 column (seconds, milliseconds...: any integer unit), compared exactly, never as a float.
+  The time is an int64 column (seconds, milliseconds...: any integer unit; with a schema ``unit``, also a Parquet
+  timestamp column, read as its count of that unit: ``etl.io.parquet.in_unit``), compared exactly, never as a float.
 - Rows at the same time never see each other. Events are ordered by time, then by the ``tiebreak`` columns (in
   the order listed; missing values first, text by its bytes), then by input position (shards in name order, rows
   in file order): that order decides which events are the latest ``max_len``, and their order in the list. Nothing
   depends on the number of workers or on how the input was cut into shards.
 - ``ttl`` (optional): only events within it: ``row time - ttl <= event time < row time``. An integer in the
   time's units, or a duration text (``"30d"``, ``"12h"``, ``"15m"``, ``"90s"``, ``"500ms"``, ``"2w"``) with
-  ``time_unit`` (``s``, ``ms``, ``us`` or ``ns``) saying what the time counts.
+  ``time_unit`` (``s``, ``ms``, ``us`` or ``ns``) saying what the time counts (default: the time column's schema
+  ``unit``, which ``time_unit`` must then equal).
+- ``columns``: id columns (lists of ids), columns of numbers (label, dense: lists of their float32 values where
+  History stands; a row whose value is missing, NaN, infinite or beyond float32 there is invalid: no event) and
+  int64 passthrough columns (lists of int64 values as read; a missing one makes the row invalid, checked with the
+  label). The loader carries lists of ids only (``check_loadable``).
 - ``min_len`` (default 0): rows whose history holds fewer events are dropped (``on_short: drop``, the default:
   counted in the manifest's row accounting as removed by History) or quarantined (``on_short: quarantine``, with
   the reason). Every row that reaches History is an event of its key, short or not.
@@ -175,9 +181,14 @@ class History(Op):
         twice = sorted({c for c in order if order.count(c) > 1})
         if twice:
             raise ValueError(f"History: column '{twice[0]}' is named twice among key, time and tiebreak")
-        self.ttl = parse_ttl(ttl, time_unit, allowed_lateness)
+        #: ``ttl`` and ``allowed_lateness`` as given: duration texts without ``time_unit`` wait for the time
+        #: column's ``unit`` (``bind``)
+        self.durations = (ttl, allowed_lateness)
         self.time_unit = time_unit
-        self.allowed_lateness = parse_duration("allowed_lateness", allowed_lateness, time_unit, 0)
+        self.ttl, self.allowed_lateness = None, 0
+        if time_unit is not None or not any(isinstance(v, str) for v in self.durations):
+            self.ttl = parse_ttl(ttl, time_unit, allowed_lateness)
+            self.allowed_lateness = parse_duration("allowed_lateness", allowed_lateness, time_unit, 0)
         self.min_len = _positive_int("min_len", min_len, 0, self.max_len)
         if on_short is not None and on_short not in ON_SHORT:
             raise ValueError(f"History.on_short must be one of {list(ON_SHORT)}, got {on_short!r}")
@@ -206,6 +217,16 @@ class History(Op):
             raise ValueError(f"History.key: column '{self.key}' is {'a list' if key.is_list else 'float64'}; a key is one int64 or text value")
         if time is not None and (time.is_list or time.dtype != "int64"):
             raise ValueError(f"History.time: column '{self.time}' is {time.dtype}{' list' if time.is_list else ''}; the time is an int64 column")
+        if time is not None and time.unit is not None:
+            if self.time_unit not in (None, time.unit):
+                raise ValueError(f"History.time_unit {self.time_unit!r}: the time column '{self.time}' counts {time.unit} (its schema unit)")
+            if self.time_unit is None and any(isinstance(v, str) for v in self.durations):
+                self.ttl = None if self.durations[0] is None else parse_duration("ttl", self.durations[0], time.unit, 1)
+                self.allowed_lateness = parse_duration("allowed_lateness", self.durations[1], time.unit, 0)
+            self.time_unit = time.unit
+        elif self.time_unit is None and any(isinstance(v, str) for v in self.durations):
+            self.ttl = parse_ttl(self.durations[0], None, self.durations[1])  # a duration text, without a unit: the errors say so
+            self.allowed_lateness = parse_duration("allowed_lateness", self.durations[1], None, 0)
         for c in self.tiebreak:
             if c in specs and specs[c].is_list:
                 raise ValueError(f"History.tiebreak: column '{c}' is a list column")

@@ -188,3 +188,19 @@ def test_one_batch_transforms_refuse_it(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="etl preprocess"):
         p.transform_table(row)
     # the loader on raw shards runs it as a streaming state: tests/unit/loader/test_stream_history.py
+
+
+def test_durations_take_the_unit_of_the_time_column() -> None:
+    specs = {"item": ColumnSpec("item", "categorical", "int64", "int"), "user": ColumnSpec("user", "categorical", "int64", "int"),
+             "ts": ColumnSpec("ts", "passthrough", "int64", unit="ms")}  # fmt: skip
+    op = History(["item"], key="user", time="ts", max_len=2, ttl="2s", allowed_lateness="1m")
+    op.bind(specs)
+    assert (op.ttl, op.allowed_lateness, op.time_unit) == (2000, 60_000, "ms")
+    same = History(["item"], key="user", time="ts", max_len=2, ttl="2s", time_unit="ms")
+    same.bind(specs)
+    assert same.ttl == 2000
+    with pytest.raises(ValueError, match="time_unit 's': the time column 'ts' counts ms"):
+        History(["item"], key="user", time="ts", max_len=2, ttl="2s", time_unit="s").bind(specs)
+    with pytest.raises(ValueError, match="give time_unit"):
+        plain = {**specs, "ts": ColumnSpec("ts", "passthrough", "int64")}  # no unit
+        History(["item"], key="user", time="ts", max_len=2, ttl=5, allowed_lateness="1m").bind(plain)

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from etl.errors import ConfigError, RowError
+from etl.errors import ConfigError, InputError, RowError
 from etl.io.files import is_temporary
 from etl.io.npy import ListColumnsError
 from etl.io.processed import MANIFEST, StageRows, open_processed, read_manifest
@@ -395,3 +395,29 @@ def test_a_listed_passthrough_column_must_be_int64(tmp_path: Path) -> None:
     (tmp_path / "p.yaml").write_text(yaml.safe_dump(doc))
     with pytest.raises(SpecError, match="passthrough column 'note' is string; a history lists passthrough values of int64 columns only"):
         Pipeline.from_file(tmp_path / "p.yaml")
+
+
+def test_a_timestamp_column_is_the_time_at_full_precision(tmp_path: Path) -> None:
+    """The time as a Parquet timestamp[ns] column (schema: int64 with unit ns), its values some ns apart near 2023
+    (beyond float64's precision), compared exactly; shards written with another unit (us) are read in ns; a
+    schema unit that cannot hold the values exactly is an InputError."""
+    base = 1_700_000_000_000_000_000
+    table = events(2000, seed=19, span=40)
+    jitter = np.where(np.arange(2000) < 1200, np.random.default_rng(19).integers(0, 3, 2000), 0)  # ns, in the ns shards only
+    exact = table.set_column(4, "ts", pa.array(base + table.column("ts").to_numpy() * 1000 + jitter, pa.int64()))
+    stamped = exact.set_column(4, "ts", exact.column("ts").cast(pa.timestamp("ns")))
+    shards = write_shards(stamped.slice(0, 1200), tmp_path / "raw", [500], 200)
+    coarse = stamped.slice(1200).set_column(4, "ts", stamped.slice(1200).column("ts").cast(pa.timestamp("us", tz="UTC")))
+    shards += write_shards(coarse, tmp_path / "raw-us", [], 300)
+    schema = {**SCHEMA, "columns": [{**c, "unit": "ns"} if c["name"] == "ts" else c for c in SCHEMA["columns"]]}
+    make_pipeline(tmp_path, ttl=6000)  # ns: the events of the last 6 microseconds
+    (tmp_path / "schema.yaml").write_text(yaml.safe_dump(schema))
+    out = tmp_path / "out"
+    summary = preprocess(Pipeline.from_file(tmp_path / "pipeline.yaml"), shards, out, workers=2)
+    assert summary.rows_out == 2000
+    check(out, exact, 3, ttl=6000)
+    assert outputs(out).schema.field("ts").type == pa.int64()
+    schema["columns"] = [{**c, "unit": "ms"} if c["name"] == "ts" else c for c in SCHEMA["columns"]]
+    (tmp_path / "schema.yaml").write_text(yaml.safe_dump(schema))
+    with pytest.raises(InputError, match="no whole number of ms"):
+        preprocess(Pipeline.from_file(tmp_path / "pipeline.yaml"), shards, tmp_path / "ms", workers=2)

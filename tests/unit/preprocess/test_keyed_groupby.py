@@ -354,3 +354,17 @@ def test_the_documented_example(tmp_path: Path) -> None:
     want = {"session_id": "s", "label": 0.0, "item_id_list": [8, 9], "item_id_count": 3.0, "item_id_first": 7, "item_id_last": 9,
             "price_sum": 7.0, "price_mean": float(np.float32(7 / 3))}  # fmt: skip
     assert outputs(tmp_path / "out").to_pylist() == [want]
+
+
+def test_sort_by_a_timestamp_column(tmp_path: Path) -> None:
+    """sort_by a Parquet timestamp[us] column (schema: int64 with unit us): ordered by its exact value."""
+    table = events(1500, seed=31)
+    exact = table.set_column(5, "ts", pa.array(1_700_000_000_000_000 + table.column("ts").to_numpy(), pa.int64()))
+    shards = write_shards(exact.set_column(5, "ts", exact.column("ts").cast(pa.timestamp("us"))), tmp_path / "raw", [700], 250)
+    ids = item_ids(tmp_path, write_shards(exact, tmp_path / "ints", [700], 250))
+    make_pipeline(tmp_path, {})
+    (tmp_path / "schema.yaml").write_text(yaml.safe_dump({**SCHEMA, "columns": [{**c, "unit": "us"} if c["name"] == "ts" else c
+                                                                                for c in SCHEMA["columns"]]}))  # fmt: skip
+    out = tmp_path / "out"
+    preprocess(Pipeline.from_file(tmp_path / "groupby.yaml"), shards, out, workers=2)
+    check(out, exact, ids)

@@ -25,7 +25,9 @@ field of the text that is not read at all: it is skipped by ``etl convert`` and 
 ``Schema.columns`` holds every column but the dropped ones: those of the raw layout. ``Schema.text_columns`` holds
 all of them in the order of a headerless text line, dropped ones included.
 
-Raw dtypes: ``int64``, ``float64``, ``string``. For a list column ``dtype`` is the element type.
+Raw dtypes: ``int64``, ``float64``, ``string``. For a list column ``dtype`` is the element type. An int64 column
+may declare a ``unit`` (``s``, ``ms``, ``us``, ``ns``): it counts time, and its Parquet shards may hold it as a
+timestamp type, read as the count of that unit, exactly.
 
 Encodings (categorical and list columns) say how a raw value becomes a uint64 key (see ``etl.ops.categorical.Decode``):
 ``hex`` (hexadecimal text, ``width`` digits when given), ``int`` (an integer column, or integer text; values in
@@ -54,17 +56,21 @@ from etl.io.documents import parse_document
 ROLES = ("label", "dense", "categorical", "list", "passthrough", "drop")
 DTYPES = ("int64", "float64", "string")
 ENCODINGS = ("hex", "int", "string")
+#: What an int64 column's ``unit`` may be, and each unit in nanoseconds.
+UNIT_NANOS = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}
 
 #: Where every schema field is documented (named in errors about unknown fields).
 SCHEMA_DOCS = "schemas/README.md"
 
-_COLUMN_FIELDS = ("name", "role", "dtype", "encoding", "width", "separator", "null_values")
+_COLUMN_FIELDS = ("name", "role", "dtype", "encoding", "width", "separator", "null_values", "unit")
 
 
 @dataclass(frozen=True)
 class ColumnSpec:
     """One raw column. ``encoding``/``width`` apply to categorical and list columns, ``separator`` to lists;
-    ``null_values`` (None: the schema's ``text.null_value``) to every column read from text."""
+    ``null_values`` (None: the schema's ``text.null_value``) to every column read from text; ``unit`` (``s``,
+    ``ms``, ``us`` or ``ns``) to single-valued int64 columns: the column counts time in that unit, and a Parquet
+    timestamp column is read as its count of them (``etl.io.parquet``)."""
 
     name: str
     role: str
@@ -73,6 +79,7 @@ class ColumnSpec:
     width: int | None = None
     separator: str | None = None
     null_values: tuple[str, ...] | None = None
+    unit: str | None = None
 
     @property
     def is_list(self) -> bool:
@@ -241,7 +248,11 @@ def _parse_column(raw: Any, path: str, i: int) -> ColumnSpec:
     if role in ("label", "dense") and dtype == "string":
         raise SpecError(path, f"{where}.dtype", f"a {role} column must be int64 or float64")
     null_values = _parse_null_values(raw.get("null_values"), path, where)
-    return ColumnSpec(name, role, dtype, encoding, width, separator, null_values)
+    unit = raw.get("unit")
+    if unit is not None and (unit not in UNIT_NANOS or dtype != "int64" or role == "list"):
+        raise SpecError(path, f"{where}.unit", f"a unit ({', '.join(UNIT_NANOS)}) is what a single-valued int64 column counts, got {unit!r}"
+                        f"{'' if dtype == 'int64' and role != 'list' else f' for a {dtype} {role} column'}")  # fmt: skip
+    return ColumnSpec(name, role, dtype, encoding, width, separator, null_values, unit)
 
 
 #: ``generate.events`` fields holding column names, and the roles each may name
@@ -376,7 +387,7 @@ def schema_to_dict(schema: Schema) -> dict[str, Any]:
             cols.append({"name": c.name, "role": c.role})
             continue
         d: dict[str, Any] = {"name": c.name, "role": c.role, "dtype": c.dtype}
-        for k in ("encoding", "width", "separator"):
+        for k in ("encoding", "width", "separator", "unit"):
             if getattr(c, k) is not None:
                 d[k] = getattr(c, k)
         if c.null_values is not None:

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 try:
@@ -40,7 +41,7 @@ from etl.errors import InputError
 from etl.io.files import is_shard_name, shard_index
 from etl.io.fs import Location, Url, open_file
 from etl.io.paths import expand_globs
-from etl.schema import ColumnSpec, Schema
+from etl.schema import UNIT_NANOS, ColumnSpec, Schema
 
 
 def list_shards(inputs: str | Location | Sequence[str | Location], storage_options: dict[str, Any] | None = None) -> list[Location]:
@@ -144,7 +145,10 @@ def _is_view(t: pa.DataType) -> bool:
 
 
 def check_type(path: str, spec: ColumnSpec, t: pa.DataType) -> None:
-    """Raise ``InputError`` unless Arrow type ``t`` can hold the column described by ``spec``."""
+    """Raise ``InputError`` unless Arrow type ``t`` can hold the column described by ``spec`` (a column with a
+    ``unit`` may be a timestamp column, of any unit: ``in_unit``)."""
+    if spec.unit is not None and pa.types.is_timestamp(t):
+        return
     if spec.is_list:
         ok = (pa.types.is_list(t) or pa.types.is_large_list(t)) and _is_type(t.value_type, spec.dtype)
         want = f"list<{spec.dtype}>"
@@ -153,6 +157,29 @@ def check_type(path: str, spec: ColumnSpec, t: pa.DataType) -> None:
         want = spec.dtype
     if not ok:
         raise InputError(path, f"expected {want} values, found {t}", column=spec.name)
+
+
+def in_unit(arr: pa.Array | pa.ChunkedArray, spec: ColumnSpec, source: str, row_group: int | None = None) -> pa.Array | pa.ChunkedArray:
+    """A timestamp column (of any unit and time zone: its values count from the epoch in UTC) as int64 counts of
+    the ``unit`` its ``spec`` declares, exactly: a value that the unit cannot hold exactly (``12:00:00.001`` in a
+    column of seconds) or whose count overflows int64 is an ``InputError`` naming ``source``. Other columns are
+    returned as they are."""
+    if spec.unit is None or not pa.types.is_timestamp(arr.type):
+        return arr
+    have, want = UNIT_NANOS[arr.type.unit], UNIT_NANOS[spec.unit]
+    counts = arr.cast(pa.int64())
+    try:
+        if have > want:
+            return pc.multiply_checked(counts, have // want)
+        if have < want:
+            whole = pc.divide(counts, want // have)
+            if pc.all(pc.equal(pc.multiply(whole, want // have), counts)).as_py() not in (True, None):
+                raise InputError(source, f"{arr.type} values that are no whole number of {spec.unit} (the column's unit)", row_group=row_group,
+                                 column=spec.name)  # fmt: skip
+            return whole
+    except pa.ArrowInvalid as e:
+        raise InputError(source, f"{arr.type} values beyond the int64 range in {spec.unit}: {e}", row_group=row_group, column=spec.name) from None
+    return counts
 
 
 def _valid(arr: pa.Array) -> np.ndarray | None:
@@ -246,7 +273,7 @@ def batch_from_arrow(
         if spec.name not in table.column_names:
             raise InputError(source, "column missing", column=spec.name)
         check_type(source, spec, table.schema.field(spec.name).type)
-        out[spec.name] = column_from_arrow(table.column(spec.name), spec)
+        out[spec.name] = column_from_arrow(in_unit(table.column(spec.name), spec, source, row_group), spec)
     return Batch(out, table.num_rows, source, row_group, np.arange(first_row, first_row + table.num_rows, dtype=np.int64))
 
 
@@ -268,9 +295,15 @@ class Shard:
         return self.file.num_row_groups
 
     def read_table(self, i: int, columns: list[str] | None = None) -> pa.Table:
-        """Row group ``i`` as an Arrow table of the schema's columns (or of ``columns``)."""
+        """Row group ``i`` as an Arrow table of the schema's columns (or of ``columns``), timestamp columns as
+        int64 counts of their unit (``in_unit``)."""
         n = self.file.metadata.row_group(i).num_rows
-        return read_rows(self.path, columns or self.schema.names, self.row_group_starts[i], n, i, self.file.metadata)
+        table = read_rows(self.path, columns or self.schema.names, self.row_group_starts[i], n, i, self.file.metadata)
+        for spec in self.schema.columns:
+            if spec.unit is not None and spec.name in table.column_names and pa.types.is_timestamp(table.schema.field(spec.name).type):
+                k = table.column_names.index(spec.name)
+                table = table.set_column(k, spec.name, in_unit(table.column(k), spec, str(self.path), i))
+        return table
 
     def read(self, i: int, columns: list[str] | None = None) -> Batch:
         """Row group ``i`` as a Batch (of all schema columns, or of ``columns``); row ids count from the start of

@@ -40,7 +40,7 @@ from etl.loader.device_columns import DeviceColumnReader, ReadColumns
 from etl.loader.device_stage import DeviceStage
 from etl.loader.order import Piece, RowGroup
 from etl.loader.stats import LoaderStats
-from etl.ops.history import History, HistoryInputs
+from etl.ops.history import History
 from etl.pipeline import Pipeline
 
 T = TypeVar("T")
@@ -256,12 +256,12 @@ class HostReader(PieceReader):
 
     def __init__(self, pipeline: Pipeline, layout: Layout, stats: LoaderStats):
         # streaming states run in the assembler (etl.loader.stream_state); a History's key and time columns (which
-        # may be passthrough ones) are read, and its state's inputs checked where the op stands
+        # may be passthrough ones) are read, and checked with the labels (History.check_sources)
         self.histories = [op for op in pipeline.ops if isinstance(op, History)]
         sources = {c for op in self.histories for c in op.source_columns()}
         super().__init__([c for c in pipeline.schema.names if c in pipeline.input_columns or c in sources], stats)
         self.pipeline, self.layout = pipeline, layout
-        self.ops = [HistoryInputs(op) if isinstance(op, History) else op for op in pipeline.ops if isinstance(op, History) or not op.stream_specs()]
+        self.ops = [op for op in pipeline.ops if not op.stream_specs()]
 
     def convert(self, table: pa.Table, piece: Piece) -> Chunk:
         if len(self.ops) == len(self.pipeline.ops) and not self.histories:

@@ -61,7 +61,11 @@ class Padding:
 
 def sequences_of(ops: list[Op], lists: list[str], sparse: list[str]) -> tuple[Sequence, ...]:
     """The sequences of a pipeline's ``ops`` whose columns are in its batches (``lists``: the list columns,
-    ``sparse``: the single-valued integer ones), in op order."""
+    ``sparse``: the single-valued integer ones), in op order. ``ConfigError`` for a History whose lists hold numbers
+    or passthrough values (``History.check_loadable``)."""
+    for op in ops:
+        if isinstance(op, History):
+            op.check_loadable()
     return tuple(Sequence(op.length, tuple(op.lists)) for op in ops
                  if isinstance(op, History) and op.length in sparse and all(c in lists for c in op.lists))  # fmt: skip
 

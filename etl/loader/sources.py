@@ -333,7 +333,7 @@ def raw_pipeline(pipeline: str | Path | None, artifacts: Location | None) -> Pip
     """The fitted pipeline that transforms raw shards: loaded from ``artifacts`` (checked against ``pipeline``), or
     ``pipeline`` itself when it has nothing to fit. A pipeline with reshaping stages is refused (``ConfigError``):
     the loader streams raw rows through the ops only, and their output is made by ``etl preprocess``; so is a
-    History the loader cannot run as a streaming state (``History.check_streamed``)."""
+    History the loader cannot run as a streaming state (``History.check_streamed``), and more than one History."""
     if pipeline is None:
         raise ConfigError("raw shards need a pipeline (or give the output directory of etl preprocess)")
     p = Pipeline.load(artifacts) if artifacts is not None else Pipeline.from_file(pipeline)
@@ -346,6 +346,9 @@ def raw_pipeline(pipeline: str | Path | None, artifacts: Location | None) -> Pip
         names = ", ".join(s.name for s in p.stages)
         raise ConfigError(f"{pipeline} has reshaping stages ({names}), which the loader does not run on raw shards: run `etl preprocess` "
                           "first, then load its output directory")  # fmt: skip
+    histories = [op for op in p.ops if isinstance(op, History)]
+    if len(histories) > 1:  # their states would read one key hash and time (etl.ops.history: KEY_HASH, RAW_TIME)
+        raise ConfigError(f"{pipeline} has {len(histories)} History ops; the loader on raw shards (as etl preprocess) runs at most one")
     for i, op in enumerate(p.ops):
         if isinstance(op, History):
             op.check_streamed(p.ops[i + 1 :])

@@ -98,8 +98,8 @@ class Op:
     fittable: ClassVar[bool] = False
     #: kind of values the op reads and writes: "number", "raw" (undecoded text/ints), "keys" (uint64), "ids";
     #: None means any kind, passed through unchanged. ``reads = "source"``: the column as the schema declares it
-    #: (raw or number), before any op writes it
-    reads: ClassVar[str | None] = "number"
+    #: (raw or number), before any op writes it; a tuple of kinds: any of them (``bind_kinds`` says which)
+    reads: ClassVar[str | tuple[str, ...] | None] = "number"
     writes: ClassVar[str | None] = "number"
     #: a kind the op also accepts in the columns earlier ops create, and leaves as it is (Decode: the key columns
     #: of DateParts), or None
@@ -126,6 +126,17 @@ class Op:
         """Schema columns the op reads as the schema declares them (raw, whatever ops before it wrote), besides
         ``columns``: none by default (History: its key, time and tiebreak columns)."""
         return []
+
+    def bind_kinds(self, kinds: dict[str, str]) -> None:
+        """Attach the kind of each of ``columns`` as the op reads it (one of ``reads``), once the pipeline has
+        followed the kinds through the ops before it. Nothing by default."""
+
+    def check_sources(self, batch: Batch, xp: Backend) -> None:
+        """Raise ``InvalidRows`` for the rows of ``batch`` (the schema's columns as read, before any op; backend
+        ``xp``) that the
+        op's ``source_columns`` make no input of it (History: a missing or malformed key, a missing time); checked
+        with the labels (``Pipeline.check_labels``), so that the fit and the transform leave out the same rows.
+        Columns the batch does not hold are not checked. None by default."""
 
     def new_columns(self) -> dict[str, ColumnSpec]:
         """Columns this op creates that later ops select by role (``"@categorical"``) and bind like schema columns,

@@ -261,9 +261,9 @@ class Pipeline:
                     if c in written:
                         problem = f"column '{c}' is written by an earlier op; {op.name} reads it as the schema declares it (put {op.name} first)"
                         raise SpecError(self.path, where, problem)
-                elif op.reads is not None and kind[c] != op.reads and not (kind[c] == op.keeps and c not in self.schema.names):
+                elif op.reads is not None and kind[c] not in _kinds(op.reads) and not (kind[c] == op.keeps and c not in self.schema.names):
                     hint = " (put a Decode op before it)" if kind[c] == "raw" else ""
-                    raise SpecError(self.path, where, f"column '{c}' holds {kind[c]} values, the op needs {op.reads}{hint}")
+                    raise SpecError(self.path, where, f"column '{c}' holds {kind[c]} values, the op needs {' or '.join(_kinds(op.reads))}{hint}")
             overwritten = [c for c in op.outputs if kind.get(c) == "passthrough"]
             if overwritten:
                 raise SpecError(self.path, f"ops[{i}] ({op.name})", f"writes column '{overwritten[0]}', a passthrough column")
@@ -273,6 +273,7 @@ class Pipeline:
             order.extend(c for c in op.outputs if c not in kind)
             categorical.extend(c for c, spec in op.new_columns().items() if spec.role == "categorical")
             written.update(op.outputs)
+            op.bind_kinds({c: kind[c] for c in op.columns})
             _follow(kind, op)
         for c in categorical if self.groupby is None else []:  # Groupby checks the columns it writes
             if kind[c] != "ids":
@@ -401,9 +402,10 @@ class Pipeline:
         return t
 
     def check_labels(self, batch: Batch, xp: Backend | None = None) -> None:
-        """Raise ``InvalidRows`` for the rows without a usable label (missing, NaN or infinite) and, with a Groupby,
-        for those missing a ``by`` value (no event of any group); checked before any op, so fit and transform skip
-        the same rows. ``xp``: the backend (default: the pipeline's)."""
+        """Raise ``InvalidRows`` for the rows without a usable label (missing, NaN or infinite), those an op's
+        source columns refuse (``Op.check_sources``: History's rows without a usable key or time, no events) and,
+        with a Groupby, those missing a ``by`` value (no event of any group); checked before any op, so fit and
+        transform skip the same rows. ``xp``: the backend (default: the pipeline's)."""
         for c in self.schema.by_role("label"):
             col = batch.columns.get(c)
             if col is None:
@@ -413,6 +415,8 @@ class Pipeline:
             bad = (xp or self.xp).nonfinite_mask(col.values, None)
             if bad is not None:
                 raise InvalidRows(c, bad, "label is NaN or infinite")
+        for op in self.ops:
+            op.check_sources(batch, xp or self.xp)
         for c in self.groupby.by if self.groupby is not None else []:
             key = batch.columns.get(c)
             if key is not None and key.valid is not None and key.null_count():
@@ -480,6 +484,8 @@ class Pipeline:
         if c in cards:
             t = pa.from_numpy_dtype(id_dtype(cards[c]))
             return pa.field(c, pa.list_(t) if self._is_list(c) else t, nullable=False)
+        if self._is_list(c):  # a list of numbers (float32) or of int64 passthrough values: History's of such a column
+            return pa.field(c, pa.list_(pa.int64() if self.created[c].dtype == "int64" else pa.float32()), nullable=False)
         return pa.field(c, pa.float32())
 
     def _is_list(self, c: str) -> bool:
@@ -518,6 +524,11 @@ def _schema_kinds(schema: Schema) -> dict[str, str]:
     "passthrough" (no op reads them), the others raw values."""
     kinds = {"label": "number", "dense": "number", "passthrough": "passthrough"}
     return {c.name: kinds.get(c.role, "raw") for c in schema.columns}
+
+
+def _kinds(reads: str | tuple[str, ...]) -> tuple[str, ...]:
+    """The kinds an op's ``reads`` accepts."""
+    return reads if isinstance(reads, tuple) else (reads,)
 
 
 def _follow(kind: dict[str, str], op: Op) -> None:

@@ -43,8 +43,8 @@ def fit_stages(ops: list[Op]) -> list[list[Op]]:
 
 def fit_plan(pipeline: Pipeline, stage: list[Op]) -> tuple[list[Op], list[str]]:
     """What fitting ``stage`` needs: the fitted ops that feed it, in pipeline order, and the columns to read
-    (theirs, the stage's, the labels and Groupby's key: rows without a label or key are skipped by fit as by
-    transform).
+    (theirs, the stage's, the labels, Groupby's key and the ops' source columns: rows without a label or key are
+    skipped by fit as by transform, ``Pipeline.check_labels``).
 
     An op that does not depend on an unfitted op never writes a column a stage op reads (ops write in place
     what they read, or new columns), so all of them can run before the stage ops gather statistics."""
@@ -62,4 +62,5 @@ def fit_plan(pipeline: Pipeline, stage: list[Op]) -> tuple[list[Op], list[str]]:
         else:
             prep.append(op)
     read = needed | set(pipeline.groupby.by if pipeline.groupby is not None else [])  # checked as read, before any op
+    read |= {c for op in pipeline.ops for c in op.source_columns()}  # History's key and time: Op.check_sources
     return prep, [c for c in pipeline.schema.names if c in read]

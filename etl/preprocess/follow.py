@@ -7,7 +7,8 @@ and committed by the rules of ``etl.preprocess`` (``process_shard``, ``commit_sh
 rename, then the manifest rewritten atomically), so each output file holds the same bytes as ``etl preprocess``
 makes from the same shard, and the output of a run over shards that were all present at its start is the one
 ``etl preprocess`` makes. The pipeline must be fitted before (``--artifacts``) or have nothing to fit (hashing):
-the artifacts are saved once, at the start, and every shard is transformed with them.
+the artifacts are saved once, at the start, and every shard is transformed with them. A pipeline with History or
+Groupby, which need every row of a key, is refused before anything is read (``ConfigError``).
 
 The manifest lists the files committed so far; it says ``complete`` while every shard seen has its file (between
 a shard's arrival and its commit, and after a stop that abandoned one, it does not). A run stops when its ``stop``
@@ -62,6 +63,10 @@ def preprocess_follow(pipeline: Pipeline, directory: Location, out_dir: Location
     """Transform the shards of ``directory`` into ``out_dir`` as they arrive in the ``arrivals`` order (see the
     module docstring), listing the directory every ``poll_interval`` seconds, ``workers`` shards at a time, until
     ``stop`` is set or no shard has arrived for ``stop_after_idle`` seconds. Holds ``out_dir``'s lock throughout."""
+    keyed = "Groupby" if pipeline.groupby is not None else next((op.name for op in pipeline.ops if op.keyed), None)
+    if keyed is not None:
+        raise ConfigError(f"{pipeline.name}: {keyed} needs every row of a key, and following transforms each shard alone as it arrives: "
+                          "run etl preprocess over the shards (without --follow)")  # fmt: skip
     if not pipeline.is_fitted:
         raise ConfigError(f"{pipeline.name}: following needs a fitted pipeline (--artifacts from etl fit) or one with nothing to fit")
     if not poll_interval > 0:

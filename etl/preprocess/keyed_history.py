@@ -1,10 +1,11 @@
 """History's step of ``etl preprocess``'s exchange by key (``etl.preprocess.keyed``): each sorted partition's rows
 through the ops before History, History's state, the ``min_len`` rule and the ops after it.
 
-A partition is transformed in slices of ``SLICE_ROWS`` rows: the label check and the ops before History, History's
-key and time check, its state (a fresh one per partition: a key's rows all lie in one partition, so the histories
-are exact), the ``min_len`` rule (rows shorter are dropped, counted as removed by History, or quarantined), the ops
-after it and the output check.
+A partition is transformed in slices of ``SLICE_ROWS`` rows: the label check (History's key and time checked with
+it, ``History.check_sources``) and the ops before History, the check of its listed numbers
+(``History.check_numbers``), History's state (a fresh one per partition: a key's rows all lie in one partition, so
+the histories are exact), the ``min_len`` rule (rows shorter are dropped, counted as removed by History, or
+quarantined), the ops after it and the output check.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etl.io.parquet import batch_from_arrow
-from etl.ops.history import KEY_HASH, OFFLINE_KEYS, RAW_KEY, RAW_TIME, History, HistoryInputs
+from etl.ops.history import KEY_HASH, OFFLINE_KEYS, RAW_KEY, RAW_TIME, History, HistoryNumbers
 from etl.ops.history_state import HistoryState
 from etl.pipeline import OnError, Pipeline, Rejected, Transformed
 from etl.pipeline.exchange import HASH
@@ -33,6 +34,7 @@ class HistoryStep:
         self.name, self.key, self.order, self.lists = op.name, op.key, [op.time, *op.tiebreak], op.lists
         where = pipeline.ops.index(op)
         self.before, self.after = pipeline.ops[:where], pipeline.ops[where + 1 :]
+        self.checked = [*self.before, HistoryNumbers(op)] if op.numbers else self.before
 
     def key_hashes(self, table: pa.Table, source: str, group: int, first_row: int) -> tuple[np.ndarray, np.ndarray]:
         key = batch_from_arrow(table, self.pipeline.schema, source, group, first_row, [self.op.key])[self.op.key]
@@ -54,7 +56,7 @@ class HistoryStep:
         hashes = piece.column(HASH)
         usable = np.asarray(hashes.is_valid().to_numpy(zero_copy_only=False), np.bool_)
         batch = op.with_sources(batch, np.asarray(pc.fill_null(hashes, 0).to_numpy(), np.uint64), usable)
-        t = pipeline.run_ops(batch, [*self.before, HistoryInputs(op)], on_error, labels=True, output=False)
+        t = pipeline.run_ops(batch, self.checked, on_error, labels=True, output=False)  # the label check refuses rows without a key or time
         step = state.advance(op.carried(t.batch), record=False)
         t.batch = t.batch.with_columns(op.output_columns(step, t.batch))
         dropped = 0

@@ -288,8 +288,8 @@ def test_history_takes_the_ids_of_either_backend(device: str) -> None:
         host = out if xp is cpu else tensor_batch_to_numpy(out)
         hashes, usable, _ = op.key_hashes(batch["u"])
         state = op.new_stream_state(op.state_spec().name)
+        op.check_sources(start, xp)
         checked = op.with_sources(host, hashes, usable)
-        op.check_inputs(checked)
         step = state.advance(op.carried(checked), record=False)
         lists.append([step.outputs[name].tolist() for name in op.outputs])
         with pytest.raises(ConfigError, match="etl preprocess"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -329,3 +330,14 @@ def test_generate_has_one_kind(generate):
     with pytest.raises(SpecError) as ei:
         parse_schema(doc, "<test>")
     assert ei.value.field in ("generate", "generate.events.user")
+
+
+def test_a_time_unit_on_int64_columns():
+    cols = [{"name": "ts", "role": "passthrough", "dtype": "int64", "unit": "ms"}, {"name": "x", "role": "dense", "dtype": "int64"}]
+    s = parse_schema({"name": "t", "columns": cols})
+    assert (s.column("ts").unit, s.column("x").unit) == ("ms", None)
+    assert parse_schema(schema_to_dict(s)) == replace(s, path="<memory>") and "unit" not in schema_to_dict(s)["columns"][1]
+    for bad, problem in (({"dtype": "float64"}, "for a float64 passthrough column"), ({"unit": "min"}, "got 'min'"),
+                         ({"role": "list", "separator": "|"}, "for a int64 list column")):  # fmt: skip
+        with pytest.raises(SpecError, match=rf"columns\[0\] \(ts\)\.unit.*{problem}"):
+            parse_schema({"name": "t", "columns": [{**cols[0], **bad}]})

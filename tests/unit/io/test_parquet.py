@@ -243,3 +243,27 @@ def test_footer_sha256_of_a_file_without_a_footer_hashes_its_last_bytes(tmp_path
     path = tmp_path / "bad.parquet"
     path.write_bytes(content)
     assert parquet.footer_sha256(path) == hashlib.sha256(content[-8:]).hexdigest()
+
+
+def test_timestamp_columns_are_read_as_counts_of_the_schema_unit(tmp_path: Path) -> None:
+    from etl.schema import parse_schema
+
+    def schema(unit: str):
+        return parse_schema({"name": "t", "columns": [{"name": "ts", "role": "passthrough", "dtype": "int64", "unit": unit}]})
+
+    path = tmp_path / "t.parquet"
+    ms = np.array([1_700_000_000_123, -1_500, 0], np.int64)
+    pq.write_table(pa.table({"ts": pa.array(ms, pa.timestamp("ms", tz="Europe/Paris"), mask=np.array([False, False, True]))}), path)
+    shard = open_shard(path, schema("us"))
+    col = shard.read(0)["ts"]
+    assert col.values.tolist()[:2] == (ms[:2] * 1000).tolist() and col.valid.tolist() == [True, True, False]
+    assert shard.read_table(0).column("ts").to_pylist() == [ms[0] * 1000, ms[1] * 1000, None]
+    assert open_shard(path, schema("ms")).read(0)["ts"].values.tolist()[:2] == ms[:2].tolist()
+    with pytest.raises(InputError, match=r"column 'ts'.*no whole number of s"):
+        open_shard(path, schema("s")).read(0)
+    pq.write_table(pa.table({"ts": pa.array([2**60], pa.timestamp("ms"))}), path)
+    with pytest.raises(InputError, match="beyond the int64 range in ns"):
+        open_shard(path, schema("ns")).read_table(0)
+    no_unit = parse_schema({"name": "t", "columns": [{"name": "ts", "role": "passthrough", "dtype": "int64"}]})
+    with pytest.raises(InputError, match="expected int64 values, found timestamp"):
+        open_shard(path, no_unit)

@@ -168,3 +168,14 @@ def test_a_following_loader_gives_the_same_histories(tmp_path: Path) -> None:
     it = iter(resumed)
     assert head + rows_of(next(it) for _ in range(7)) == want
     resumed.close()
+
+
+def test_two_history_ops_on_raw_shards_are_refused(tmp_path: Path) -> None:
+    """Each History's state reads its key's hash and time from the same carried columns: one per loader."""
+    shards = write_shards(time_ordered(200, seed=4), tmp_path / "raw", [], 200)
+    by_item = {"op": "History", "key": "item", "time": "ts", "columns": ["user"], "max_len": 2, "prefix": "by_item_"}
+    p = make_pipeline(tmp_path, tiebreak=[], ops_after=[by_item])
+    p.fit(shards)
+    p.save(tmp_path / "artifacts")
+    with pytest.raises(ConfigError, match="2 History ops.*at most one"):
+        Loader(shards, pipeline=tmp_path / "pipeline.yaml", artifacts=tmp_path / "artifacts", batch_size=10, shuffle=False)

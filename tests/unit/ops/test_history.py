@@ -54,6 +54,22 @@ def test_outputs_follow_the_listed_columns() -> None:
     assert schema.field("h_len").type == pa.int32() and not schema.field("h_len").nullable
 
 
+def test_lists_of_numbers_and_of_passthrough_values() -> None:
+    p = pipeline(history(columns=["item", "price", "ts", "event_time"], prefix="h_"))
+    op = p.ops[-1]
+    assert isinstance(op, History)
+    assert (op.columns, op.passthrough, op.numbers) == (["item", "price", "ts"], ["event_time"], ["price", "ts"])
+    assert op.source_columns() == ["user", "ts", "event_time"] and op.value_lists == ["h_price", "h_ts", "h_event_time"]
+    schema = p.output_schema()
+    assert [schema.field(f"h_{c}").type for c in ("item", "price", "ts", "event_time")] == [pa.list_(pa.int64()), *[pa.list_(pa.float32())] * 2,
+                                                                                             pa.list_(pa.int64())]  # fmt: skip
+    assert "h_price" not in p.cardinalities() and "h_event_time" not in p.cardinalities()
+    with pytest.raises(ConfigError, match=r"^column 'h_price' \(History of 'price'\) holds lists of numbers"):
+        op.check_loadable()
+    bucketized = pipeline({"op": "Bucketize", "columns": ["price"], "boundaries": [1.0, 2.0]}, history(columns=["price"]))
+    assert bucketized.output_schema().field("hist_price").type == pa.list_(pa.int32())  # ids by then: a list of ids
+
+
 @pytest.mark.parametrize(
     ("params", "problem"),
     [
@@ -84,8 +100,7 @@ def test_outputs_follow_the_listed_columns() -> None:
         ({"tiebreak": ["genres"]}, "tiebreak: column 'genres' is a list"),
         ({"key": "nope"}, "no schema column named 'nope'"),
         ({"tiebreak": ["h"]}, "no schema column named 'h'"),
-        ({"columns": ["ts"]}, "holds number values, the op needs ids"),
-        ({"columns": ["session"]}, "passthrough"),
+        ({"columns": ["session"]}, "passthrough column 'session' is string; a history lists passthrough values of int64 columns only"),
         ({"prefix": "it", "columns": ["em"]}, "no column named 'em'"),
     ],
 )
@@ -141,9 +156,8 @@ def checked(op: History, users: list, times: list) -> InvalidRows | None:
     user = column_from_arrow(pa.array(users, pa.string()), op.source_specs["user"])
     ts = column_from_arrow(pa.array(times, pa.int64()), op.source_specs["ts"])
     batch = Batch({"user": user, "ts": ts}, len(users))
-    hashes, usable, _ = op.key_hashes(user)
     try:
-        op.check_inputs(op.with_sources(batch, hashes, usable))
+        op.check_sources(batch)
     except InvalidRows as e:
         return e
     return None
@@ -174,3 +188,19 @@ def test_one_batch_transforms_refuse_it(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="etl preprocess"):
         p.transform_table(row)
     # the loader on raw shards runs it as a streaming state: tests/unit/loader/test_stream_history.py
+
+
+def test_durations_take_the_unit_of_the_time_column() -> None:
+    specs = {"item": ColumnSpec("item", "categorical", "int64", "int"), "user": ColumnSpec("user", "categorical", "int64", "int"),
+             "ts": ColumnSpec("ts", "passthrough", "int64", unit="ms")}  # fmt: skip
+    op = History(["item"], key="user", time="ts", max_len=2, ttl="2s", allowed_lateness="1m")
+    op.bind(specs)
+    assert (op.ttl, op.allowed_lateness, op.time_unit) == (2000, 60_000, "ms")
+    same = History(["item"], key="user", time="ts", max_len=2, ttl="2s", time_unit="ms")
+    same.bind(specs)
+    assert same.ttl == 2000
+    with pytest.raises(ValueError, match="time_unit 's': the time column 'ts' counts ms"):
+        History(["item"], key="user", time="ts", max_len=2, ttl="2s", time_unit="s").bind(specs)
+    with pytest.raises(ValueError, match="give time_unit"):
+        plain = {**specs, "ts": ColumnSpec("ts", "passthrough", "int64")}  # no unit
+        History(["item"], key="user", time="ts", max_len=2, ttl=5, allowed_lateness="1m").bind(plain)

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from etl.errors import ConfigError
 from etl.io.processed import read_manifest
@@ -68,3 +69,19 @@ def test_a_rerun_with_on_error_raise_that_fails_leaves_the_quarantine_mode_outpu
     with pytest.raises(RowError, match="part-00001.parquet.*C1"):
         preprocess_follow(Pipeline.from_file(HASH), raw, out, stop=threading.Event(), stop_after_idle=0, on_error="raise")
     assert tree_bytes(out) == before
+
+
+@pytest.mark.parametrize("keyed", ["History", "Groupby"])
+def test_a_pipeline_with_history_or_groupby_is_refused_before_any_shard(tmp_path: Path, keyed: str) -> None:
+    schema = REPO / "schemas/events.yaml"
+    op = ({"op": "History", "columns": ["item_id"], "key": "user_id", "time": "timestamp", "max_len": 5} if keyed == "History"
+          else {"op": "Groupby", "by": ["session_id"], "aggs": {"item_id": ["count"]}})  # fmt: skip
+    columns = ["user_id", "item_id", "category"]
+    ids = [{"op": "Decode", "columns": columns}, {"op": "Hash", "columns": columns, "num_buckets": 100}]
+    doc = {"name": "keyed", "schema": str(schema), "ops": [*ids, op]}
+    (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(doc))
+    raw = tmp_path / "raw"
+    generate(load_schema(schema), 200, 1, raw, seed=3)  # a shard is there at the start: the refusal comes before it is read
+    with pytest.raises(ConfigError, match=f"^keyed: {keyed} needs every row of a key.*without --follow"):
+        preprocess_follow(Pipeline.from_file(tmp_path / "pipeline.yaml"), raw, tmp_path / "out", stop=threading.Event(), stop_after_idle=0)
+    assert not (tmp_path / "out").exists()

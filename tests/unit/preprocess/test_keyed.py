@@ -1,6 +1,6 @@
 """etl preprocess of a pipeline with History (etl.preprocess.keyed) against a plain-Python reference over a sorted
 copy of the rows: ties, empty histories, keys seen once, max_len 1, ttl, tiebreak columns with missing values,
-rows rejected before History, min_len; the same bytes for 1 and 2 workers, for shards cut differently and
+rows rejected before History, min_len; the same bytes for 1, 2 and 4 workers, for shards cut differently and
 row groups of other sizes; several partitions; row accounting, quarantine and errors naming the source row."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from etl.errors import ConfigError, RowError
+from etl.errors import ConfigError, InputError, RowError
 from etl.io.files import is_temporary
 from etl.io.npy import ListColumnsError
 from etl.io.processed import MANIFEST, StageRows, open_processed, read_manifest
@@ -146,17 +146,18 @@ def digests(out: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize(("max_len", "ttl"), [(1, None), (3, 6), (50, None)])
-def test_matches_the_reference_with_1_and_2_workers(tmp_path: Path, max_len: int, ttl: int | None) -> None:
+def test_matches_the_reference_with_1_2_and_4_workers(tmp_path: Path, max_len: int, ttl: int | None) -> None:
     table = events(3000, seed=max_len)
     shards = write_shards(table, tmp_path / "raw", [1000, 1700], 400)
     runs = []
-    for workers in (1, 2):
+    for workers in (1, 2, 4):  # in several partitions, which 4 workers transform at once
         out = tmp_path / f"out{workers}"
-        summary = preprocess(make_pipeline(tmp_path, max_len=max_len, ttl=ttl), shards, out, workers=workers)
+        summary = preprocess(make_pipeline(tmp_path, max_len=max_len, ttl=ttl), shards, out, workers=workers, memory_budget=96 << 10)
+        assert summary.files > 4
         assert (summary.rows_in, summary.rows_out, summary.rows_quarantined) == (3000, 3000, 0)
         check(out, table, max_len, ttl)
         runs.append(digests(out))
-    assert runs[0] == runs[1]
+    assert runs[0] == runs[1] == runs[2]
     got = outputs(tmp_path / "out1")
     lengths = got.column("hist_len").to_pylist()
     assert 0 in lengths and max_len in lengths  # empty histories, full ones
@@ -328,3 +329,93 @@ def test_a_million_rows_in_several_partitions(tmp_path: Path) -> None:
     item_of = dict(zip(got.column("eid").to_pylist(), got.column("item").to_pylist()))
     for eid, hist in zip(got.column("eid").to_pylist(), got.column("hist_item").to_pylist()):
         assert hist == [item_of[e] for e in want[eid]]
+
+
+def test_the_fit_leaves_out_the_rows_that_are_no_events(tmp_path: Path) -> None:
+    """Rows without a key or a time are no events: the fit of the ops before History does not count them either."""
+    table = events(1500, seed=17)
+    rng = np.random.default_rng(17)
+    no_key, no_time = rng.random(1500) < 0.05, rng.random(1500) < 0.05
+    items = [f"orphan{i}" if k or t else v for i, (v, k, t) in enumerate(zip(table.column("item").to_pylist(), no_key, no_time))]
+    table = table.set_column(1, "user", pa.array(table.column("user").to_numpy(), pa.int64(), mask=no_key))
+    table = table.set_column(2, "item", pa.array(items, pa.string()))
+    table = table.set_column(4, "ts", pa.array(table.column("ts").to_numpy(), pa.int64(), mask=no_time))
+    out, events_only = tmp_path / "out", tmp_path / "events-only"
+    summary = preprocess(make_pipeline(tmp_path), write_shards(table, tmp_path / "raw", [600], 250), out, on_error="quarantine", workers=2)
+    assert summary.rows_quarantined == int((no_key | no_time).sum())
+    kept = table.filter(pa.array(~(no_key | no_time)))
+    preprocess(make_pipeline(tmp_path), write_shards(kept, tmp_path / "kept", [600], 250), events_only, workers=2)
+    assert Pipeline.load(out / "artifacts").cardinalities() == Pipeline.load(events_only / "artifacts").cardinalities()
+    assert outputs(out).equals(outputs(events_only))
+
+
+def test_lists_of_numbers_and_of_passthrough_values(tmp_path: Path) -> None:
+    """History of a dense column (list<float32>: its values as the ops before History leave them) and of a
+    passthrough int64 column (list<int64>: as read), beside the ids; rows whose listed number is missing or NaN
+    are invalid at History (no events); the loader refuses such lists with one line."""
+    from etl import Loader
+    from etl.errors import ConfigError
+
+    table = events(2000, seed=18)
+    price = table.column("price").to_numpy().copy()
+    price[::97] = np.nan
+    table = table.set_column(3, "price", pa.array(price, mask=np.arange(2000) % 101 == 5))
+    bad = {e for e in range(2000) if e % 97 == 0 or e % 101 == 5}
+    shards = write_shards(table, tmp_path / "raw", [900], 300)
+    make_pipeline(tmp_path, columns=["item", "price", "eid"])
+    doc = yaml.safe_load((tmp_path / "pipeline.yaml").read_text())
+    doc["ops"][3:] = [{"op": "Clamp", "columns": ["price"], "max": 50.0}, doc["ops"][3]]  # its lists hold the clamped prices
+    (tmp_path / "pipeline.yaml").write_text(yaml.safe_dump(doc))
+    pipe = Pipeline.from_file(tmp_path / "pipeline.yaml")
+    out = tmp_path / "out"
+    summary = preprocess(pipe, shards, out, on_error="quarantine", workers=2)
+    assert summary.rows_quarantined == len(bad)
+    got = check(out, table, 3, kept=set(range(2000)) - bad)
+    schema = got.schema
+    assert (schema.field("hist_price").type, schema.field("hist_eid").type) == (pa.list_(pa.float32()), pa.list_(pa.int64()))
+    price_of = {e: np.float32(min(p, 50.0)) for e, p in enumerate(price)}
+    want = reference(table, 3, None, set(range(2000)) - bad)
+    for r in got.to_pylist():
+        assert r["hist_eid"] == want[r["eid"]]
+        assert r["hist_price"] == [float(price_of[e]) for e in r["hist_eid"]]
+    q = pa.concat_tables([pq.read_table(out / e.quarantine) for e in read_manifest(out).files if e.quarantine])
+    assert set(q.column("_column").to_pylist()) == {"price"}
+    with pytest.raises(ConfigError, match=r"^column 'hist_price' \(History of 'price'\) holds lists of numbers, which the loader"):
+        Loader(out, batch_size=100)
+
+
+def test_a_listed_passthrough_column_must_be_int64(tmp_path: Path) -> None:
+    from etl.errors import SpecError
+
+    schema = {**SCHEMA, "columns": [*SCHEMA["columns"], {"name": "note", "role": "passthrough", "dtype": "string"}]}
+    (tmp_path / "schema.yaml").write_text(yaml.safe_dump(schema))
+    doc = {"name": "e", "schema": "schema.yaml", "ops": [{"op": "History", "key": "user", "time": "ts", "columns": ["note"], "max_len": 2}]}
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(doc))
+    with pytest.raises(SpecError, match="passthrough column 'note' is string; a history lists passthrough values of int64 columns only"):
+        Pipeline.from_file(tmp_path / "p.yaml")
+
+
+def test_a_timestamp_column_is_the_time_at_full_precision(tmp_path: Path) -> None:
+    """The time as a Parquet timestamp[ns] column (schema: int64 with unit ns), its values some ns apart near 2023
+    (beyond float64's precision), compared exactly; shards written with another unit (us) are read in ns; a
+    schema unit that cannot hold the values exactly is an InputError."""
+    base = 1_700_000_000_000_000_000
+    table = events(2000, seed=19, span=40)
+    jitter = np.where(np.arange(2000) < 1200, np.random.default_rng(19).integers(0, 3, 2000), 0)  # ns, in the ns shards only
+    exact = table.set_column(4, "ts", pa.array(base + table.column("ts").to_numpy() * 1000 + jitter, pa.int64()))
+    stamped = exact.set_column(4, "ts", exact.column("ts").cast(pa.timestamp("ns")))
+    shards = write_shards(stamped.slice(0, 1200), tmp_path / "raw", [500], 200)
+    coarse = stamped.slice(1200).set_column(4, "ts", stamped.slice(1200).column("ts").cast(pa.timestamp("us", tz="UTC")))
+    shards += write_shards(coarse, tmp_path / "raw-us", [], 300)
+    schema = {**SCHEMA, "columns": [{**c, "unit": "ns"} if c["name"] == "ts" else c for c in SCHEMA["columns"]]}
+    make_pipeline(tmp_path, ttl=6000)  # ns: the events of the last 6 microseconds
+    (tmp_path / "schema.yaml").write_text(yaml.safe_dump(schema))
+    out = tmp_path / "out"
+    summary = preprocess(Pipeline.from_file(tmp_path / "pipeline.yaml"), shards, out, workers=2)
+    assert summary.rows_out == 2000
+    check(out, exact, 3, ttl=6000)
+    assert outputs(out).schema.field("ts").type == pa.int64()
+    schema["columns"] = [{**c, "unit": "ms"} if c["name"] == "ts" else c for c in SCHEMA["columns"]]
+    (tmp_path / "schema.yaml").write_text(yaml.safe_dump(schema))
+    with pytest.raises(InputError, match="no whole number of ms"):
+        preprocess(Pipeline.from_file(tmp_path / "pipeline.yaml"), shards, tmp_path / "ms", workers=2)

@@ -1,7 +1,7 @@
 """etl preprocess of a pipeline ending with Groupby (etl.preprocess.keyed_groupby) against a plain-Python reference
 over a sorted copy of the events: groups of several key columns, ties in the order column (input order decides),
 groups of one event, max_len 1, min_len dropping groups, events rejected before Groupby, missing keys, aggregates
-float32 cannot hold; the same bytes for 1 and 2 workers and for shards cut differently; several partitions; row
+float32 cannot hold; the same bytes for 1, 2 and 4 workers and for shards cut differently; several partitions; row
 accounting, quarantine and errors naming the source row; the loader reads the output and refuses raw shards."""
 
 from __future__ import annotations
@@ -149,21 +149,22 @@ def digests(out: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize(("max_len", "min_len"), [(1, 1), (3, 2)])
-def test_matches_the_reference_with_1_and_2_workers(tmp_path: Path, max_len: int, min_len: int) -> None:
+def test_matches_the_reference_with_1_2_and_4_workers(tmp_path: Path, max_len: int, min_len: int) -> None:
     table = events(3000, seed=max_len)
     shards = write_shards(table, tmp_path / "raw", [1000, 1700], 400)
     ids = item_ids(tmp_path, shards)
     runs = []
-    for workers in (1, 2):
+    for workers in (1, 2, 4):  # in several partitions, which 4 workers transform at once
         out = tmp_path / f"out{workers}"
-        summary = preprocess(make_pipeline(tmp_path, {"max_len": max_len, "min_len": min_len}), shards, out, workers=workers)
+        summary = preprocess(make_pipeline(tmp_path, {"max_len": max_len, "min_len": min_len}), shards, out, workers=workers, memory_budget=96 << 10)
+        assert summary.files > 4
         got = check(out, table, ids, max_len, min_len)
         groups = reference(table)
         dropped = sum(1 for evs in groups.values() if len(evs) < min_len)
         assert (summary.rows_in, summary.rows_out, summary.rows_quarantined) == (3000, len(groups) - dropped, 0)
         assert summary.stages == (StageRows("Groupby", 3000, got.num_rows, dropped),)
         runs.append(digests(out))
-    assert runs[0] == runs[1]
+    assert runs[0] == runs[1] == runs[2]
     counts = got.column("item_count").to_pylist()
     assert min(counts) == min_len and max(counts) > 10  # groups of one event (or of min_len), long ones
     if min_len > 1:
@@ -351,3 +352,17 @@ def test_the_documented_example(tmp_path: Path) -> None:
     want = {"session_id": "s", "label": 0.0, "item_id_list": [8, 9], "item_id_count": 3.0, "item_id_first": 7, "item_id_last": 9,
             "price_sum": 7.0, "price_mean": float(np.float32(7 / 3))}  # fmt: skip
     assert outputs(tmp_path / "out").to_pylist() == [want]
+
+
+def test_sort_by_a_timestamp_column(tmp_path: Path) -> None:
+    """sort_by a Parquet timestamp[us] column (schema: int64 with unit us): ordered by its exact value."""
+    table = events(1500, seed=31)
+    exact = table.set_column(5, "ts", pa.array(1_700_000_000_000_000 + table.column("ts").to_numpy(), pa.int64()))
+    shards = write_shards(exact.set_column(5, "ts", exact.column("ts").cast(pa.timestamp("us"))), tmp_path / "raw", [700], 250)
+    ids = item_ids(tmp_path, write_shards(exact, tmp_path / "ints", [700], 250))
+    make_pipeline(tmp_path, {})
+    (tmp_path / "schema.yaml").write_text(yaml.safe_dump({**SCHEMA, "columns": [{**c, "unit": "us"} if c["name"] == "ts" else c
+                                                                                for c in SCHEMA["columns"]]}))  # fmt: skip
+    out = tmp_path / "out"
+    preprocess(Pipeline.from_file(tmp_path / "groupby.yaml"), shards, out, workers=2)
+    check(out, exact, ids)

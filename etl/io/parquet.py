@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 try:
@@ -166,6 +165,8 @@ def in_unit(arr: pa.Array | pa.ChunkedArray, spec: ColumnSpec, source: str, row_
     returned as they are."""
     if spec.unit is None or not pa.types.is_timestamp(arr.type):
         return arr
+    import pyarrow.compute as pc  # here, not with the module: a run without timestamp columns never loads it
+
     have, want = UNIT_NANOS[arr.type.unit], UNIT_NANOS[spec.unit]
     counts = arr.cast(pa.int64())
     try:

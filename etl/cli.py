@@ -592,7 +592,8 @@ def _bench_sequences(input: str | None, rows: int, files: int, workers: int, bat
 
     with user_errors(), err.status("sequence benchmark") as status:
         report = run_sequences_bench(input_dir=None if input is None else location(input), rows=rows, files=files, workers=workers,
-                                     batch_size=batch_size, repeat=repeat, run_baselines=baselines, progress=lambda msg: status.update(msg))  # fmt: skip
+                                     batch_size=batch_size, repeat=repeat, run_baselines=baselines,
+                                     progress=lambda msg: status.update(msg))  # fmt: skip
     _print_report(report)
     if json_out:
         json_out.write_text(report.to_json())

@@ -141,7 +141,7 @@ def polars_history(files: Sequence[PathLike], out_dir: PathLike, max_len: int = 
     time, input position) order."""
     df = _events(files)
     df = df.with_columns(_polars_ids(df, [USER, ITEM, CATEGORY])).sort([USER, TIME, POSITION])
-    span = int(df[TIME].max() - df[TIME].min()) + 1 if df.height else 1  # type: ignore[operator]
+    span = (df.select(pl.col(TIME).max() - pl.col(TIME).min()).item() or 0) + 1  # a period longer than the time span
     hist = df.rolling(index_column=TIME, period=f"{span}i", closed="left", group_by=USER).agg(
         pl.col(ITEM).tail(max_len).alias(f"hist_{ITEM}"), pl.col(CATEGORY).tail(max_len).alias(f"hist_{CATEGORY}"))  # fmt: skip
     t = pl.col(TIME).cast(pl.Float64)

@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -230,9 +230,10 @@ def run_sequences_bench(
                 with_history, without = streaming_docs(p, events.lateness if events is not None else 0)
                 bare = loader_seconds(without, shards, work, workers, batch_size, repeat)
                 streamed = loader_seconds(with_history, shards, work, workers, batch_size, repeat)
-                rep.stages += [Stage("loader:no-history", bare, total, mbytes, f"raw shards, shuffle=False, the pipeline without History; median of {repeat}"),
-                               Stage("loader:history", streamed, total, mbytes, f"the same with History (streaming state); {streamed / bare:.2f}x the time "
-                                     "without it")]  # fmt: skip
+                rep.stages += [
+                    Stage("loader:no-history", bare, total, mbytes, f"raw shards, shuffle=False, the pipeline without History; median of {repeat}"),
+                    Stage("loader:history", streamed, total, mbytes, f"the same with History's streaming state: {streamed / bare:.2f}x the time"),
+                ]
             if with_baselines:
                 measure_baselines(kind, local, ours, work, repeat, rep, total, progress)
         report.peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -627,7 +627,8 @@ def _print_report(report) -> None:
         for name, b in rep.baselines.items():
             eq = {True: "output equal", False: "OUTPUT DIFFERS", None: "other hash, same work"}[b["output_equal"]]
             speedup = b["speedup_of_ours"]
-            console.print(f"baseline {name}: {b['rows_per_second']:,.0f} rows/s; ours ({b['versus']}) is {speedup:.2f}x faster ({eq})")
+            cpu = f"; CPU {b['cpu_seconds']:.2f} s" if "cpu_seconds" in b else ""
+            console.print(f"baseline {name}: {b['rows_per_second']:,.0f} rows/s{cpu}; ours ({b['versus']}) is {speedup:.2f}x faster ({eq})")
     console.print(f"peak memory: {report.peak_rss_mb:,.0f} MB")
 
 

@@ -2,7 +2,8 @@
 streaming, beside the obvious polars and DuckDB scripts doing the same work.
 
 The input: ``rows`` events of ``schemas/events.yaml`` in ``files`` shards (``etl generate``), or the shards given.
-Every figure is the median of ``repeat`` runs (after one warm-up run where said). For ``pipelines/events_sequence.yaml``
+Every figure is the median of ``repeat`` runs (after one warm-up run where said), in wall seconds, with the median
+CPU seconds in its note (``Timing``). For ``pipelines/events_sequence.yaml``
 (Decode, Categorify, History of the last 50 items and categories, dense ops):
 
 - ``floor``: bare Parquet read of the schema's columns (``etl.bench.run.measure_floor``);
@@ -32,7 +33,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import polars as pl
 import yaml
@@ -53,26 +54,43 @@ from etl.tools.synth import generate
 HISTORY_COLUMNS = [USER, ITEM, "hist_len", f"hist_{ITEM}"]
 
 
-def median_seconds(fn: Callable[[], object], repeat: int) -> float:
-    """The median wall seconds of ``repeat`` calls of ``fn``."""
-    times = []
+class Timing(NamedTuple):
+    """Median wall seconds and median CPU seconds (this process's threads and the child processes it waited for)
+    of repeated runs; on a machine shared with other jobs the CPU seconds are the steadier figure."""
+
+    wall: float
+    cpu: float
+
+    def note(self, repeat: int) -> str:
+        return f"median of {repeat}; CPU {self.cpu:.2f} s"
+
+
+def _cpu() -> float:
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
+def timed(fn: Callable[[], object], repeat: int) -> Timing:
+    """The ``Timing`` of ``repeat`` calls of ``fn``."""
+    walls, cpus = [], []
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), _cpu()
         fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        walls.append(time.perf_counter() - t0)
+        cpus.append(_cpu() - c0)
+    return Timing(statistics.median(walls), statistics.median(cpus))
 
 
-def process_seconds(command: list[str], out: Path, repeat: int) -> float:
-    """The median wall seconds of ``repeat`` runs of ``command``, a whole process writing into ``out`` (removed
-    before each run, left with the last run's files). RuntimeError with the end of its stderr when it fails."""
+def process_seconds(command: list[str], out: Path, repeat: int) -> Timing:
+    """The ``Timing`` of ``repeat`` runs of ``command``, a whole process writing into ``out`` (removed before each
+    run, left with the last run's files). RuntimeError with the end of its stderr when it fails."""
     def once() -> None:
         shutil.rmtree(out, ignore_errors=True)
         proc = subprocess.run(command, capture_output=True, text=True, env=_child_env())
         if proc.returncode != 0:
             raise RuntimeError(f"{' '.join(command)} failed (exit status {proc.returncode}): {proc.stderr[-2000:]}")
 
-    return median_seconds(once, repeat)
+    return timed(once, repeat)
 
 
 def _read(directory: Path, columns: list[str]) -> pl.DataFrame:
@@ -126,8 +144,8 @@ def streaming_docs(p: Pipeline, lateness: int) -> tuple[dict[str, Any], dict[str
             {**p.doc, "name": f"{p.name}_no_history", "schema": schema, "ops": [op for op in ops if op["op"] != "History"]})  # fmt: skip
 
 
-def loader_seconds(doc: dict[str, Any], shards: list[Location], work: Path, workers: int, batch_size: int, repeat: int) -> float:
-    """The median seconds of an epoch of the loader on ``shards`` (no shuffle, a consumer doing nothing) with the
+def loader_seconds(doc: dict[str, Any], shards: list[Location], work: Path, workers: int, batch_size: int, repeat: int) -> Timing:
+    """The ``Timing`` of an epoch of the loader on ``shards`` (no shuffle, a consumer doing nothing) with the
     pipeline of ``doc`` (fitted and saved into ``work``), after a warm-up epoch."""
     path = work / f"{doc['name']}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -142,7 +160,7 @@ def loader_seconds(doc: dict[str, Any], shards: list[Location], work: Path, work
                 pass
 
         epoch()
-        return median_seconds(epoch, repeat)
+        return timed(epoch, repeat)
     finally:
         loader.close()
 
@@ -154,17 +172,20 @@ def measure_offline(path: Path, shards: list[Location], input_dir: Location, wor
     p = Pipeline.from_file(path)
     out = work / f"ours-{p.name}"
     Pipeline.from_file(path).fit(shards, workers=workers)  # warm-up: compiled kernels, page cache
-    fit = median_seconds(lambda: p.fit(shards, workers=workers), repeat)
-    transforms = []
-    for _ in range(1 + repeat):  # the first run is a warm-up (History's and Groupby's kernels)
+    fit = timed(lambda: p.fit(shards, workers=workers), repeat)
+
+    def transform() -> None:
         shutil.rmtree(out, ignore_errors=True)
-        transforms.append(preprocess(p, shards, out, workers=workers).transform_seconds)
-    transform = statistics.median(transforms[1:])
+        preprocess(p, shards, out, workers=workers)
+
+    transform()  # warm-up: History's and Groupby's kernels
+    ours = timed(transform, repeat)
     proc = process_seconds(preprocess_command(path, input_dir, work / f"process-{p.name}", workers), work / f"process-{p.name}", repeat)
-    rep.stages += [Stage("fit", fit, total, mbytes, f"median of {repeat}"),
-                   Stage("preprocess", transform, total, mbytes, f"offline transform to Parquet, median of {repeat}"),
-                   Stage("fit+preprocess", fit + transform, total, mbytes, "in this process"),
-                   Stage("preprocess:process", proc, total, mbytes, f"etl preprocess, the whole process; median of {repeat}")]  # fmt: skip
+    both = Timing(fit.wall + ours.wall, fit.cpu + ours.cpu)
+    rep.stages += [Stage("fit", fit.wall, total, mbytes, fit.note(repeat)),
+                   Stage("preprocess", ours.wall, total, mbytes, f"offline transform to Parquet; {ours.note(repeat)}"),
+                   Stage("fit+preprocess", both.wall, total, mbytes, f"in this process; CPU {both.cpu:.2f} s"),
+                   Stage("preprocess:process", proc.wall, total, mbytes, f"etl preprocess, the whole process; {proc.note(repeat)}")]  # fmt: skip
     return out
 
 
@@ -172,18 +193,18 @@ def measure_baselines(kind: str, local: list[Path], ours: Path, work: Path, repe
                       progress: Callable[[str], None]) -> None:  # fmt: skip
     """The polars and (where importable) DuckDB scripts of ``kind`` (history or sessions) as processes, their
     outputs checked against ``ours``; into ``rep.baselines``, against ``preprocess:process``."""
-    ours_seconds = next(s.seconds for s in rep.stages if s.name == "preprocess:process")
+    ours_seconds = next(s.seconds for s in rep.stages if s.name == "preprocess:process")  # wall
     same = same_history if kind == "history" else same_sessions
     engines = {"polars": "etl.bench.polars_baselines"} | ({"duckdb": "etl.bench.duckdb_baselines"} if duckdb_baselines.HAS_DUCKDB else {})
     for name, module in engines.items():
         progress(f"{kind}: {name} baseline")
         out = work / f"{name}-{kind}"
-        secs = process_seconds([sys.executable, "-m", module, kind, str(out), *map(str, local)], out, repeat)
+        t = process_seconds([sys.executable, "-m", module, kind, str(out), *map(str, local)], out, repeat)
         why = same(ours, out)
         if why is not None:
             raise RuntimeError(f"the {name} {kind} script's output differs from ours: {why}")
-        rep.baselines[name] = {"seconds": secs, "rows_per_second": total / secs, "speedup_of_ours": secs / ours_seconds, "output_equal": True,
-                               "versus": "etl preprocess process"}  # fmt: skip
+        rep.baselines[name] = {"seconds": t.wall, "cpu_seconds": t.cpu, "rows_per_second": total / t.wall, "speedup_of_ours": t.wall / ours_seconds,
+                               "output_equal": True, "versus": "etl preprocess process"}  # fmt: skip
 
 
 def run_sequences_bench(
@@ -231,8 +252,9 @@ def run_sequences_bench(
                 bare = loader_seconds(without, shards, work, workers, batch_size, repeat)
                 streamed = loader_seconds(with_history, shards, work, workers, batch_size, repeat)
                 rep.stages += [
-                    Stage("loader:no-history", bare, total, mbytes, f"raw shards, shuffle=False, the pipeline without History; median of {repeat}"),
-                    Stage("loader:history", streamed, total, mbytes, f"the same with History's streaming state: {streamed / bare:.2f}x the time"),
+                    Stage("loader:no-history", bare.wall, total, mbytes, f"raw shards, shuffle=False, without History; {bare.note(repeat)}"),
+                    Stage("loader:history", streamed.wall, total, mbytes,
+                          f"the same with History's streaming state: {streamed.wall / bare.wall:.2f}x the time; {streamed.note(repeat)}"),
                 ]
             if with_baselines:
                 measure_baselines(kind, local, ours, work, repeat, rep, total, progress)

@@ -484,7 +484,8 @@ def bench(
         None, help="Pipeline YAMLs, several values or glob patterns (default: the Criteo categorify and hash pipelines)."
     ),
     input: str | None = typer.Option(None, help="Raw shards to measure on (default: generate synthetic ones)."),
-    rows: int = typer.Option(2_000_000, min=1, help="Synthetic rows to generate when no --input is given."),
+    rows: int | None = typer.Option(None, min=1, help="Synthetic rows to generate when no --input is given (default 2,000,000; "
+                                    "--sequences: 1,000,000 events)."),  # fmt: skip
     files: int = typer.Option(8, min=1, help="Synthetic shards to generate."),
     workers: int = typer.Option(2, min=1, help="Worker threads."),
     batch_size: int = typer.Option(65536, min=1, help="Loader batch size."),
@@ -511,9 +512,14 @@ def bench(
     poll_interval: float = typer.Option(0.5, min=0.0, help="--follow: the loader's poll interval and idle flush, seconds."),
     arrivals: str = typer.Option("names", help="--follow: the arrival order: names, or manifest (the producer lists its shards in "
                                  "_arrivals.json)."),  # fmt: skip
+    sequences: bool = typer.Option(False, "--sequences", help="Instead: History and Groupby on synthetic events (schemas/events.yaml; "
+                                   "--rows events, default 1,000,000), offline and streaming, beside polars and DuckDB scripts "
+                                   "(etl.bench.sequences)."),  # fmt: skip
+    repeat: int = typer.Option(3, min=1, help="--sequences: runs per figure (the median is reported)."),
 ) -> None:
     """Measure read floor, every stage, fit, preprocess (also as a whole process), the loader, data wait and baselines
-    in one run; with --follow, the lag, rows/s and stall of a following loader instead."""
+    in one run; with --follow, the lag, rows/s and stall of a following loader instead; with --sequences, History and
+    Groupby on behaviour events."""
     import torch
 
     from etl.bench.report import plot
@@ -527,6 +533,10 @@ def bench(
         settings = FreshnessSettings(rate, shard_rows, duration, poll_interval, batch_size, workers, step_factor, arrivals=arrivals)
         _bench_follow(pipeline, settings, json_out)
         return
+    if sequences:
+        _bench_sequences(input, rows or 1_000_000, files, workers, batch_size, repeat, baselines, json_out)
+        return
+    rows = rows or 2_000_000
     device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
     with user_errors(), err.status("benchmark") as status:
         defaults = [resource_path("pipelines", "criteo.yaml"), resource_path("pipelines", "criteo_hash.yaml")]
@@ -575,6 +585,20 @@ def _bench_follow(pipeline: list[Path] | None, settings: Any, json_out: Path | N
         json_out.write_text(report.to_json())
 
 
+def _bench_sequences(input: str | None, rows: int, files: int, workers: int, batch_size: int, repeat: int, baselines: bool,
+                     json_out: Path | None) -> None:  # fmt: skip
+    """``etl bench --sequences``: the sequence bench (``etl.bench.sequences``)."""
+    from etl.bench.sequences import run_sequences_bench
+
+    with user_errors(), err.status("sequence benchmark") as status:
+        report = run_sequences_bench(input_dir=None if input is None else location(input), rows=rows, files=files, workers=workers,
+                                     batch_size=batch_size, repeat=repeat, run_baselines=baselines,
+                                     progress=lambda msg: status.update(msg))  # fmt: skip
+    _print_report(report)
+    if json_out:
+        json_out.write_text(report.to_json())
+
+
 def _print_report(report) -> None:
     from rich.table import Table
 
@@ -596,13 +620,15 @@ def _print_report(report) -> None:
                           f"{1000 * f.bound:.0f} ms: {'holds' if f.holds else 'MISSED'}; stall {100 * rep.data_wait:.1f} % (waiting for the "
                           "producer included)")  # fmt: skip
             continue
-        console.print(f"data wait with the simulated step: {100 * rep.data_wait:.2f} % (first epoch {100 * rep.data_wait_first_epoch:.2f} %)"
-                      + (f"; with the DLRM step: {100 * rep.model_data_wait:.2f} %" if rep.model_data_wait is not None else "")
-                      + (f"; device placement: {100 * rep.device_data_wait:.2f} %" if rep.device_data_wait is not None else ""))  # fmt: skip
+        if any(s.name == "loader" for s in rep.stages):  # the sequence bench measures no stall
+            console.print(f"data wait with the simulated step: {100 * rep.data_wait:.2f} % (first epoch {100 * rep.data_wait_first_epoch:.2f} %)"
+                          + (f"; with the DLRM step: {100 * rep.model_data_wait:.2f} %" if rep.model_data_wait is not None else "")
+                          + (f"; device placement: {100 * rep.device_data_wait:.2f} %" if rep.device_data_wait is not None else ""))  # fmt: skip
         for name, b in rep.baselines.items():
             eq = {True: "output equal", False: "OUTPUT DIFFERS", None: "other hash, same work"}[b["output_equal"]]
             speedup = b["speedup_of_ours"]
-            console.print(f"baseline {name}: {b['rows_per_second']:,.0f} rows/s; ours ({b['versus']}) is {speedup:.2f}x faster ({eq})")
+            cpu = f"; CPU {b['cpu_seconds']:.2f} s" if "cpu_seconds" in b else ""
+            console.print(f"baseline {name}: {b['rows_per_second']:,.0f} rows/s{cpu}; ours ({b['versus']}) is {speedup:.2f}x faster ({eq})")
     console.print(f"peak memory: {report.peak_rss_mb:,.0f} MB")
 
 

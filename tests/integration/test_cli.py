@@ -105,3 +105,13 @@ def test_a_bad_option_value_is_one_line_and_exit_status_2(raw: Path, tmp_path: P
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert lines[0].startswith("error: ") and fragment in lines[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_bench_sequences_measures_history_and_groupby_on_generated_events(tmp_path: Path) -> None:
+    import json
+
+    out = run_etl("bench", "--sequences", "--rows", 2000, "--files", 2, "--repeat", 1, "--no-baselines", "--json", tmp_path / "seq.json")
+    report = json.loads((tmp_path / "seq.json").read_text())
+    assert report["rows"] == 2000 and report["files"] == 2
+    assert [Path(p["pipeline"]).name for p in report["pipelines"]] == ["events_sequence.yaml", "events_sessions.yaml"]
+    assert "loader:history" in out.stdout and "data wait" not in out.stdout

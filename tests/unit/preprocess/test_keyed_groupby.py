@@ -6,7 +6,6 @@ accounting, quarantine and errors naming the source row; the loader reads the ou
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections import defaultdict
 from pathlib import Path
@@ -21,9 +20,10 @@ import yaml
 from etl.errors import ConfigError, RowError
 from etl.io.files import is_temporary
 from etl.io.npy import ListColumnsError
-from etl.io.processed import StageRows, open_processed, read_manifest
+from etl.io.processed import StageRows, read_manifest
 from etl.pipeline import Pipeline
 from etl.preprocess import preprocess
+from tests.unit.preprocess.test_keyed import digests, outputs, write_shards
 
 SCHEMA = {
     "name": "events",
@@ -66,17 +66,6 @@ def events(n: int, seed: int, sessions: int = 150, span: int = 12, nulls: bool =
     return pa.table(cols)
 
 
-def write_shards(table: pa.Table, directory: Path, cuts: list[int], row_group: int) -> list[Path]:
-    """``table`` cut at ``cuts`` into shards of ``directory`` (name order = row order), row groups of ``row_group``."""
-    directory.mkdir(parents=True)
-    bounds = [0, *cuts, table.num_rows]
-    paths = []
-    for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
-        paths.append(directory / f"s{i:02d}.parquet")
-        pq.write_table(table.slice(a, b - a), paths[-1], row_group_size=row_group)
-    return paths
-
-
 OPS = [{"op": "Decode", "columns": ["item"]}, {"op": "Categorify", "columns": ["item"]}]
 
 
@@ -112,11 +101,6 @@ def item_ids(tmp: Path, shards: list[Path]) -> dict[int, int]:
     return dict(zip(t.column("eid").to_pylist(), t.column("item").to_pylist()))
 
 
-def outputs(out: Path) -> pa.Table:
-    """Every output file's rows, in manifest order."""
-    return pa.concat_tables([pq.read_table(p) for p in open_processed(out).parts])
-
-
 def check(out: Path, table: pa.Table, ids: dict[int, int], max_len: int = 3, min_len: int = 1, label: str = "last",
           kept: set[int] | None = None) -> pa.Table:  # fmt: skip
     """The output holds one row per reference group of at least ``min_len`` events, with its aggregates."""
@@ -142,10 +126,6 @@ def check(out: Path, table: pa.Table, ids: dict[int, int], max_len: int = 3, min
         assert r["eid_list"] == [e["eid"] for e in tail]
         assert (r["eid_first"], r["eid_last"]) == (evs[0]["eid"], evs[-1]["eid"])
     return got
-
-
-def digests(out: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(out.glob("part-*.parquet"))}
 
 
 @pytest.mark.parametrize(("max_len", "min_len"), [(1, 1), (3, 2)])

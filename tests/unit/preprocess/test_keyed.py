@@ -419,3 +419,30 @@ def test_a_timestamp_column_is_the_time_at_full_precision(tmp_path: Path) -> Non
     (tmp_path / "schema.yaml").write_text(yaml.safe_dump(schema))
     with pytest.raises(InputError, match="no whole number of ms"):
         preprocess(Pipeline.from_file(tmp_path / "pipeline.yaml"), shards, tmp_path / "ms", workers=2)
+
+
+def test_changing_only_future_events_moves_no_earlier_history(tmp_path: Path) -> None:
+    """Rows at or before a time t keep their histories when only the events after t change (their prices and
+    items); and no history holds the row itself, an event of its own time or a later one."""
+    table = events(2000, seed=21)
+    ts = table.column("ts").to_numpy()
+    t = int(np.median(ts))
+    future = ts > t
+    rng = np.random.default_rng(5)
+    price = np.where(future, rng.random(len(ts)) * 1e3, table.column("price").to_numpy())
+    item = [f"z{i}" if f else v for i, (f, v) in enumerate(zip(future, table.column("item").to_pylist()))]
+    changed = table.set_column(table.schema.get_field_index("price"), "price", pa.array(price))
+    changed = changed.set_column(changed.schema.get_field_index("item"), "item", pa.array(item))
+    hist = {}
+    for name, t_ in (("a", table), ("b", changed)):
+        (tmp_path / name).mkdir()
+        shards = write_shards(t_, tmp_path / name / "raw", [900], 300)
+        preprocess(make_pipeline(tmp_path / name, columns=["eid", "price"]), shards, tmp_path / name / "out", workers=2)
+        got = outputs(tmp_path / name / "out").to_pylist()
+        hist[name] = {r["eid"]: (r["hist_eid"], r["hist_price"]) for r in got}
+    assert len(hist["a"]) == len(hist["b"]) == 2000 and 0 < future.sum() < 2000
+    assert sum(len(h) for h, _ in hist["a"].values()) > 2000  # histories hold events: the checks below bite
+    for eid in np.flatnonzero(~future).tolist():
+        assert hist["a"][eid] == hist["b"][eid], eid
+    for eid, (earlier, _) in hist["a"].items():
+        assert eid not in earlier and all(ts[e] < ts[eid] for e in earlier)

@@ -46,8 +46,8 @@ Example (``max_len: 2``; user u's rows in time order, the item column already as
     30    4      [8, 9]     2          the latest 2 of [7, 8, 9], oldest first (8 before 9: input order)
 
 Where it runs: ``etl preprocess`` (and ``etl fit``, which fits the other ops on the raw rows: History fits nothing)
-brings each key's rows together and in order (``etl.preprocess.keyed``) and runs the op's state
-(``etl.ops.history_state``) over them. The loader on raw shards (also ``follow=True``) drives the same state as a
+brings each key's rows together and in order (``etl.preprocess.keyed``) and finds each row's history among the rows
+before it (``etl.ops.history_sorted``). The loader on raw shards (also ``follow=True``) drives the same state as a
 streaming state (``stream_specs``, ``etl.loader.stream_state``): it takes the rows in the loader's row order, which
 must then be each key's time order (``shuffle=False``; each epoch starts from an empty state), and:
 
@@ -72,6 +72,7 @@ The output lists hold ids of the listed columns' cardinalities; ``{prefix}len`` 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -84,7 +85,7 @@ from etl.ops.base import InvalidRows, Op
 from etl.ops.categorical import decode_column
 from etl.ops.counts import key_hashes
 from etl.ops.history_state import HistoryState, value_array
-from etl.ops.stream import Carried, StreamInput, StreamSpec, StreamStep
+from etl.ops.stream import Carried, StreamInput, StreamSpec
 from etl.schema import ColumnSpec
 
 #: Batch columns the offline run adds for History (names no schema column can have): the key's hash (uint64;
@@ -101,8 +102,6 @@ DURATION_UNITS = {"ms": 10**6, "s": 10**9, "m": 60 * 10**9, "h": 3600 * 10**9, "
 MAX_LEN = 1 << 16
 #: The largest float32 (a listed number beyond it is invalid).
 FLOAT32_MAX = float(np.finfo(np.float32).max)
-#: Keys an offline state keeps: its input is sorted by key, so the keys evicted are done with (any number is exact).
-OFFLINE_KEYS = 64
 
 
 def _positive_int(name: str, v: Any, low: int = 1, high: int | None = None) -> int:
@@ -302,7 +301,7 @@ class History(Op):
         return [self.state_spec()]
 
     def new_stream_state(self, name: str, max_keys: int | None = None) -> HistoryState:
-        """A new (empty) state; ``max_keys``: the keys it keeps, default the op's (``OFFLINE_KEYS`` serve sorted input)."""
+        """A new (empty) state; ``max_keys``: the keys it keeps, default the op's."""
         spec = self.state_spec()
         if name != spec.name:
             raise ValueError(f"History: no state named {name!r} (its state is {spec.name!r})")
@@ -396,15 +395,15 @@ class History(Op):
             out[c] = Carried(values.astype(np.int64, copy=False), ok)
         return out
 
-    def output_columns(self, step: StreamStep, batch: Batch) -> dict[str, Column]:
-        """The lists and lengths of ``step`` as batch columns: ids in their listed column's dtype, numbers as
+    def output_columns(self, outputs: Mapping[str, np.ndarray], batch: Batch) -> dict[str, Column]:
+        """The lists and lengths of ``outputs`` (as a state's ``advance`` gives them) as batch columns: ids in their listed column's dtype, numbers as
         float32, passthrough values as int64."""
-        lengths = step.outputs[self.length]
+        lengths = outputs[self.length]
         offsets = np.zeros(len(lengths) + 1, np.int64)
         np.cumsum(lengths, out=offsets[1:])
         out = {self.length: Column(lengths)}
         for h, c in zip(self.lists, self.listed):
-            values = step.outputs[h]
+            values = outputs[h]
             values = values.astype(np.int32).view(np.float32) if c in self.numbers else values.astype(batch[c].array.dtype, copy=False)
             out[h] = Column(values, None, offsets)
         return out

@@ -3,8 +3,8 @@ through the ops before History, History's state, the ``min_len`` rule and the op
 
 A partition is transformed in slices of ``SLICE_ROWS`` rows: the label check (History's key and time checked with
 it, ``History.check_sources``) and the ops before History, the check of its listed numbers
-(``History.check_numbers``), History's state (a fresh one per partition: a key's rows all lie in one partition, so
-the histories are exact), the ``min_len`` rule (rows shorter are dropped, counted as removed by History, or
+(``History.check_numbers``), History's lists (``etl.ops.history_sorted``, fresh for each partition: a key's rows all
+lie in one partition, sorted, so the histories are exact), the ``min_len`` rule (rows shorter are dropped, counted as removed by History, or
 quarantined), the ops after it and the output check.
 """
 
@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from etl.io.parquet import batch_from_arrow
-from etl.ops.history import KEY_HASH, OFFLINE_KEYS, RAW_KEY, RAW_TIME, History, HistoryNumbers
-from etl.ops.history_state import HistoryState
+from etl.ops.history import KEY_HASH, RAW_KEY, RAW_TIME, History, HistoryNumbers
+from etl.ops.history_sorted import SortedHistory
 from etl.pipeline import OnError, Pipeline, Rejected, Transformed
 from etl.pipeline.exchange import HASH
 from etl.preprocess.keyed_step import SLICE_ROWS, Sliced
@@ -42,13 +42,14 @@ class HistoryStep:
         return hashes, usable
 
     def transform(self, table: pa.Table, p: int, on_error: OnError) -> Iterator[Sliced]:
-        state = self.op.new_stream_state(self.op.state_spec().name, max_keys=OFFLINE_KEYS)
+        spec = self.op.state_spec()
+        state = SortedHistory([i.column for i in spec.inputs], spec.outputs, self.op.max_len, self.op.ttl)
         for start in range(0, max(table.num_rows, 1), SLICE_ROWS):
             piece = table.slice(start, SLICE_ROWS)
             t, short = self._slice(state, piece, start, p, on_error)
             yield Sliced(piece.num_rows, self.pipeline.to_arrow(t.batch), t.rejected, short)
 
-    def _slice(self, state: HistoryState, piece: pa.Table, start: int, p: int, on_error: OnError) -> tuple[Transformed, int]:
+    def _slice(self, state: SortedHistory, piece: pa.Table, start: int, p: int, on_error: OnError) -> tuple[Transformed, int]:
         """Transform one slice of a sorted partition (``piece``: its rows ``start..``): the transformed batch with
         its rejected rows (their positions in the partition), and the rows ``min_len`` dropped."""
         op, pipeline = self.op, self.pipeline
@@ -57,10 +58,10 @@ class HistoryStep:
         usable = np.asarray(hashes.is_valid().to_numpy(zero_copy_only=False), np.bool_)
         batch = op.with_sources(batch, np.asarray(pc.fill_null(hashes, 0).to_numpy(), np.uint64), usable)
         t = pipeline.run_ops(batch, self.checked, on_error, labels=True, output=False)  # the label check refuses rows without a key or time
-        step = state.advance(op.carried(t.batch), record=False)
-        t.batch = t.batch.with_columns(op.output_columns(step, t.batch))
+        outputs = state.advance(op.carried(t.batch))
+        t.batch = t.batch.with_columns(op.output_columns(outputs, t.batch))
         dropped = 0
-        short = step.outputs[op.length] < op.min_len
+        short = outputs[op.length] < op.min_len
         if short.any():
             if op.on_short == "quarantine":
                 t.rejected.append(Rejected(t.batch.row_ids[short], op.length, f"the history holds fewer than min_len {op.min_len} events"))

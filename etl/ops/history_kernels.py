@@ -116,15 +116,20 @@ def _first_within_ttl(times, s, h, upto, t, ttl):
 
 @_jit
 def _emit(s, h, first, end, vals, out_vals, meta):
-    """Append the values of slot ``s``'s entries ``first`` to ``end`` (from its head ``h``) to ``out_vals`` at
-    ``meta[OUT]``, which moves past them."""
+    """Append the values of slot ``s``'s entries ``first`` to ``end`` (from its head ``h``) to ``out_vals`` (one
+    row per listed column) at ``meta[OUT]``, which moves past them."""
     w = vals.shape[1]
     o = meta[OUT]
-    for j in range(first, end):
-        idx = (h + j) % w
+    idx = h + first  # both below w
+    if idx >= w:
+        idx -= w
+    for _ in range(first, end):
         for c in range(vals.shape[2]):
-            out_vals[o, c] = vals[s, idx, c]
+            out_vals[c, o] = vals[s, idx, c]
         o += 1
+        idx += 1
+        if idx == w:
+            idx = 0
     meta[OUT] = o
 
 
@@ -145,7 +150,7 @@ def advance_rows(in_keys, in_times, in_vals, start, max_len, ttl, lateness, max_
         late = s >= 0 and count[s] > 0 and t < times[s, (head[s] + count[s] - 1) % w]
         if late and times[s, (head[s] + count[s] - 1) % w] - t > lateness:  # no overflow: both are int64, t is smaller
             return r, LATE
-        if meta[OUT] + max_len > len(out_vals):
+        if meta[OUT] + max_len > out_vals.shape[1]:
             return r, NEED_OUT
         if record and (meta[RECORDS] + 2 > len(rec_heads) or meta[RECORD_ENTRIES] + w > len(rec_times)):
             return r, NEED_RECORDS

@@ -66,6 +66,8 @@ from etl.ops.stream import Carried, RowRejected, StateArrays, StreamSpec, Stream
 
 #: Keys the tables hold at first (they double as keys come, up to ``max_keys``).
 _FIRST_SLOTS = 1024
+#: Entries per row the output buffer of a first batch has room for.
+_FIRST_PER_ROW = 4
 
 
 class LateRow(RowRejected):
@@ -103,6 +105,7 @@ class HistoryState(StreamState):
         self.key, self.time, self.columns = key, time, list(columns)
         self.max_len, self.ttl, self.max_keys, self.lateness = max_len, ttl, max_keys, lateness
         self._reset(min(max_keys, _FIRST_SLOTS))
+        self._per_row = min(max_len, _FIRST_PER_ROW)  # output room per row: grows to 5/4 of the most a batch needed
 
     # ------------------------------------------------------------------ tables
     def _reset(self, slots: int) -> None:
@@ -163,7 +166,7 @@ class HistoryState(StreamState):
         for j, c in enumerate(carried[2:]):
             vals[:, j] = c.values
         out_len = np.zeros(n, np.int32)
-        out_vals = np.empty((n * min(self.max_len, 4) + self.max_len, len(self.columns)), np.int64)
+        out_vals = np.empty((len(self.columns), n * self._per_row + self.max_len), np.int64)
         w = 2 * self.max_len
         rec_heads = np.empty((2 * n + 2 if record else 0, 5), np.int64)
         rec_times = np.empty(min(2 * n * w, 4 * n + 2 * w) if record else 0, np.int64)
@@ -184,11 +187,12 @@ class HistoryState(StreamState):
             if why == NEED_SLOTS:
                 self._grow(min(self.max_keys, 2 * len(self.keys)))
             elif why == NEED_OUT:
-                out_vals = _doubled(out_vals)
+                out_vals = _doubled(out_vals, axis=1)
             else:
                 rec_heads, rec_times, rec_vals = _doubled(rec_heads), _doubled(rec_times), _doubled(rec_vals)
         used = int(self.meta[OUT])
-        outputs: dict[str, np.ndarray] = {name: out_vals[:used, j].copy() for j, name in enumerate(self.spec.outputs[:-1])}
+        self._per_row = min(self.max_len, max(self._per_row, -(-used * 5 // (4 * max(n, 1)))))
+        outputs: dict[str, np.ndarray] = {name: out_vals[j, :used] for j, name in enumerate(self.spec.outputs[:-1])}
         outputs[self.spec.outputs[-1]] = out_len
         nrec, nent = int(self.meta[RECORDS]), int(self.meta[RECORD_ENTRIES])
         undo = HistoryUndo(rows, evictions, rec_heads[:nrec].copy(), rec_times[:nent].copy(), rec_vals[:nent].copy())
@@ -284,11 +288,13 @@ def _table_size(slots: int) -> int:
     return 1 << max(4, (2 * slots - 1).bit_length())
 
 
-def _doubled(a: np.ndarray) -> np.ndarray:
-    out = np.empty((2 * len(a) + 16, *a.shape[1:]), a.dtype)
-    out[: len(a)] = a
+def _doubled(a: np.ndarray, axis: int = 0) -> np.ndarray:
+    """``a`` in a new array twice as long (and 16 more) along ``axis``, the rest uninitialised."""
+    shape = list(a.shape)
+    shape[axis] = 2 * shape[axis] + 16
+    out = np.empty(shape, a.dtype)
+    out[tuple(slice(0, n) for n in a.shape)] = a
     return out
-
 
 
 def _undone(state: StateArrays, undo: list[HistoryUndo], columns: list[str]) -> StateArrays:

@@ -251,3 +251,59 @@ def test_eviction_against_an_lru_reference(seed: int) -> None:
             got += advance(state, keys[a:b], times[a:b], values[a:b])[0]
         want, evictions = lru_reference(keys, times, values, 3, max_keys)
         assert got == want and state.evictions == evictions
+
+
+
+def check_no_later_event(keys: np.ndarray, times: np.ndarray, got: dict[int, list[int]], max_len: int) -> None:
+    """Each row's history (``got``: row → the rows its entries are) holds only rows of its key given before it,
+    strictly earlier in time, in time order, at most ``max_len``."""
+    for row, hist in got.items():
+        assert len(hist) <= max_len
+        assert all(e < row and keys[e] == keys[row] and times[e] < times[row] for e in hist)
+        assert [times[e] for e in hist] == sorted(times[e] for e in hist)
+
+
+def late_input(rng: np.random.Generator, n: int, lateness: int) -> tuple[np.ndarray, np.ndarray]:
+    """Keys and times in time order, then about a third of the rows made late by 0 to ``lateness``."""
+    keys = rng.integers(0, int(rng.integers(1, 8)), n).astype(np.uint64)
+    return keys, np.sort(rng.integers(0, 80, n)) - rng.integers(0, lateness + 1, n) * (rng.random(n) < 0.3)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_rows_within_the_lateness_never_see_a_later_event(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    for _ in range(20):
+        n, max_len, lateness = int(rng.integers(1, 300)), int(rng.integers(1, 6)), int(rng.integers(1, 6))
+        keys, times = late_input(rng, n, lateness)
+        op = History(["item"], key="user", time="ts", max_len=max_len, allowed_lateness=lateness)
+        state = op.new_stream_state(op.state_spec().name)
+        cuts = sorted({0, n, *rng.integers(0, n, 3).tolist()})
+        got: list[list[int]] = []
+        for a, b in zip(cuts, cuts[1:]):
+            got += advance(state, keys[a:b], times[a:b], np.arange(a, b))[0]
+        assert len(got) == n
+        check_no_later_event(keys, times, dict(enumerate(got)), max_len)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_row_beyond_the_lateness_is_refused_and_never_seen(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    for _ in range(20):
+        n, max_len = int(rng.integers(1, 200)), int(rng.integers(1, 6))
+        keys, times = late_input(rng, n, 4)
+        op = History(["item"], key="user", time="ts", max_len=max_len, allowed_lateness=1)
+        state = op.new_stream_state(op.state_spec().name)
+        got: dict[int, list[int]] = {}
+        latest: dict[int, int] = {}
+        for row in range(n):
+            k, t = int(keys[row]), int(times[row])
+            try:
+                got[row] = advance(state, keys[row : row + 1], times[row : row + 1], [row])[0][0]
+            except LateRow:
+                assert latest[k] - t > 1
+                continue
+            assert latest.get(k, t) - t <= 1
+            latest[k] = max(latest.get(k, t), t)
+        refused = set(range(n)) - set(got)
+        assert not refused & {e for hist in got.values() for e in hist}
+        check_no_later_event(keys, times, got, max_len)

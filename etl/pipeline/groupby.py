@@ -31,9 +31,10 @@ Groupby does. The rules:
   ========  =========================================  ==================================================
   agg       accepts                                    writes
   ========  =========================================  ==================================================
-  list      single-valued id columns; passthrough      the values of the group's last ``max_len`` events,
-            columns (not lists)                        oldest first: list<id> (the column's cardinality),
-                                                       or a list of the passthrough column's raw type
+  list      single-valued id columns; numbers          the values of the group's last ``max_len`` events,
+            (label, dense); passthrough columns (not   oldest first: list<id> (the column's cardinality),
+            lists)                                     list<float32> of numbers (a missing one: null), or
+                                                       a list of the passthrough column's raw type
   count     any column                                 the group's number of events (all of them, however
                                                        many a list keeps): float32, exact up to 2**24
   first,    id columns (lists too), numbers (label,    the value of the group's first (last) event, typed
@@ -42,9 +43,10 @@ Groupby does. The rules:
   min, max  int64 and float64 columns                  none: missing), in float64, written as float32
   ========  =========================================  ==================================================
 
-  Aggregates of a passthrough column that keep its raw values (list, first, last) are passthrough columns of the
-  output: written, not in loader batches. A group whose float32 aggregate would be NaN, infinite or beyond the
-  float32 range is invalid: its events are quarantined (or the run stops, naming its first event).
+  Aggregates of a passthrough column that keep its raw values (list, first, last) and lists of numbers are
+  passthrough columns of the output: written, not in loader batches (which carry lists of ids only). A group whose
+  float32 aggregate would be NaN, infinite or beyond the float32 range is invalid: its events are quarantined (or
+  the run stops, naming its first event).
 - ``max_len``: the most values a list keeps (1 .. 65,536), required with ``list``. ``min_len`` (default 1):
   groups of fewer events are dropped (counted in the manifest).
 - ``label`` (default ``last``): the schema's label column is in the output under its own name, aggregated so:
@@ -175,7 +177,8 @@ class Groupby:
         if twice:
             raise ValueError(f"Groupby: two output columns are named '{twice[0]}' (the by columns, the label and the {{column}}_{{agg}} columns)")
         raw = [c for c in columns if kinds[c] == "passthrough"]
-        kept = [a.name for a in self.aggregates if a.column in raw and a.agg in ("list", "first", "last")]
+        kept = [a.name for a in self.aggregates
+                if (a.column in raw and a.agg in ("list", "first", "last")) or (a.agg == "list" and kinds[a.column] == "number")]  # fmt: skip
         self.passthrough = [c for c in self.by if c in raw] + kept
 
     @property
@@ -217,9 +220,9 @@ def _check_agg(column: str, agg: str, kind: str, listed: bool, dtype: str | None
         return
     if kind in ("raw", "keys"):
         raise ValueError(f"{where}: column '{column}' holds {kind} values: turn it into ids first (Decode, then Hash or Categorify)")
-    if agg == "list" and (listed or kind == "number"):
-        what = "a list column (lists of lists are not made)" if listed else "a column of numbers"
-        raise ValueError(f"{where}: list takes single-valued ids or passthrough values, and '{column}' is {what}")
+    if agg == "list" and listed:
+        raise ValueError(f"{where}: list takes single-valued ids, numbers or passthrough values, and '{column}' is a list column "
+                         "(lists of lists are not made)")  # fmt: skip
     if agg in NUMERIC and not (kind == "number" or (kind == "passthrough" and dtype in ("int64", "float64") and not listed)):
         raise ValueError(f"{where}: {agg} takes numbers (label, dense, passthrough int64 or float64 columns), and '{column}' holds {kind}")
 

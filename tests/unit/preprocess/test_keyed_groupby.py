@@ -39,7 +39,7 @@ SCHEMA = {
         {"name": "eid", "role": "passthrough", "dtype": "int64"},
     ],
 }
-AGGS = {"item": ["list", "count", "first", "last"], "price": ["sum", "mean", "min", "max"], "tag": ["list"], "w": ["sum"],
+AGGS = {"item": ["list", "count", "first", "last"], "price": ["sum", "mean", "min", "max", "list"], "tag": ["list"], "w": ["sum"],
         "eid": ["list", "first", "last"]}  # fmt: skip
 
 
@@ -121,6 +121,7 @@ def check(out: Path, table: pa.Table, ids: dict[int, int], max_len: int = 3, min
         assert math.isclose(r["price_sum"], f32(sum(prices)), rel_tol=1e-6)
         assert math.isclose(r["price_mean"], f32(sum(prices) / len(prices)), rel_tol=1e-6)
         assert (r["price_min"], r["price_max"]) == (f32(min(prices)), f32(max(prices)))
+        assert r["price_list"] == [f32(e["price"]) for e in tail]
         assert r["tag_list"] == [e["tag"] for e in tail]
         assert math.isclose(r["w_sum"], f32(sum(e["w"] for e in evs)), rel_tol=1e-6)
         assert r["eid_list"] == [e["eid"] for e in tail]

@@ -19,7 +19,8 @@ the row's, the latest ``max_len`` of them, oldest first; and ``{prefix}len`` (in
   in file order): that order decides which events are the latest ``max_len``, and their order in the list. Nothing
   depends on the number of workers or on how the input was cut into shards.
 - ``ttl`` (optional): only events within it: ``row time - ttl <= event time < row time``. An integer in the
-  time's units, or a duration text (``"30d"``, ``"12h"``, ``"15m"``, ``"90s"``, ``"500ms"``, ``"2w"``) with
+  time's units, or a duration text (``"30d"``, ``"12h"``, ``"15m"``, ``"90s"``, ``"500ms"``, ``"250us"``, ``"10ns"``,
+  ``"2w"``) with
   ``time_unit`` (``s``, ``ms``, ``us`` or ``ns``) saying what the time counts (default: the time column's schema
   ``unit``, which ``time_unit`` must then equal).
 - ``columns``: id columns (lists of ids), columns of numbers (label, dense: lists of their float32 values where
@@ -97,7 +98,7 @@ RAW_TIME = "\0history time"
 ON_SHORT = ("drop", "quarantine")
 #: Time units, and the units of duration texts (in nanoseconds).
 TIME_UNITS = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}
-DURATION_UNITS = {"ms": 10**6, "s": 10**9, "m": 60 * 10**9, "h": 3600 * 10**9, "d": 86400 * 10**9, "w": 7 * 86400 * 10**9}
+DURATION_UNITS = {"ns": 1, "us": 10**3, "ms": 10**6, "s": 10**9, "m": 60 * 10**9, "h": 3600 * 10**9, "d": 86400 * 10**9, "w": 7 * 86400 * 10**9}
 #: The most entries a history keeps.
 MAX_LEN = 1 << 16
 #: The largest float32 (a listed number beyond it is invalid).
@@ -133,9 +134,9 @@ def parse_duration(name: str, v: Any, time_unit: Any, low: int) -> int:
     """Parameter ``name`` in the time's units (at least ``low``): an integer as it is, a duration text (``"30d"``)
     through ``time_unit``."""
     if isinstance(v, str):
-        m = re.fullmatch(r"(\d+)(ms|s|m|h|d|w)", v.strip())
+        m = re.fullmatch(r"(\d+)(ns|us|ms|s|m|h|d|w)", v.strip())
         if m is None:
-            raise ValueError(f"History.{name} {v!r}: expected an integer or a duration such as '30d', '12h', '15m', '90s', '500ms', '2w'")
+            raise ValueError(f"History.{name} {v!r}: expected an integer or a duration such as '30d', '12h', '15m', '90s', '500ms', '250us', '2w'")
         if time_unit is None:
             raise ValueError(f"History.{name} {v!r} is a duration: give time_unit ({', '.join(TIME_UNITS)}), what the time column counts")
         nanos = int(m[1]) * DURATION_UNITS[m[2]]

@@ -125,6 +125,9 @@ def test_ttl_durations() -> None:
     assert parse_ttl("30d", "s") == 30 * 86400
     assert parse_ttl("500ms", "us") == 500_000
     assert parse_ttl("2w", "ms") == 14 * 86400 * 1000
+    assert parse_ttl("250us", "ns") == 250_000 and parse_ttl("10ns", "ns") == 10 and parse_ttl("7000us", "ms") == 7
+    with pytest.raises(ValueError, match="not a whole number of ms"):
+        parse_ttl("1500us", "ms")
     assert parse_ttl(90, None) == 90 and parse_ttl(None, None) is None
 
 

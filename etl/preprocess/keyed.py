@@ -148,7 +148,7 @@ def _exchange(run: RunSettings, pipeline: Pipeline, step: KeyedStep, work: Path)
                 return
             table = shard.read_table(i)
             rows, counted = spill_row_group(pipeline, step, table, str(path), index, i, shard.row_group_starts[i])
-            target = work / f"{index:06d}-{i:06d}.parquet"
+            target = work / f"{index:06d}-{i:06d}.arrow"
             write_spilled(target, rows)
             with lock:
                 files.append(target)

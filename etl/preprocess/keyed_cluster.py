@@ -21,9 +21,9 @@ shard and row) stops the run, a task whose workers keep dying is a ``ClusterErro
 A task run again (a worker died) reads or writes the same: the shards are read, the outputs written under
 temporary names and committed by the driver. The shards are read three times (fit, measure, shuffle).
 
-Memory: a transform task holds its partition (at most a quarter of ``--memory-budget``, as in threads) about three
-times (as shuffled, as Arrow, sorted); a worker runs as many at once as it has threads. The shuffle's memory is
-Dask's (P2P: bounded buffers, the rest on disk).
+Memory: a transform task holds its partition (at most ``etl.preprocess.keyed.partition_bytes``, as in threads)
+about three times (as shuffled, as Arrow, sorted); a worker runs as many at once as it has threads. The shuffle's
+memory is Dask's (P2P: bounded buffers, the rest on disk).
 """
 
 from __future__ import annotations

@@ -142,7 +142,7 @@ def spilled(table: pa.Table, kept: np.ndarray, schema: Schema, hashes: np.ndarra
             raise InputError(source, f"the exchange by key holds this column as {f.type}, which cannot take its values: {e}",
                              row_group=group, column=f.name) from None  # fmt: skip
     b = buckets(hashes[kept], usable[kept])
-    order = np.argsort(b, kind="stable")
+    order = np.argsort(b.astype(np.min_scalar_type(BUCKETS - 1)), kind="stable")  # in 16 bits: a radix sort
     taken = kept[order]  # the rows kept, in bucket order (in input order within a bucket)
     rows = pa.Table.from_arrays(arrays, schema=raw).take(from_numpy(taken))
     sizes = np.bincount(b[order], weights=row_bytes(rows), minlength=BUCKETS).astype(np.int64)

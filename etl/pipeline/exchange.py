@@ -12,38 +12,45 @@ sorted, so that an op needing every row of a key in order (History, ``etl.ops.hi
 3. ``read_partition`` reads the rows of one range from every spilled file and sorts them by (key hash, the order
    columns, input position): each key's rows together, in order.
 
-A spilled file holds the schema's columns in their raw-layout types (``etl.io.text.raw_arrow_schema``), then
-``/hash`` (uint64: the key's hash; null for a row whose key is missing or malformed: bucket 0), ``/input``
-(int32: the index of the shard it was read from), ``/group`` (int32: its row group there) and ``/row`` (int64: its
-row number in the shard), in row groups of ``SPILL_ROWS`` rows with statistics (the reader picks the row groups of
-a range by their ``/hash`` statistics). The files are written through a temporary name and a rename; the reader
-checks what it reads (``InputError`` naming the file: other columns, missing positions, rows out of bucket order).
+A spilled file is an Arrow IPC file (uncompressed: written and read back through a memory map at about the speed
+of a copy; its size is about ``row_bytes`` of its rows) holding the schema's columns in their raw-layout types
+(``etl.io.text.raw_arrow_schema``), then ``/hash`` (uint64: the key's hash; null for a row whose key is missing or
+malformed: bucket 0), ``/input`` (int32: the index of the shard it was read from), ``/group`` (int32: its row group
+there) and ``/row`` (int64: its row number in the shard), in record batches of ``SPILL_ROWS`` rows; the schema's
+metadata (``SPANS``) holds the first and last bucket of each batch, so that a reader maps only the batches of a
+range and finds the range's rows in them by binary search. The files are created new (never through a link) in
+the exchange directory, which only this run writes; the reader checks what it reads (``InputError`` naming the
+file: other columns, batches or spans, missing positions, rows out of bucket order or outside their batch's span,
+values that are not valid Arrow data).
 
-Memory: ``read_partition`` holds the partition twice while it sorts (its rows as read, then sorted): about
-``2 * row_bytes`` of its rows.
+Memory: ``read_partition`` holds the partition twice while it sorts (its rows as read, in the page cache through
+the memory maps, then sorted): about ``2 * row_bytes`` of its rows.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
+import pyarrow.ipc as ipc
 
 from etl.errors import InputError
 from etl.io.arrow import from_numpy
-from etl.io.files import atomic_write_parquet
+from etl.io.files import buffered_stream, open_exclusive
 from etl.io.text import raw_arrow_schema
 from etl.schema import Schema
 
 #: Buckets: the top bits of the key hash.
 BUCKET_BITS = 16
 BUCKETS = 1 << BUCKET_BITS
-#: Rows per row group of a spilled file: the granularity at which a partition's rows are found.
+#: Rows per record batch of a spilled file: the granularity at which a partition's rows are found.
 SPILL_ROWS = 8192
+#: The key of a spilled file's schema metadata holding the first and last bucket of each record batch (JSON).
+SPANS = b"etl.exchange.spans"
 #: The columns a spilled file adds to the schema's, with their types.
 HASH, INPUT, GROUP, ROW = "/hash", "/input", "/group", "/row"  # no schema column has a "/" in its name
 POSITION_FIELDS = [pa.field(HASH, pa.uint64()), pa.field(INPUT, pa.int32(), nullable=False), pa.field(GROUP, pa.int32(), nullable=False),
@@ -62,6 +69,13 @@ def buckets(hashes: np.ndarray, usable: np.ndarray) -> np.ndarray:
     b = (hashes >> np.uint64(64 - BUCKET_BITS)).astype(np.int64)
     b[~usable] = 0
     return b
+
+
+def row_buckets(table: pa.Table) -> np.ndarray:
+    """The bucket of each row of a spilled table (``buckets`` of its ``/hash``; a null hash: bucket 0)."""
+    hashes = table.column(HASH)
+    usable = np.asarray(hashes.is_valid().to_numpy(zero_copy_only=False), np.bool_)
+    return buckets(np.asarray(pc.fill_null(hashes, 0).to_numpy(), np.uint64), usable)
 
 
 def row_bytes(table: pa.Table) -> np.ndarray:
@@ -100,8 +114,15 @@ def spill(path: Path, table: pa.Table, kept: np.ndarray, schema: Schema, hashes:
 
 
 def write_spilled(path: Path, rows: pa.Table) -> None:
-    """Write ``rows`` (as ``spilled`` gives them) to the spilled file ``path`` (a temporary name, then a rename)."""
-    atomic_write_parquet(rows, path, row_group_size=SPILL_ROWS, compression="lz4")
+    """Write ``rows`` (as ``spilled`` gives them: in bucket order) to the new spilled file ``path``."""
+    b = row_buckets(rows)
+    batches = [x for x in rows.to_batches(max_chunksize=SPILL_ROWS) if x.num_rows]
+    ends = np.cumsum([x.num_rows for x in batches], dtype=np.int64)
+    spans = [[int(b[end - x.num_rows]), int(b[end - 1])] for x, end in zip(batches, ends)]
+    schema = rows.schema.with_metadata({SPANS: json.dumps(spans).encode()})
+    with buffered_stream(open_exclusive(path)) as f, ipc.new_file(f, schema) as writer:
+        for x in batches:
+            writer.write_batch(x)
 
 
 def spilled(table: pa.Table, kept: np.ndarray, schema: Schema, hashes: np.ndarray, usable: np.ndarray, source: str, input_index: int,
@@ -120,14 +141,14 @@ def spilled(table: pa.Table, kept: np.ndarray, schema: Schema, hashes: np.ndarra
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
             raise InputError(source, f"the exchange by key holds this column as {f.type}, which cannot take its values: {e}",
                              row_group=group, column=f.name) from None  # fmt: skip
-    rows = pa.Table.from_arrays(arrays, schema=raw).take(from_numpy(kept))
-    hashes, usable = hashes[kept], usable[kept]
-    b = buckets(hashes, usable)
-    sizes = np.bincount(b, weights=row_bytes(rows), minlength=BUCKETS).astype(np.int64)
-    positions = [from_numpy(hashes, pa.uint64(), usable), from_numpy(np.full(len(kept), input_index, np.int32)),
-                 from_numpy(np.full(len(kept), group, np.int32)), from_numpy(kept + first_row)]  # fmt: skip
-    out = pa.Table.from_arrays([*rows.columns, *positions], schema=spill_schema(schema))
-    return out.take(from_numpy(np.argsort(b, kind="stable"))), sizes
+    b = buckets(hashes[kept], usable[kept])
+    order = np.argsort(b.astype(np.min_scalar_type(BUCKETS - 1)), kind="stable")  # in 16 bits: a radix sort
+    taken = kept[order]  # the rows kept, in bucket order (in input order within a bucket)
+    rows = pa.Table.from_arrays(arrays, schema=raw).take(from_numpy(taken))
+    sizes = np.bincount(b[order], weights=row_bytes(rows), minlength=BUCKETS).astype(np.int64)
+    positions = [from_numpy(hashes[taken], pa.uint64(), usable[taken]), from_numpy(np.full(len(kept), input_index, np.int32)),
+                 from_numpy(np.full(len(kept), group, np.int32)), from_numpy(taken + first_row)]  # fmt: skip
+    return pa.Table.from_arrays([*rows.columns, *positions], schema=spill_schema(schema)), sizes
 
 
 def plan(sizes: np.ndarray, target: int) -> list[tuple[int, int]]:
@@ -158,38 +179,50 @@ def read_partition(files: Sequence[Path], lo: int, hi: int, schema: Schema, inpu
 def sort_partition(table: pa.Table, order: Sequence[str]) -> pa.Table:
     """The spilled rows ``table`` sorted by ``/hash`` (a missing one first), the columns ``order`` (ascending,
     missing values first), ``/input`` and ``/row``: the order of ``read_partition``."""
-    keys = [(c, "ascending", "at_start") for c in (HASH, *order, INPUT, ROW)]
-    return table.take(pc.sort_indices(table, sort_keys=keys))
+    columns = [HASH, *order, INPUT, ROW]
+    keys = [(c, "ascending", "at_start") for c in columns]
+    return table.take(pc.sort_indices(table.select(columns).combine_chunks(), sort_keys=keys))  # keys in one chunk: a faster sort
 
 
 def _read_range(path: Path, lo: int, hi: int, expected: pa.Schema, inputs: int) -> pa.Table:
-    """The rows of buckets [lo, hi) of the spilled file at ``path``, checked."""
+    """The rows of buckets [lo, hi) of the spilled file at ``path``, checked: the record batches whose span meets
+    the range, memory-mapped, then the rows of the range among them (they are in bucket order)."""
     try:
-        f = pq.ParquetFile(path)
-        if not f.schema_arrow.equals(expected):
-            raise InputError(str(path), f"columns {f.schema_arrow.names}, expected {expected.names} (not a spilled file of this run)")
-        md = f.metadata
-        index = expected.get_field_index(HASH)
-        groups = []
-        for i in range(md.num_row_groups):
-            if not md.row_group(i).num_rows:
-                continue
-            stats = md.row_group(i).column(index).statistics
-            if stats is None:
-                raise InputError(str(path), "a spilled file without statistics of its hashes", row_group=i)
-            nulls = stats.null_count > 0 if stats.has_null_count else True
-            if (lo == 0 and nulls) or (stats.has_min_max and (stats.max >> (64 - BUCKET_BITS)) >= lo and (stats.min >> (64 - BUCKET_BITS)) < hi):
-                groups.append(i)
-        table = f.read_row_groups(groups) if groups else expected.empty_table()
+        reader = ipc.open_file(pa.memory_map(str(path)))
+        if not reader.schema.equals(expected):
+            raise InputError(str(path), f"columns {reader.schema.names}, expected {expected.names} (not a spilled file of this run)")
+        spans = _spans(path, reader.schema.metadata, reader.num_record_batches)
+        picked = [i for i, (first, last) in enumerate(spans) if last >= lo and first < hi]
+        batches = [reader.get_batch(i) for i in picked]
+        for x in batches:
+            x.validate(full=True)
     except (OSError, pa.ArrowException) as e:
         raise InputError(str(path), f"cannot read: {e}") from None
-    hashes = table.column(HASH)
-    usable = np.asarray(hashes.is_valid().to_numpy(zero_copy_only=False), np.bool_)
-    b = buckets(np.asarray(pc.fill_null(hashes, 0).to_numpy(), np.uint64), usable)
-    if np.any(b[1:] < b[:-1]):
+    table = pa.Table.from_batches(batches, schema=expected)
+    b = row_buckets(table)
+    ends = np.cumsum([x.num_rows for x in batches], dtype=np.int64)
+    starts = ends - [x.num_rows for x in batches]
+    within = all(spans[i][0] <= b[s] and b[e - 1] <= spans[i][1] for i, s, e in zip(picked, starts, ends) if e > s)
+    if np.any(b[1:] < b[:-1]) or not within:
         raise InputError(str(path), "rows out of bucket order (not a spilled file of this run)")
+    start, end = (int(i) for i in np.searchsorted(b, [lo, hi]))
+    table = table.slice(start, end - start)
     shard, group, row = (table.column(c) for c in (INPUT, GROUP, ROW))
     lowest = [pc.min(c).as_py() for c in (shard, group, row)] if table.num_rows else [0, 0, 0]
     if shard.null_count or group.null_count or row.null_count or min(lowest) < 0 or (table.num_rows and pc.max(shard).as_py() >= inputs):
         raise InputError(str(path), f"rows without a position in the {inputs} input shards (not a spilled file of this run)")
-    return table.filter(from_numpy((b >= lo) & (b < hi)))
+    return table
+
+
+def _spans(path: Path, metadata: dict[bytes, bytes] | None, batches: int) -> list[tuple[int, int]]:
+    """The first and last bucket of each of the ``batches`` record batches of the spilled file ``path``, from its
+    schema's ``metadata``, checked: one span per batch, each within the buckets, in order."""
+    try:
+        spans = [(int(first), int(last)) for first, last in json.loads((metadata or {})[SPANS])]
+    except (KeyError, ValueError, TypeError) as e:
+        raise InputError(str(path), f"no spans of its record batches ({e!r}; not a spilled file of this run)") from None
+    bounds = [b for span in spans for b in span]
+    if len(spans) != batches or any(b < 0 or b >= BUCKETS for b in bounds) or any(x > y for x, y in zip(bounds, bounds[1:])):
+        raise InputError(str(path), f"spans of its record batches that do not fit its {batches} batches of rows in bucket order "
+                                    "(not a spilled file of this run)")  # fmt: skip
+    return spans

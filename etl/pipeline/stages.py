@@ -37,7 +37,7 @@ Scopes (``scope``):
   exchange before it (``etl.pipeline.exchange``, driven by ``etl.preprocess.keyed``, the exchange History runs on
   too). Each row group's rows (after the row-scope stages) are spilled with a hash of the key and their input
   position (shard index in input order, row number in the file); the hash buckets are cut into partitions by the
-  bytes of their rows (at most a quarter of ``--memory-budget`` each, whatever the shards or workers); each
+  bytes of their rows (at most 16 MiB each, or a quarter of ``--memory-budget`` when less, whatever the shards or workers); each
   partition is read whole and sorted by (key hash, key values, order columns, input position), so a key's rows are
   together and in order, and results depend neither on shard cuts nor on worker count. A key-scope stage needs
   the events' transformed values (ids from vocabularies fitted on the events), so it is written as the last entry

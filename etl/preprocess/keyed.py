@@ -7,8 +7,8 @@
    rows spilled, with their key's hash (``KeyedStep.key_hashes``) and input position (shard index in input order,
    row number in the file), to a temporary directory inside the output directory (the system's temporary
    directory for an output in object storage), removed when the run ends, however it ends. The buckets are then
-   cut into partitions of at most a quarter of the memory budget (``--memory-budget``) each, by the bytes of their
-   rows.
+   cut into partitions by the bytes of their rows: at most ``PARTITION_BYTES`` (16 MiB) each, so that the workers
+   share the transform of a few million rows, or a quarter of the memory budget (``--memory-budget``) when less.
 3. Transform: each partition is read whole, sorted by (key hash, the step's order columns, input position) and
    given to the step (``etl.preprocess.keyed_step``: History's in ``etl.preprocess.keyed_history``, Groupby's in
    ``etl.preprocess.keyed_groupby``), which runs the ops over it and yields the output slice by slice. Partition
@@ -17,17 +17,17 @@
 
 Memory: a partition being sorted is held about twice (``etl.pipeline.exchange``); a thread takes a partition only
 while the partitions in progress stay within the budget (or none is in progress), so a run holds at most the
-budget, whatever ``workers``; a partition holds at least one key's rows (a key larger than a quarter of the
-budget is a partition of its own).
+budget, whatever ``workers``; a partition holds at least one key's rows (a key larger than a partition's bytes is a
+partition of its own).
 
-The output: rows in the order of the partitions (key hash ranges ascending), each partition in its sort order, so
-the output files taken in order hold the rows (History) or groups (Groupby) by key hash, then order, whatever the
-number of partitions, workers or shards; the same bytes for any number of workers and any cut of the same rows
-into shards (the partitions depend on the rows and the budget only). Each manifest entry describes a partition:
-its ``source`` is ``<exchange by key 'K': partition p of P>`` (no single shard: ``source_bytes`` is 0),
+The output: rows in the order of the partitions (key hash ranges ascending), each partition in its sort order, so the
+output files taken in order hold the rows (History) or groups (Groupby) by key hash, then order, whatever the number
+of partitions, workers or shards; the same bytes for any number of workers and any cut of the same rows into shards
+(the partitions depend on the rows and the budget only, never on the workers). Each manifest entry describes a
+partition: its ``source`` is ``<exchange by key 'K': partition p of P>`` (no single shard: ``source_bytes`` is 0),
 ``rows_in`` counts the rows read whose key falls in it, and its stages list the row-scope stages' rows in and out,
-then the step's: the rows that reached the exchange, and those it passed on (written or quarantined; Groupby's
-also count ``groups_dropped``). Its quarantine file holds the rejected rows in their raw-layout types
+then the step's: the rows that reached the exchange, and those it passed on (written or quarantined; Groupby's also
+count ``groups_dropped``). Its quarantine file holds the rejected rows in their raw-layout types
 (``etl.io.text.raw_arrow_schema``) with ``_source`` (the shard), ``_row``, ``_column`` and ``_reason``, ordered by
 shard and row; errors name the shard, row group and row.
 
@@ -64,7 +64,10 @@ from etl.preprocess.output import previous_run, save_artifacts
 from etl.preprocess.run import RunSettings, Summary  # it imports this module when it runs
 from etl.runtime.workers import run_workers
 
-#: A partition holds at most this fraction of the memory budget (a thread holds it about twice while sorting).
+#: A partition holds at most this many bytes of rows (``row_bytes``), so that several workers share the transform
+#: of a few million rows; and ...
+PARTITION_BYTES = 16 << 20
+#: ... at most this fraction of the memory budget (a thread holds it about twice while sorting).
 PARTITION_FRACTION = 0.25
 
 
@@ -94,6 +97,12 @@ def check_keyed(pipeline: Pipeline, formats: tuple[str, ...]) -> bool:
     return True
 
 
+def partition_bytes(memory_budget: int) -> int:
+    """The most bytes of rows (``etl.pipeline.exchange.row_bytes``) a partition holds with ``memory_budget``:
+    ``PARTITION_BYTES``, or ``PARTITION_FRACTION`` of the budget when that is less."""
+    return max(1, min(PARTITION_BYTES, int(memory_budget * PARTITION_FRACTION)))
+
+
 def preprocess_keyed(run: RunSettings, pipeline: Pipeline, artifacts: Location | None, memory_budget: int) -> Summary:
     """``etl preprocess`` of ``pipeline`` (which has a keyed step), with ``run.out_dir`` locked (see the module
     docstring)."""
@@ -113,7 +122,7 @@ def preprocess_keyed(run: RunSettings, pipeline: Pipeline, artifacts: Location |
     previous, _ = previous_run(run.out_dir)
     sha = save_artifacts(pipeline, run.out_dir)
     t1 = time.perf_counter()
-    target = max(1, int(memory_budget * PARTITION_FRACTION))
+    target = partition_bytes(memory_budget)
     if run.client is not None:
         from etl.preprocess.keyed_cluster import transform_on_cluster  # Dask is imported only for a cluster
 
@@ -148,7 +157,7 @@ def _exchange(run: RunSettings, pipeline: Pipeline, step: KeyedStep, work: Path)
                 return
             table = shard.read_table(i)
             rows, counted = spill_row_group(pipeline, step, table, str(path), index, i, shard.row_group_starts[i])
-            target = work / f"{index:06d}-{i:06d}.parquet"
+            target = work / f"{index:06d}-{i:06d}.arrow"
             write_spilled(target, rows)
             with lock:
                 files.append(target)

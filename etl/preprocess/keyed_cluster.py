@@ -21,9 +21,9 @@ shard and row) stops the run, a task whose workers keep dying is a ``ClusterErro
 A task run again (a worker died) reads or writes the same: the shards are read, the outputs written under
 temporary names and committed by the driver. The shards are read three times (fit, measure, shuffle).
 
-Memory: a transform task holds its partition (at most a quarter of ``--memory-budget``, as in threads) about three
-times (as shuffled, as Arrow, sorted); a worker runs as many at once as it has threads. The shuffle's memory is
-Dask's (P2P: bounded buffers, the rest on disk).
+Memory: a transform task holds its partition (at most ``etl.preprocess.keyed.partition_bytes``, as in threads)
+about three times (as shuffled, as Arrow, sorted); a worker runs as many at once as it has threads. The shuffle's
+memory is Dask's (P2P: bounded buffers, the rest on disk).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from etl.io.fs import Location
 from etl.io.parquet import open_shard
 from etl.io.processed import ARTIFACTS, QUARANTINE, ManifestEntry, StageRows, part_path
 from etl.pipeline import Pipeline
-from etl.pipeline.exchange import HASH, INPUT, ROW, buckets, plan, sort_partition, spill_schema
+from etl.pipeline.exchange import INPUT, ROW, plan, row_buckets, sort_partition, spill_schema
 from etl.preprocess.keyed_partition import BucketCounts, KeyedJob, PartitionCommits, spill_row_group, write_partition
 from etl.preprocess.keyed_step import KeyedStep
 from etl.preprocess.shard import WrittenShard
@@ -139,7 +139,7 @@ def spill_frame(artifacts: Location, sha: str, run: str, starts: np.ndarray, ite
     pieces = [spill_row_group(pipeline, step, shard.read_table(i), str(path), index, i, shard.row_group_starts[i])[0]
               for i in range(shard.num_row_groups)]  # fmt: skip
     table = pa.concat_tables(pieces) if pieces else spill_schema(pipeline.schema).empty_table()
-    return _frame(table, np.searchsorted(starts, _buckets(table), side="right") - 1)
+    return _frame(table, np.searchsorted(starts, row_buckets(table), side="right") - 1)
 
 
 def partition_task(artifacts: Location, sha: str, run: str, job: KeyedJob, frame: pd.DataFrame,
@@ -165,13 +165,6 @@ def _step(pipeline: Pipeline) -> KeyedStep:
     return step
 
 
-def _buckets(table: pa.Table) -> np.ndarray:
-    """The bucket of each spilled row."""
-    hashes = table.column(HASH)
-    usable = np.asarray(hashes.is_valid().to_numpy(zero_copy_only=False), np.bool_)
-    return buckets(np.asarray(pc.fill_null(hashes, 0).to_numpy(), np.uint64), usable)
-
-
 def _frame(table: pa.Table, part: np.ndarray) -> pd.DataFrame:
     """Spilled rows (``table``) with their partitions as a pandas DataFrame with Arrow dtypes."""
     import pandas as pd
@@ -190,7 +183,7 @@ def _partition_table(frame: pd.DataFrame, schema: Schema, p: int, lo: int, hi: i
         table = pa.Table.from_pandas(frame, schema=expected_schema, preserve_index=False).replace_schema_metadata(None)
     except (pa.ArrowException, KeyError) as e:
         raise RuntimeError(f"{where}: not the spilled rows of this run ({e})") from None
-    b = _buckets(table)
+    b = row_buckets(table)
     if table.num_rows != expected or np.any((b < lo) | (b >= hi)):
         raise RuntimeError(f"{where}: {table.num_rows} rows, of buckets {int(b.min(initial=lo))}..{int(b.max(initial=lo))}; "
                            f"expected {expected} of buckets {lo}..{hi - 1}")  # fmt: skip

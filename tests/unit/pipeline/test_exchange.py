@@ -3,16 +3,19 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
 
 from etl.errors import InputError
 from etl.io.text import raw_arrow_schema
-from etl.pipeline.exchange import BUCKET_BITS, BUCKETS, HASH, INPUT, ROW, buckets, plan, read_partition, row_bytes, spill
+from etl.pipeline import exchange
+from etl.pipeline.exchange import BUCKET_BITS, BUCKETS, HASH, INPUT, ROW, SPANS, SPILL_ROWS, buckets, plan, read_partition, row_bytes, spill
 from etl.schema import parse_schema
 
 SCHEMA = parse_schema({"name": "e", "columns": [{"name": "k", "role": "categorical", "dtype": "int64"},
@@ -34,17 +37,21 @@ def rows(n: int, seed: int) -> tuple[pa.Table, np.ndarray, np.ndarray]:
     return table, hashes, usable
 
 
-def test_partitions_hold_every_row_once_sorted(tmp_path: Path) -> None:
+@pytest.mark.parametrize("batch", [SPILL_ROWS, 16])
+def test_partitions_hold_every_row_once_sorted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, batch: int) -> None:
+    monkeypatch.setattr(exchange, "SPILL_ROWS", batch)  # 16: a partition reads some of a file's batches
     files, total = [], np.zeros(BUCKETS, np.int64)
     for i, n in enumerate([300, 0, 500]):
         table, hashes, usable = rows(n, i)
         kept = np.arange(0, n, 2, dtype=np.int64)  # a stage removed the odd rows
-        files.append(tmp_path / f"{i}.parquet")
+        files.append(tmp_path / f"{i}.arrow")
         sizes = spill(files[-1], table, kept, SCHEMA, hashes, usable, f"shard{i}", i, 3, 1000)
         assert sizes.sum() == row_bytes(table.cast(raw_arrow_schema(SCHEMA)).take(kept)).sum()
         total += sizes
     ranges = plan(total, 2000)
     assert len(ranges) > 3 and ranges[0][0] == 0 and ranges[-1][1] == BUCKETS
+    for path, n in zip(files, [300, 0, 500]):
+        assert ipc.open_file(path).num_record_batches == -(-n // 2 // batch)
     got = [read_partition(files, lo, hi, SCHEMA, 3, ["t"]) for lo, hi in ranges]
     whole = pa.concat_tables(got)
     assert whole.num_rows == 400 and sorted(zip(whole.column(INPUT).to_pylist(), whole.column(ROW).to_pylist())) == sorted(
@@ -79,27 +86,60 @@ def test_buckets_are_the_top_bits() -> None:
     assert buckets(h, np.array([True, True, False])).tolist() == [0, BUCKETS - 1, 0]
 
 
+def write_ipc(path: Path, table: pa.Table, metadata: dict[bytes, bytes] | None = None, chunk: int = SPILL_ROWS) -> Path:
+    with ipc.new_file(str(path), table.schema.with_metadata(metadata or {})) as w:
+        w.write_table(table, max_chunksize=chunk)
+    return path
+
+
 def test_a_file_that_is_not_a_spilled_one_is_refused(tmp_path: Path) -> None:
     table, hashes, usable = rows(100, 2)
-    good = tmp_path / "good.parquet"
+    good = tmp_path / "good.arrow"
     spill(good, table, np.arange(100), SCHEMA, hashes, usable, "shard", 0, 0, 0)
-    spilled = pq.read_table(good)
-    other = tmp_path / "other.parquet"
-    pq.write_table(table, other)
-    with pytest.raises(InputError, match="not a spilled file"):
-        read_partition([other], 0, BUCKETS, SCHEMA, 1, [])
-    shuffled = tmp_path / "shuffled.parquet"
-    pq.write_table(spilled.take(np.arange(100)[::-1].copy()), shuffled)
-    with pytest.raises(InputError, match="bucket order"):
-        read_partition([shuffled], 0, BUCKETS, SCHEMA, 1, [])
+    spilled = ipc.open_file(good).read_all()
+    spans, b = spilled.schema.metadata, buckets_of(spilled)
+    assert json.loads(spans[SPANS]) == [[int(b[0]), int(b[-1])]]  # the first and last bucket of its one batch
+    cases = {  # a file, what the error says
+        "other columns": (write_ipc(tmp_path / "other.arrow", table, spans), "columns .*not a spilled file"),
+        "Parquet": (tmp_path / "good.parquet", "cannot read"),
+        "no spans": (write_ipc(tmp_path / "bare.arrow", spilled.replace_schema_metadata(None)), "no spans"),
+        "spans of other batches": (write_ipc(tmp_path / "batches.arrow", spilled, spans, chunk=30), "do not fit its 4 batches"),
+        "spans out of order": (write_ipc(tmp_path / "spans.arrow", spilled, {SPANS: b"[[9, 3]]"}), "do not fit"),
+        "rows out of order": (write_ipc(tmp_path / "shuffled.arrow", spilled.take(np.arange(100)[::-1].copy()), spans), "bucket order"),
+        "rows outside the span": (write_ipc(tmp_path / "outside.arrow", spilled, {SPANS: b"[[0, 0]]"}), "bucket order"),
+    }
+    pq.write_table(spilled, tmp_path / "good.parquet")
+    for name, (path, message) in cases.items():
+        with pytest.raises(InputError, match=message) as e:
+            read_partition([path], 0, BUCKETS, SCHEMA, 1, [])
+        assert str(path) in str(e.value), name
     with pytest.raises(InputError, match="input shards"):
         read_partition([good], 0, BUCKETS, SCHEMA, 0, [])
-    (tmp_path / "cut.parquet").write_bytes(good.read_bytes()[:-10])
+    (tmp_path / "cut.arrow").write_bytes(good.read_bytes()[:-10])
     with pytest.raises(InputError, match="cannot read"):
-        read_partition([tmp_path / "cut.parquet"], 0, BUCKETS, SCHEMA, 1, [])
+        read_partition([tmp_path / "cut.arrow"], 0, BUCKETS, SCHEMA, 1, [])
+
+
+def test_values_that_are_no_valid_arrow_data_are_refused(tmp_path: Path) -> None:
+    """The offsets of a text column going back (a value of negative length): refused at the door, not read."""
+    table, hashes, usable = rows(10, 3)
+    good = tmp_path / "good.arrow"
+    spill(good, table, np.arange(10), SCHEMA, hashes, usable, "shard", 0, 0, 0)
+    spilled = ipc.open_file(good).read_all()
+    offsets = np.arange(0, 22, 2, dtype=np.int32)  # ten values "ab"
+    offsets[1] = 6
+    broken = pa.Array.from_buffers(pa.string(), 10, [None, pa.py_buffer(offsets), pa.py_buffer(b"ab" * 10)])
+    path = write_ipc(tmp_path / "broken.arrow", spilled.set_column(2, "s", broken), spilled.schema.metadata)
+    with pytest.raises(InputError, match="cannot read"):
+        read_partition([path], 0, BUCKETS, SCHEMA, 1, [])
+
+
+def buckets_of(table: pa.Table) -> np.ndarray:
+    hashes = table.column(HASH)
+    return buckets(np.asarray(hashes.fill_null(0).to_numpy(), np.uint64), np.asarray(hashes.is_valid()))
 
 
 def test_values_the_raw_layout_cannot_hold_name_the_shard(tmp_path: Path) -> None:
     table = pa.table({"k": pa.array([2**63], pa.uint64()), "t": [1], "s": ["a"], "g": pa.array([["x"]])})
     with pytest.raises(InputError, match="shard7.*row group 2.*column 'k'"):
-        spill(tmp_path / "x.parquet", table, np.arange(1), SCHEMA, np.zeros(1, np.uint64), np.ones(1, np.bool_), "shard7", 0, 2, 0)
+        spill(tmp_path / "x.arrow", table, np.arange(1), SCHEMA, np.zeros(1, np.uint64), np.ones(1, np.bool_), "shard7", 0, 2, 0)

@@ -22,7 +22,7 @@ from etl.io.files import is_temporary
 from etl.io.npy import ListColumnsError
 from etl.io.processed import MANIFEST, StageRows, open_processed, read_manifest
 from etl.pipeline import Pipeline
-from etl.preprocess import preprocess
+from etl.preprocess import keyed, preprocess
 
 SCHEMA = {
     "name": "events",
@@ -172,6 +172,24 @@ def test_same_bytes_for_shards_cut_differently(tmp_path: Path) -> None:
         preprocess(make_pipeline(tmp_path), write_shards(table, tmp_path / name, at, group), out, workers=2)
         seen.append((digests(out), read_manifest(out).totals))
     assert seen[0] == seen[1] == seen[2]
+
+
+def test_partitions_are_cut_at_a_fixed_size_or_a_quarter_of_a_smaller_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Partitions hold at most ``PARTITION_BYTES`` of rows, whatever a budget above four times that (so that the
+    workers share the transform of a few million rows); at most a quarter of a smaller budget."""
+    assert keyed.partition_bytes(1 << 40) == keyed.PARTITION_BYTES and keyed.partition_bytes(4 << 20) == 1 << 20
+    assert keyed.partition_bytes(0) == 1
+    monkeypatch.setattr(keyed, "PARTITION_BYTES", 48 << 10)
+    table = events(3000, seed=4)
+    shards = write_shards(table, tmp_path / "raw", [1200], 500)
+    runs = []
+    for budget in ("1G", "64G", "96K"):
+        out = tmp_path / f"out-{budget}"
+        summary = preprocess(make_pipeline(tmp_path), shards, out, workers=2, memory_budget=budget)
+        check(out, table, 3)
+        runs.append((summary.files, digests(out)))
+    assert runs[0] == runs[1] and runs[0][0] > 1
+    assert runs[2][0] > runs[0][0]  # a quarter of 96K is less than 48K
 
 
 def test_no_rows(tmp_path: Path) -> None:

@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -338,36 +339,41 @@ class TargetEncode(Op):
         if not ((keys[:-1] < keys[1:]) | ((keys[:-1] == keys[1:]) & (folds[:-1] < folds[1:]))).all():
             raise bad("entries not ordered by key then fold, each once")
         units = _units(sums, bad)
-        fold_counts, fold_units = self._totals(totals, bad)
+        fold_counts, fold_units = self._totals(name, totals)
         summed = (_fold_sums(folds, counts, self.kfold), _fold_sums(folds, units, self.kfold))
         if not (np.array_equal(summed[0], fold_counts) and np.array_equal(summed[1], fold_units)):
             raise bad("the entries of a fold do not add up to the fold's totals")
         return FoldStats(keys, folds, counts, units, fold_counts, fold_units, 0)
 
-    def _totals(self, totals: Any, bad: Any) -> tuple[np.ndarray, np.ndarray]:
-        """The fold totals of the JSON state: kfold row counts (integers >= 0) and target sums."""
+    def _totals(self, name: str, totals: Any) -> tuple[np.ndarray, np.ndarray]:
+        """The fold totals of column ``name`` in the JSON state: kfold row counts (integers >= 0) and target sums
+        (``InvalidState`` naming no table otherwise: the JSON state is at fault)."""
+
+        def bad(problem: str) -> InvalidState:
+            return InvalidState(f"TargetEncode: fold totals of '{name}': {problem}")
+
         if not isinstance(totals, dict) or set(totals) != {"count", "sum"}:
-            raise bad(f"fold totals {totals!r:.100}, expected {{count: [...], sum: [...]}}")
+            raise bad(f"{totals!r:.100}, expected {{count: [...], sum: [...]}}")
         count, total = totals["count"], totals["sum"]
         if not isinstance(count, list) or len(count) != self.kfold or not all(type(c) is int and c >= 0 for c in count):
-            raise bad(f"fold counts {count!r:.100}, expected {self.kfold} integers >= 0")
+            raise bad(f"counts {count!r:.100}, expected {self.kfold} integers >= 0")
         if not isinstance(total, list) or len(total) != self.kfold or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in total):
-            raise bad(f"fold sums {total!r:.100}, expected {self.kfold} numbers")
+            raise bad(f"sums {total!r:.100}, expected {self.kfold} numbers")
         return np.array(count, np.int64), _units(np.array(total, np.float64), bad)
 
 
 def _group(entry: Any) -> tuple[str, ...]:
-    """One entry of ``columns``: a column name, or a list of two or more names (a cross)."""
+    """One entry of ``columns``: a column name, or a list of names (two or more: a cross)."""
     if isinstance(entry, str) and entry:
         return (entry,)
-    if isinstance(entry, list) and len(entry) >= 2 and all(isinstance(c, str) and c for c in entry):
+    if isinstance(entry, list) and entry and all(isinstance(c, str) and c for c in entry):
         if len(set(entry)) < len(entry):
             raise ValueError(f"TargetEncode: the cross {entry} names a column twice")
         return tuple(entry)
-    raise ValueError(f"TargetEncode.columns: expected a column name or a list of two or more (a cross), got {entry!r}")
+    raise ValueError(f"TargetEncode.columns: expected a column name or a list of names (a cross), got {entry!r}")
 
 
-def _units(sums: np.ndarray, bad: Any) -> np.ndarray:
+def _units(sums: np.ndarray, bad: Callable[[str], InvalidState]) -> np.ndarray:
     """Float64 target sums as exact int64 units (``bad`` unless each is a finite multiple of 2**-20 within 2**33)."""
     scaled = sums * UNITS
     with np.errstate(invalid="ignore"):

@@ -306,6 +306,12 @@ class Pipeline:
         return named if self.groupby is None else named + [c for c in self.groupby.passthrough if c not in named]
 
     @property
+    def training_differs(self) -> bool:
+        """Whether ``transform(..., training=True)`` can give other values than a plain transform (an op overrides
+        ``Op.transform_training``: TargetEncode)."""
+        return any(type(op).transform_training is not Op.transform_training for op in self.ops)
+
+    @property
     def input_columns(self) -> list[str]:
         """The raw columns the transform reads (every schema column but the passthrough ones), in schema order."""
         return [c for c in self.schema.names if c not in self.passthrough]

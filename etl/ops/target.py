@@ -47,6 +47,11 @@ Values are computed in float64 from the exact sums and written as float32. ``exp
 int32 column ``{prefix}fold`` (0 .. kfold - 1: the fold of each row, for checking; an integer column the loader
 would treat as categorical: leave it off for training).
 
+``mode: ordered`` (streaming, ``etl.ops.target_ordered``): no fit and no folds; the Loader gives each row, in its row
+order (``shuffle=False``), ``(s_c + m * P) / (n_c + m)`` from the rows strictly before it in the stream (CatBoost's
+ordered target statistics), each epoch from an empty state, kept and resumed like an online vocabulary
+(``state_dict``, ``save_vocabulary``). ``Pipeline.transform`` and ``etl preprocess`` refuse such an op.
+
 Fitted state per encoded column: a Parquet table (key uint64, fold int32, count int64, sum float64) with an entry
 per (category, fold) seen, ordered by key then fold (a single column's key is its id; a cross's its cross key),
 and, in the JSON state, each fold's rows and target sum. Loading checks the table against them (``InvalidState``
@@ -58,7 +63,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -68,9 +73,11 @@ import pyarrow as pa
 from etl.backends import Array, Backend, LookupTablesProtocol, ValueTableProtocol, cpu
 from etl.backends.hashing import check_seed, string_key
 from etl.batch import Batch, Column
-from etl.errors import FitError
+from etl.errors import ConfigError, FitError
 from etl.io.arrow import from_numpy, to_numpy
 from etl.ops.base import InvalidRows, InvalidState, Op, Stats
+from etl.ops.stream import Carried, StreamInput, StreamSpec, StreamState
+from etl.ops.target_ordered import STATE_ARRAYS, STATE_SCALARS, OrderedTargetStream
 from etl.ops.target_stats import (
     MAX_SUM_UNITS,
     MAX_TARGET,
@@ -88,6 +95,8 @@ from etl.schema import ColumnSpec
 CROSS_SEED = 0
 #: The most folds.
 MAX_FOLDS = 100
+#: What ``mode`` takes.
+MODES = ("kfold", "ordered")
 #: The columns and types of a fitted table.
 STATS_SCHEMA = pa.schema([("key", pa.uint64()), ("fold", pa.int32()), ("count", pa.int64()), ("sum", pa.float64())])
 
@@ -114,7 +123,7 @@ class TargetEncode(Op):
     crosses: ClassVar[bool] = True
 
     def __init__(self, columns: list[Any], target: Any = None, kfold: Any = 5, fold_by: Any = None, seed: Any = 0, smoothing: Any = 20,
-                 prefix: Any = "te_", export_fold: Any = False):  # fmt: skip
+                 prefix: Any = "te_", export_fold: Any = False, mode: Any = "kfold"):  # fmt: skip
         groups = [_group(entry) for entry in columns]
         if not groups:
             raise ValueError("TargetEncode encodes at least one column")
@@ -131,6 +140,12 @@ class TargetEncode(Op):
             raise ValueError(f"TargetEncode.prefix must be a non-empty text without '/', '\\', NUL or a leading '.', got {prefix!r}")
         if not isinstance(export_fold, bool):
             raise ValueError(f"TargetEncode.export_fold must be true or false, got {export_fold!r}")
+        if mode not in MODES:
+            raise ValueError(f"TargetEncode.mode must be one of {list(MODES)}, got {mode!r}")
+        if mode == "ordered" and (fold_by is not None or export_fold):
+            raise ValueError("TargetEncode.fold_by and export_fold are for mode: kfold; mode: ordered has no folds (rows see the rows before)")
+        #: "kfold": fitted statistics, out of fold for training rows; "ordered": the loader's running statistics
+        self.mode: str = mode
         #: the encoded inputs (one column, or the columns of a cross) and the column each writes
         self.groups = groups
         self.names = [prefix + "_".join(g) for g in groups]
@@ -242,7 +257,8 @@ class TargetEncode(Op):
 
     @property
     def is_fitted(self) -> bool:
-        return all(name in self.stats for name in self.names)
+        """Whether the statistics are fitted (``mode: ordered`` fits nothing: its statistics are the stream's)."""
+        return self.mode == "ordered" or all(name in self.stats for name in self.names)
 
     # ------------------------------------------------------------------ transform
     def transform(self, batch: Batch, xp: Backend) -> dict[str, Column]:
@@ -254,6 +270,10 @@ class TargetEncode(Op):
         return self._encode(batch, xp, training=True)
 
     def _encode(self, batch: Batch, xp: Backend, training: bool) -> dict[str, Column]:
+        if self.mode == "ordered":
+            raise ConfigError(f"TargetEncode with mode: ordered ({', '.join(self.names)}) gives each row the statistics of the rows before it "
+                              "as the Loader streams them (etl.Loader); it cannot transform a batch on its own (etl preprocess, "
+                              "transform_table)")  # fmt: skip
         tables = self._built(xp)
         keys = [self._keys(batch, g, xp) for g in self.groups]
         entries = tables.entries.lookup(keys, [None] * len(keys), 0, 1, CROSS_SEED, [np.dtype(np.int64)] * len(keys))
@@ -287,6 +307,33 @@ class TargetEncode(Op):
                     tables.out_of_fold = [xp.ValueTable(out_of_fold_encodings(self.stats[name], self.smoothing)) for name in self.names]
         return tables.out_of_fold
 
+    # ------------------------------------------------------------------ streaming (mode: ordered)
+    def stream_specs(self) -> list[StreamSpec]:
+        """With ``mode: ordered``, one state per encoded column (``etl.ops.target_ordered``), named after it: it reads
+        the group's ids and the target, and writes the column; each epoch starts it empty. None with ``kfold``."""
+        if self.mode != "ordered":
+            return []
+        specs = []
+        for group, name in zip(self.groups, self.names):
+            params = {"columns": list(group), "target": self.target, "smoothing": self.smoothing}
+            inputs = (*(StreamInput(c, np.dtype(np.int64)) for c in group), StreamInput(self.target, np.dtype(np.float64)))
+            specs.append(StreamSpec(name, self.name, name, params, "ordered target statistics", inputs, (name,), STATE_SCALARS, STATE_ARRAYS,
+                                    per_epoch=True))  # fmt: skip
+        return specs
+
+    def new_stream_state(self, name: str) -> StreamState:
+        """The (empty) running statistics of the encoded column ``name``."""
+        specs = {s.name: s for s in self.stream_specs()}
+        if name not in specs:
+            raise ValueError(f"TargetEncode: no ordered statistics named {name!r} (its states: {list(specs)})")
+        group = self.groups[self.names.index(name)]
+
+        def keys(inputs: Mapping[str, Carried]) -> np.ndarray:
+            ids = [np.asarray(inputs[c].values, np.int64).view(np.uint64) for c in group]
+            return ids[0] if len(ids) == 1 else cpu.cross_keys(ids, [None] * len(ids), CROSS_SEED)[0]
+
+        return OrderedTargetStream(specs[name], keys, self.target, self.smoothing)
+
     # ------------------------------------------------------------------ artifacts
     def fitted_params(self) -> dict[str, Any]:
         """What the statistics depend on: the encoded columns, the target and the folds (not ``smoothing``, which the
@@ -294,6 +341,8 @@ class TargetEncode(Op):
         return {"columns": [list(g) for g in self.groups], "target": self.target, "kfold": self.kfold, "fold_by": self.fold_by, "seed": self.seed}
 
     def state(self) -> tuple[dict[str, Any], dict[str, pa.Table]]:
+        if self.mode == "ordered":
+            return {}, {}
         totals = {name: {"count": s.fold_counts.tolist(), "sum": (s.fold_units / UNITS).tolist()} for name, s in self.stats.items()}
         tables = {}
         for name in self.names:
@@ -304,7 +353,11 @@ class TargetEncode(Op):
 
     def load_state(self, doc: dict[str, Any], tables: dict[str, pa.Table]) -> None:
         """Take each column's table and fold totals, checked to be ones ``finalize`` could have written
-        (``InvalidState`` naming the column otherwise)."""
+        (``InvalidState`` naming the column otherwise); with ``mode: ordered``, nothing (a state without tables)."""
+        if self.mode == "ordered":
+            if doc or tables:
+                raise InvalidState(f"TargetEncode with mode: ordered fits nothing, and the state holds {sorted(doc) or sorted(tables)}")
+            return
         folds = doc.get("folds")
         if not isinstance(folds, dict):
             raise InvalidState(f"TargetEncode: field 'folds' is {folds!r:.100}, expected each column's fold totals")

@@ -410,6 +410,10 @@ def test_target_encode(device: str, fold_by: str | None) -> None:
             assert want.keys() == got.keys()
             for c in want:
                 np.testing.assert_array_equal(want[c].values, tensor.to_numpy(got[c].values), err_msg=c)
+    ordered = TargetEncode(["i"], target="label", mode="ordered")  # its values are the loader's, on the host
+    for xp, dev in ((cpu, None), (tensor, device)):
+        with pytest.raises(ConfigError, match="mode: ordered"):
+            ordered.transform(on_backend(Batch({"i": Column(ids["i"])}, n), dev), xp)
 
 
 # ---------------------------------------------------------------- lists

@@ -396,7 +396,7 @@ class TargetEncode(Op):
         summed = (_fold_sums(folds, counts, self.kfold), _fold_sums(folds, units, self.kfold))
         if not (np.array_equal(summed[0], fold_counts) and np.array_equal(summed[1], fold_units)):
             raise bad("the entries of a fold do not add up to the fold's totals")
-        return FoldStats(keys, folds, counts, units, fold_counts, fold_units, 0)
+        return FoldStats(keys, folds, counts, units, fold_counts, fold_units, 0.0)
 
     def _totals(self, name: str, totals: Any) -> tuple[np.ndarray, np.ndarray]:
         """The fold totals of column ``name`` in the JSON state: kfold row counts (integers >= 0) and target sums

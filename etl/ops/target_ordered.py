@@ -31,7 +31,7 @@ import numpy as np
 from etl.backends.cpu import fmix64
 from etl.ops.base import InvalidState
 from etl.ops.stream import Carried, StateArrays, StreamSpec, StreamState, StreamStep
-from etl.ops.target_stats import MAX_ABS_UNITS, UNITS, target_units
+from etl.ops.target_stats import UNITS, checked_magnitude, target_units
 
 #: The arrays of a state with their dtypes, and its scalars.
 STATE_ARRAYS = {"key": np.dtype(np.uint64), "count": np.dtype(np.int64), "units": np.dtype(np.int64)}
@@ -115,16 +115,14 @@ class OrderedTargetStream(StreamState):
         self.table = np.zeros((cap, 3), np.int64)
         self.size = 0
         self.totals = np.zeros(2, np.int64)  # rows, units
-        self.abs_units = 0  # the sum of the target magnitudes taken (int64 sums stay exact below MAX_ABS_UNITS)
+        self.abs_units = 0.0  # the target magnitudes taken, in units (a bound: int64 sums stay exact below 2**62)
 
     def advance(self, inputs: Mapping[str, Carried]) -> StreamStep:
         keys = np.ascontiguousarray(self._keys(inputs), np.uint64)
         values, valid = inputs[self.target]
         present = np.asarray(valid, np.bool_)
         units = target_units(np.where(present, values, 0.0))
-        self.abs_units += int(np.abs(units).sum())
-        if self.abs_units > MAX_ABS_UNITS:
-            raise OverflowError(f"{self.spec.describe()}: the target magnitudes sum beyond 2**42: too large for exact sums")
+        self.abs_units = checked_magnitude(self.abs_units, units)
         out = np.empty(len(keys), np.float64)
         i = 0
         while i < len(keys):
@@ -164,7 +162,7 @@ class OrderedTargetStream(StreamState):
         _insert(self.table, keys, counts, units)
         self.size = len(keys)
         self.totals[:] = rows, total
-        self.abs_units = int(np.abs(units).sum())
+        self.abs_units = checked_magnitude(0.0, units)
 
     def _grow(self) -> None:
         """Double the table (the state kept)."""

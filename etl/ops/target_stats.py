@@ -40,6 +40,19 @@ _jit = nb.njit(nogil=True, cache=True)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
+#: Why statistics are refused when the target magnitudes sum beyond ``MAX_ABS_UNITS``.
+TOO_LARGE = "the target magnitudes sum beyond 2**42: too large for exact sums"
+
+
+def checked_magnitude(before: float, units: np.ndarray) -> float:
+    """``before`` plus the magnitudes of ``units`` (summed in float64: no overflow, and exact enough for a bound 2**62
+    far below int64's end); ``OverflowError`` when beyond ``MAX_ABS_UNITS``."""
+    total = before + float(np.abs(units).sum(dtype=np.float64))
+    if total > MAX_ABS_UNITS:
+        raise OverflowError(TOO_LARGE)
+    return total
+
+
 def target_units(values: np.ndarray) -> np.ndarray:
     """The int64 units of float target values (each ``|t| <= MAX_TARGET``): ``round(t * 2**20)``, ties to even."""
     return np.rint(np.asarray(values, np.float64) * UNITS).astype(np.int64)
@@ -54,8 +67,8 @@ def target_units(values: np.ndarray) -> np.ndarray:
 
 @_jit
 def _add(tab, keys, folds, units, present, totals, start, size):
-    """Add rows ``start..`` (those ``present``) to ``tab`` and ``totals`` ([folds, 3]: count, units, sum of |units|)
-    until the end or until the table is half full; returns (row reached, entries in the table)."""
+    """Add rows ``start..`` (those ``present``) to ``tab`` and ``totals`` ([folds, 2]: count, units) until the end or
+    until the table is half full; returns (row reached, entries in the table)."""
     mask = np.uint64(len(tab) - 1)
     limit = len(tab) // 2
     for i in range(start, len(keys)):
@@ -78,7 +91,6 @@ def _add(tab, keys, folds, units, present, totals, start, size):
         fi = folds[i]
         totals[fi, 0] += 1
         totals[fi, 1] += u
-        totals[fi, 2] += abs(u)
     return len(keys), size
 
 
@@ -101,11 +113,14 @@ class FoldSums:
         self.kfold = kfold
         self.table = np.zeros((1024, 4), np.uint64)
         self.size = 0
-        self.totals = np.zeros((kfold, 3), np.int64)  # per fold: rows, units, sum of |units|
+        self.totals = np.zeros((kfold, 2), np.int64)  # per fold: rows, units
+        self.abs_units = 0.0  # the target magnitudes taken, in units (a bound: int64 sums stay exact below MAX_ABS_UNITS)
 
     def add(self, keys: np.ndarray, folds: np.ndarray, units: np.ndarray, present: np.ndarray) -> None:
         """Count the rows ``present`` (a bool mask): category ``keys`` (uint64), ``folds`` (int64 in [0, kfold)),
-        target ``units`` (int64, ``target_units``). ``FitError``-worthy sums are checked by ``stats``."""
+        target ``units`` (int64, ``target_units``). ``OverflowError`` (nothing added) when the target magnitudes
+        would sum beyond ``MAX_ABS_UNITS``."""
+        self.abs_units = checked_magnitude(self.abs_units, units[present])
         i = 0
         while i < len(keys):
             i, self.size = _add(self.table, keys, folds, units, present, self.totals, i, self.size)
@@ -113,15 +128,12 @@ class FoldSums:
                 new = np.zeros((2 * len(self.table), 4), np.uint64)
                 _rehash(self.table, new)
                 self.table = new
-        if int(self.totals[:, 2].sum()) > MAX_ABS_UNITS:  # each fold's |units| stays far below 2**63 before this
-            raise OverflowError("the target magnitudes sum beyond 2**42: too large for exact sums")
 
     def stats(self) -> FoldStats:
         """The statistics as plain data (entries by key, then fold)."""
         used = self.table[self.table[:, 1] != 0]
         return FoldStats.of(used[:, 0].copy(), (used[:, 1] - np.uint64(1)).astype(np.int64), used[:, 2].astype(np.int64),
-                            used[:, 3].view(np.int64).copy(), self.totals[:, 0].copy(), self.totals[:, 1].copy(),
-                            int(self.totals[:, 2].sum()))  # fmt: skip
+                            used[:, 3].view(np.int64).copy(), self.totals[:, 0].copy(), self.totals[:, 1].copy(), self.abs_units)  # fmt: skip
 
 
 # ---------------------------------------------------------------- plain data
@@ -132,7 +144,7 @@ class FoldStats:
     """What some rows contribute to one encoded column: distinct (``keys`` uint64, ``folds`` int64) entries in
     ascending (key, fold) order with their ``counts`` (int64, >= 1) and ``units`` (int64 sums of target units); the
     rows and units of each fold (``fold_counts``, ``fold_units``: [kfold] int64, every row with a target), and the
-    sum of the target magnitudes in units (``abs_units``: the bound that keeps int64 sums exact)."""
+    sum of the target magnitudes in units (``abs_units``, a float64 bound: it keeps the int64 sums exact)."""
 
     keys: np.ndarray
     folds: np.ndarray
@@ -140,11 +152,11 @@ class FoldStats:
     units: np.ndarray
     fold_counts: np.ndarray
     fold_units: np.ndarray
-    abs_units: int = 0
+    abs_units: float = 0.0
 
     @classmethod
     def of(cls, keys: np.ndarray, folds: np.ndarray, counts: np.ndarray, units: np.ndarray, fold_counts: np.ndarray,
-           fold_units: np.ndarray, abs_units: int) -> FoldStats:  # fmt: skip
+           fold_units: np.ndarray, abs_units: float) -> FoldStats:  # fmt: skip
         """Statistics from distinct entries in any order (sorted here)."""
         order = np.lexsort((folds, keys))
         return cls(keys[order], folds[order], counts[order], units[order], fold_counts, fold_units, abs_units)
@@ -152,7 +164,7 @@ class FoldStats:
     @classmethod
     def empty(cls, kfold: int) -> FoldStats:
         z = np.zeros(0, np.int64)
-        return cls(np.zeros(0, np.uint64), z, z, z, np.zeros(kfold, np.int64), np.zeros(kfold, np.int64), 0)
+        return cls(np.zeros(0, np.uint64), z, z, z, np.zeros(kfold, np.int64), np.zeros(kfold, np.int64), 0.0)
 
     @property
     def kfold(self) -> int:
@@ -171,7 +183,7 @@ def merge_stats(a: FoldStats, b: FoldStats) -> FoldStats:
         raise ValueError(f"statistics of {a.kfold} and {b.kfold} folds do not merge")
     abs_units = a.abs_units + b.abs_units
     if abs_units > MAX_ABS_UNITS:
-        raise OverflowError("the target magnitudes sum beyond 2**42: too large for exact sums")
+        raise OverflowError(TOO_LARGE)
     keys = np.concatenate([a.keys, b.keys])
     folds = np.concatenate([a.folds, b.folds])
     order = np.lexsort((folds, keys))

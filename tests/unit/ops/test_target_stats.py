@@ -75,6 +75,12 @@ def test_merging_is_the_same_in_any_order_and_grouping() -> None:
 
 
 def test_magnitudes_too_large_for_exact_sums_are_refused() -> None:
+    acc = FoldSums(2)
+    acc.add(np.array([1], np.uint64), np.array([0]), target_units(np.array([3.0])), np.ones(1, np.bool_))
+    n = 3_000  # each 2**51 units: their sum would pass 2**62
+    with pytest.raises(OverflowError, match="too large for exact sums"):
+        acc.add(np.arange(n, dtype=np.uint64), np.zeros(n, np.int64), target_units(np.full(n, 2.0**31)), np.ones(n, np.bool_))
+    assert acc.stats().counts.tolist() == [1], "nothing of the refused batch is counted"
     big = FoldStats.empty(2)
     big.abs_units = MAX_ABS_UNITS
     with pytest.raises(OverflowError, match="too large"):

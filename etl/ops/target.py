@@ -54,16 +54,16 @@ ordered target statistics), each epoch from an empty state, kept and resumed lik
 
 Fitted state per encoded column: a Parquet table (key uint64, fold int32, count int64, sum float64) with an entry
 per (category, fold) seen, ordered by key then fold (a single column's key is its id; a cross's its cross key),
-and, in the JSON state, each fold's rows and target sum. Loading checks the table against them (``InvalidState``
-naming the column): every row counts in exactly one category of each encoded column, so the entries of each fold
-add up to the fold's totals exactly.
+and, in the JSON state, each fold's rows and target sum (``etl.ops.target_state``). Loading checks the table against
+them (``InvalidState`` naming the column): every row counts in exactly one category of each encoded column, so the
+entries of each fold add up to the fold's totals exactly.
 """
 
 from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -74,14 +74,13 @@ from etl.backends import Array, Backend, LookupTablesProtocol, ValueTableProtoco
 from etl.backends.hashing import check_seed, string_key
 from etl.batch import Batch, Column
 from etl.errors import ConfigError, FitError
-from etl.io.arrow import from_numpy, to_numpy
 from etl.ops.base import InvalidRows, InvalidState, Op, Stats
 from etl.ops.stream import Carried, StreamInput, StreamSpec, StreamState
 from etl.ops.target_ordered import STATE_ARRAYS, STATE_SCALARS, OrderedTargetStream
+from etl.ops.target_state import loaded_state, saved_state
 from etl.ops.target_stats import (
     MAX_SUM_UNITS,
     MAX_TARGET,
-    UNITS,
     FoldStats,
     FoldSums,
     full_encodings,
@@ -97,8 +96,6 @@ CROSS_SEED = 0
 MAX_FOLDS = 100
 #: What ``mode`` takes.
 MODES = ("kfold", "ordered")
-#: The columns and types of a fitted table.
-STATS_SCHEMA = pa.schema([("key", pa.uint64()), ("fold", pa.int32()), ("count", pa.int64()), ("sum", pa.float64())])
 
 #: Held while an op builds its tables for a backend (one lock for all ops: a build happens once per op and backend).
 _BUILDING = threading.Lock()
@@ -341,78 +338,20 @@ class TargetEncode(Op):
         return {"columns": [list(g) for g in self.groups], "target": self.target, "kfold": self.kfold, "fold_by": self.fold_by, "seed": self.seed}
 
     def state(self) -> tuple[dict[str, Any], dict[str, pa.Table]]:
-        if self.mode == "ordered":
-            return {}, {}
-        totals = {name: {"count": s.fold_counts.tolist(), "sum": (s.fold_units / UNITS).tolist()} for name, s in self.stats.items()}
-        tables = {}
-        for name in self.names:
-            s = self.stats[name]
-            arrays = [from_numpy(s.keys, pa.uint64()), from_numpy(s.folds.astype(np.int32)), from_numpy(s.counts), from_numpy(s.units / UNITS)]
-            tables[name] = pa.Table.from_arrays(arrays, schema=STATS_SCHEMA)
-        return {"folds": totals}, tables
+        """The statistics as JSON and one table per encoded column (``etl.ops.target_state``); nothing with ``mode:
+        ordered``."""
+        return ({}, {}) if self.mode == "ordered" else saved_state(self.stats)
 
     def load_state(self, doc: dict[str, Any], tables: dict[str, pa.Table]) -> None:
         """Take each column's table and fold totals, checked to be ones ``finalize`` could have written
-        (``InvalidState`` naming the column otherwise); with ``mode: ordered``, nothing (a state without tables)."""
+        (``InvalidState`` naming the column otherwise, ``etl.ops.target_state``); with ``mode: ordered``, nothing (a
+        state without tables)."""
         if self.mode == "ordered":
             if doc or tables:
                 raise InvalidState(f"TargetEncode with mode: ordered fits nothing, and the state holds {sorted(doc) or sorted(tables)}")
             return
-        folds = doc.get("folds")
-        if not isinstance(folds, dict):
-            raise InvalidState(f"TargetEncode: field 'folds' is {folds!r:.100}, expected each column's fold totals")
-        stats = {}
-        for name in self.names:
-            if name not in tables:
-                raise InvalidState(f"TargetEncode: no statistics for column '{name}'")
-            stats[name] = self._checked(name, tables[name], folds.get(name))
-        self.stats = stats
+        self.stats = loaded_state(doc, tables, self.names, self.kfold)
         self._tables = {}
-
-    def _checked(self, name: str, t: pa.Table, totals: Any) -> FoldStats:
-        """The statistics of table ``t`` and fold ``totals`` of column ``name``; ``InvalidState`` unless the table
-        has the columns and types, no missing value, entries in (key, fold) order each once, folds in [0, kfold),
-        counts >= 1, sums that are multiples of 2**-20 within 2**33, and the entries of each fold add up to the
-        fold's totals."""
-
-        def bad(problem: str) -> InvalidState:
-            return InvalidState(f"TargetEncode: statistics of '{name}': {problem}", table=name)
-
-        if not t.schema.equals(STATS_SCHEMA):
-            found, expected = ([f"{f.name}: {f.type}" for f in schema] for schema in (t.schema, STATS_SCHEMA))
-            raise bad(f"columns {found}, expected {expected}")
-        if any(t.column(c).null_count for c in STATS_SCHEMA.names):
-            raise bad("missing values")
-        keys, folds, counts, sums = (to_numpy(t.column(c)) for c in STATS_SCHEMA.names)
-        folds = folds.astype(np.int64)
-        if len(folds) and (folds.min() < 0 or folds.max() >= self.kfold):
-            raise bad(f"a fold outside [0, {self.kfold})")
-        if len(counts) and counts.min() < 1:
-            raise bad("a count below 1")
-        if not ((keys[:-1] < keys[1:]) | ((keys[:-1] == keys[1:]) & (folds[:-1] < folds[1:]))).all():
-            raise bad("entries not ordered by key then fold, each once")
-        units = _units(sums, bad)
-        fold_counts, fold_units = self._totals(name, totals)
-        summed = (_fold_sums(folds, counts, self.kfold), _fold_sums(folds, units, self.kfold))
-        if not (np.array_equal(summed[0], fold_counts) and np.array_equal(summed[1], fold_units)):
-            raise bad("the entries of a fold do not add up to the fold's totals")
-        return FoldStats(keys, folds, counts, units, fold_counts, fold_units, 0.0)
-
-    def _totals(self, name: str, totals: Any) -> tuple[np.ndarray, np.ndarray]:
-        """The fold totals of column ``name`` in the JSON state: kfold row counts (integers >= 0) and target sums
-        (``InvalidState`` naming no table otherwise: the JSON state is at fault)."""
-
-        def bad(problem: str) -> InvalidState:
-            return InvalidState(f"TargetEncode: fold totals of '{name}': {problem}")
-
-        if not isinstance(totals, dict) or set(totals) != {"count", "sum"}:
-            raise bad(f"{totals!r:.100}, expected {{count: [...], sum: [...]}}")
-        count, total = totals["count"], totals["sum"]
-        if not isinstance(count, list) or len(count) != self.kfold or not all(type(c) is int and c >= 0 for c in count):
-            raise bad(f"counts {count!r:.100}, expected {self.kfold} integers >= 0")
-        if not isinstance(total, list) or len(total) != self.kfold or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in total):
-            raise bad(f"sums {total!r:.100}, expected {self.kfold} numbers")
-        return np.array(count, np.int64), _units(np.array(total, np.float64), bad)
 
 
 def _group(entry: Any) -> tuple[str, ...]:
@@ -424,20 +363,3 @@ def _group(entry: Any) -> tuple[str, ...]:
             raise ValueError(f"TargetEncode: the cross {entry} names a column twice")
         return tuple(entry)
     raise ValueError(f"TargetEncode.columns: expected a column name or a list of names (a cross), got {entry!r}")
-
-
-def _units(sums: np.ndarray, bad: Callable[[str], InvalidState]) -> np.ndarray:
-    """Float64 target sums as exact int64 units (``bad`` unless each is a finite multiple of 2**-20 within 2**33)."""
-    scaled = sums * UNITS
-    with np.errstate(invalid="ignore"):
-        ok = np.abs(scaled) <= MAX_SUM_UNITS
-    if not ok.all() or not (np.rint(scaled) == scaled).all():
-        raise bad("a target sum that is not a multiple of 2**-20 within ±2**33")
-    return scaled.astype(np.int64)
-
-
-def _fold_sums(folds: np.ndarray, values: np.ndarray, kfold: int) -> np.ndarray:
-    """The int64 sums of ``values`` by fold (exact)."""
-    out = np.zeros(kfold, np.int64)
-    np.add.at(out, folds, values)
-    return out

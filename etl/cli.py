@@ -338,6 +338,13 @@ def preprocess(
     stop_after_idle: float | None = typer.Option(None, min=0, help="With --follow: stop once no shard has arrived for this many seconds."),
     arrivals: str = typer.Option("names", help="With --follow: the arrival order. names: name order, each shard once renamed onto its "
                                  ".parquet name; manifest: the order the producer lists them in _arrivals.json (etl.io.arrivals_manifest)."),
+    training: bool | None = typer.Option(
+        None,
+        "--training/--no-training",
+        help="Transform the rows as training rows, the rows the statistics were fitted on: TargetEncode gives them out-of-fold "
+        "values. Default: --training when this run fits (no --artifacts), --no-training with --artifacts (validation, test, new "
+        "rows: the full statistics).",
+    ),
 ) -> None:
     """Fit (when no artifacts are given) and transform every shard, reading each shard once (the fit keeps what the
     transform needs, see --memory-budget); resumable after an interruption. With --cluster, both run on the
@@ -349,6 +356,8 @@ def preprocess(
                 raise ConfigError("--follow fits nothing: it takes no --memory-budget nor --partitions")
             if format != "parquet" or npy_chunk_rows != 65536:
                 raise ConfigError("--follow writes Parquet files: it takes no --format nor --npy-chunk-rows")
+            if training:
+                raise ConfigError("--follow transforms rows that arrive after the fit: it takes no --training")
         _preprocess_follow(pipeline, input, out, artifacts, workers, on_error, compression, cluster, poll_interval, stop_after_idle, arrivals)
         return
     if poll_interval != 1.0 or stop_after_idle is not None or arrivals != "names":
@@ -382,7 +391,8 @@ def preprocess(
         with progress_bars(_total_rows(shards)) as report:
             mode = cast("OnError", on_error)
             summary = run(p, shards, out_dir, workers=workers, on_error=mode, compression=compression, progress=report, client=client(),
-                          partitions=partitions, memory_budget=memory_budget, formats=formats, npy_chunk_rows=npy_chunk_rows)  # fmt: skip
+                          partitions=partitions, memory_budget=memory_budget, formats=formats, npy_chunk_rows=npy_chunk_rows,
+                          training=training)  # fmt: skip
     c = console
     c.print(f"files: {summary.files}" + (f" ({summary.files_skipped} already complete, skipped)" if summary.files_skipped else ""))
     c.print("rows: " + describe_rows(summary.rows_in, summary.rows_out, summary.rows_quarantined, summary.stages))

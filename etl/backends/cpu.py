@@ -199,6 +199,21 @@ def to_numpy(x: np.ndarray | Strings) -> np.ndarray | Strings:
     return x
 
 
+def from_host(values: np.ndarray, like: np.ndarray) -> np.ndarray:
+    """The host array as it is (this backend's arrays are host arrays)."""
+    return values
+
+
+class ValueTable:
+    """A constant table of values, gathered by index (``values[idx]``)."""
+
+    def __init__(self, values: np.ndarray):
+        self.values = values
+
+    def take(self, idx: np.ndarray) -> np.ndarray:
+        return self.values[idx]
+
+
 def is_keys(values: np.ndarray | Strings) -> bool:
     """Whether ``values`` are decoded keys (uint64) rather than raw values."""
     return isinstance(values, np.ndarray) and values.dtype == np.uint64

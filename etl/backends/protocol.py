@@ -46,6 +46,14 @@ class LookupTablesProtocol(Protocol):
         ...
 
 
+class ValueTableProtocol(Protocol):
+    """A constant host table of values (float64), kept on each device that reads it, gathered by index."""
+
+    def take(self, idx: Array) -> Array:
+        """``values[idx]`` (int64 indices in range) as an array of the backend, on the device of ``idx``."""
+        ...
+
+
 class Backend(Protocol):
     """The backend interface. Ids follow ``etl.ids`` (missing → 1, the op's own ids from 2); hashes and string keys
     follow ``etl.backends.hashing``."""
@@ -103,6 +111,14 @@ class Backend(Protocol):
     # ---- host data and lists
     def to_numpy(self, x: Array | Strings) -> Any:
         """The array as a numpy array on the host (``Strings`` as ``Strings`` of numpy arrays), dtype kept."""
+        ...
+
+    def from_host(self, values: np.ndarray, like: Array) -> Array:
+        """The host numpy array ``values`` as an array of the backend, on the device of ``like``, dtype kept."""
+        ...
+
+    def ValueTable(self, values: np.ndarray) -> ValueTableProtocol:
+        """A value table (``ValueTableProtocol``) of the host array ``values``."""
         ...
 
     def is_keys(self, values: Array | Strings) -> bool:

@@ -292,6 +292,26 @@ def to_numpy(x: torch.Tensor | Strings | np.ndarray | None) -> np.ndarray | Stri
     return x
 
 
+def from_host(values: np.ndarray, like: torch.Tensor) -> torch.Tensor:
+    """The host array as a tensor on the device of ``like`` (uint64 as int64 bits, as ``to_device``)."""
+    return to_device(values, like.device)
+
+
+class ValueTable:
+    """A constant host table of values, copied once to each device that reads it, gathered by index."""
+
+    def __init__(self, values: np.ndarray):
+        self.values = values
+        self._on: dict[torch.device, torch.Tensor] = {}
+
+    def take(self, idx: torch.Tensor) -> torch.Tensor:
+        """``values[idx]`` on the device of ``idx``."""
+        table = self._on.get(idx.device)
+        if table is None:
+            table = self._on[idx.device] = _resident(to_device(self.values, idx.device))
+        return table[idx]
+
+
 def is_keys(values: torch.Tensor | Strings) -> bool:
     """Whether ``values`` are keys (an int64 tensor) rather than text. Raw int64 values look the same here (keys
     are their own bits), so unlike the CPU backend this cannot tell an undecoded int column from keys."""

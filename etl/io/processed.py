@@ -165,7 +165,9 @@ def describe_rows(rows_in: int, rows_out: int, rows_quarantined: int, stages: tu
 class Manifest:
     """The content of manifest.json: the name of the ``pipeline``, whether the output is ``complete``, the
     ``totals``, the ``files`` (readers take them in this order; ``of`` puts them in shard order), the ``formats``
-    written and the ``npy`` spec (None unless "npy" is one of the formats)."""
+    written and the ``npy`` spec (None unless "npy" is one of the formats); ``training``: whether the rows were
+    transformed as training rows (``Pipeline.transform(..., training=True)``: out-of-fold target encodings), None
+    for a pipeline whose output does not depend on it."""
 
     pipeline: str
     complete: bool
@@ -173,15 +175,16 @@ class Manifest:
     files: list[ManifestEntry]
     formats: tuple[str, ...] = ("parquet",)
     npy: NpySpec | None = None
+    training: bool | None = None
 
     @classmethod
     def of(cls, pipeline: str, files: list[ManifestEntry], complete: bool, formats: tuple[str, ...] = ("parquet",),
-           npy: NpySpec | None = None) -> Manifest:  # fmt: skip
+           npy: NpySpec | None = None, training: bool | None = None) -> Manifest:  # fmt: skip
         """A manifest of ``files`` with their totals, the files in the order of their shards' indexes
         (``etl.io.files.shard_index``: ``part-99999.parquet`` before ``part-100000.parquet``). ValueError when an
         output is not a shard name."""
         ordered = sorted(files, key=lambda e: shard_index(e.output))
-        return cls(pipeline=pipeline, complete=complete, totals=Totals.of(ordered), files=ordered, formats=formats, npy=npy)
+        return cls(pipeline=pipeline, complete=complete, totals=Totals.of(ordered), files=ordered, formats=formats, npy=npy, training=training)
 
 
 @dataclass(frozen=True)
@@ -215,7 +218,8 @@ def is_processed(directory: Location) -> bool:
 
 def write_manifest(directory: Location, manifest: Manifest) -> None:
     """Write ``manifest`` as ``directory``/manifest.json, atomically. A Parquet-only manifest has neither
-    ``formats`` nor ``npy`` keys, and its entries no ``npy_chunks``: the manifest of earlier versions."""
+    ``formats`` nor ``npy`` keys, and its entries no ``npy_chunks``: the manifest of earlier versions; nor has one
+    whose ``training`` is None a ``training`` key."""
     doc: dict[str, Any] = {
         "format": FORMAT,
         "version": VERSION,
@@ -229,6 +233,8 @@ def write_manifest(directory: Location, manifest: Manifest) -> None:
         doc["formats"] = list(manifest.formats)
     if manifest.npy is not None:
         doc["npy"] = asdict(manifest.npy)
+    if manifest.training is not None:
+        doc["training"] = manifest.training
     atomic_write_bytes(directory / MANIFEST, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
 
 
@@ -276,6 +282,7 @@ def read_manifest(directory: Location) -> Manifest:
         files=entries,
         formats=formats,
         npy=_npy_spec(_field(doc, "npy", dict, path), path) if "npy" in formats else None,
+        training=_field(doc, "training", bool, path) if "training" in doc else None,
     )
 
 

@@ -6,10 +6,11 @@ from etl.ops.dates import DateParts
 from etl.ops.dense import Bucketize, Clamp, FillMissing, Log1p, Normalize
 from etl.ops.history import History
 from etl.ops.lists import FirstX
+from etl.ops.target import TargetEncode
 
 REGISTRY: dict[str, type[Op]] = {
     cls.name: cls
-    for cls in (FillMissing, Clamp, Log1p, Normalize, Bucketize, Decode, Hash, Categorify, HashedCross, FirstX, DateParts, History)
+    for cls in (FillMissing, Clamp, Log1p, Normalize, Bucketize, Decode, Hash, Categorify, HashedCross, FirstX, DateParts, History, TargetEncode)
 }
 
 __all__ = ["REGISTRY", "InvalidRows", "Op"] + list(REGISTRY)

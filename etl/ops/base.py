@@ -28,6 +28,9 @@ with the same bits out. Fittable ops add:
 - ``fit_warnings()``: what the fit found doubtful (Normalize: a column whose normalized values collapse), one
   line each, kept in the state.
 
+An op whose values for the rows it was fitted on must leave out what those rows contributed (TargetEncode)
+overrides ``transform_training``, which ``Pipeline.transform(..., training=True)`` runs instead of ``transform``.
+
 Ops whose values depend on the rows before them in a stream (an online vocabulary) declare the state they keep
 with ``stream_specs`` and make it with ``new_stream_state`` (``etl.ops.stream``): the loader drives it, row by
 row, and their ``transform`` raises.
@@ -107,6 +110,10 @@ class Op:
     #: the op needs every row of a key, in time order (History, ``etl.ops.history``): ``etl preprocess`` brings
     #: them together by an exchange; ``Pipeline.transform`` and the loader on raw shards cannot run it
     keyed: ClassVar[bool] = False
+    #: ``columns`` may name crosses: in the pipeline file, an entry of the ``columns`` list that is itself a list of
+    #: column names is one input made of those columns (TargetEncode); the op then gets its columns as a list of
+    #: names and lists of names
+    crosses: ClassVar[bool] = False
 
     def __init__(self, columns: list[str], **params: Any):
         self.columns = list(columns)
@@ -145,6 +152,12 @@ class Op:
 
     def transform(self, batch: Batch, xp: Backend) -> dict[str, Column]:
         raise NotImplementedError
+
+    def transform_training(self, batch: Batch, xp: Backend) -> dict[str, Column]:
+        """``transform`` of training rows: the rows the fitted statistics were gathered from
+        (``Pipeline.transform(..., training=True)``). The same as ``transform``, but for an op whose value for such
+        a row must leave the row's own statistics out (TargetEncode: out-of-fold encodings)."""
+        return self.transform(batch, xp)
 
     @property
     def is_fitted(self) -> bool:

@@ -142,6 +142,20 @@ def _resolve(selector: Any, schema: Schema, created: dict[str, ColumnSpec], path
     return out
 
 
+def _resolve_crosses(selector: Any, schema: Schema, created: dict[str, ColumnSpec], path: str, where: str) -> list[Any]:
+    """The inputs of an op whose ``columns`` may name crosses (``Op.crosses``): each entry of the list that is itself
+    a list of column names is one input (those names, resolved), every other entry resolves as ``_resolve`` resolves
+    it, to one input per column."""
+    items = selector if isinstance(selector, list) else [selector]
+    out: list[Any] = []
+    for j, s in enumerate(items):
+        if isinstance(s, list):
+            out.append(_resolve(s, schema, created, path, f"{where}[{j}]"))
+        else:
+            out.extend(_resolve(s, schema, created, path, where))
+    return out
+
+
 def _role_columns(sel: dict[str, Any], schema: Schema, created: dict[str, ColumnSpec], path: str, where: str) -> list[str]:
     """The columns of a role selector ``{role: R, exclude: [...]}``: every schema column of role R, in schema
     order, then those of ``created`` (in creation order), but the excluded ones."""
@@ -202,7 +216,10 @@ class Pipeline:
             if "columns" not in raw:
                 raise SpecError(path, f"{where}.columns", "missing")
             params = {k: v for k, v in raw.items() if k not in ("op", "columns")}
-            columns = _resolve(raw["columns"], schema, created, path, f"{where}.columns")
+            if cls.crosses:
+                columns = _resolve_crosses(raw["columns"], schema, created, path, f"{where}.columns")
+            else:
+                columns = _resolve(raw["columns"], schema, created, path, f"{where}.columns")
             try:
                 op = cls(columns, **params)
                 op.bind(specs | created)
@@ -289,6 +306,12 @@ class Pipeline:
         return named if self.groupby is None else named + [c for c in self.groupby.passthrough if c not in named]
 
     @property
+    def training_differs(self) -> bool:
+        """Whether ``transform(..., training=True)`` can give other values than a plain transform (an op overrides
+        ``Op.transform_training``: TargetEncode)."""
+        return any(type(op).transform_training is not Op.transform_training for op in self.ops)
+
+    @property
     def input_columns(self) -> list[str]:
         """The raw columns the transform reads (every schema column but the passthrough ones), in schema order."""
         return [c for c in self.schema.names if c not in self.passthrough]
@@ -363,9 +386,16 @@ class Pipeline:
         return kind
 
     # ------------------------------------------------------------------ transform
-    def transform(self, batch: Batch, on_error: OnError = "raise", part: Part = "all", xp: Backend | None = None) -> Transformed:
+    def transform(
+        self, batch: Batch, on_error: OnError = "raise", part: Part = "all", xp: Backend | None = None, *, training: bool = False
+    ) -> Transformed:
         """Run every op (the pipeline must be fitted). Invalid rows raise ``RowError`` or, with
         ``on_error="quarantine"``, are left out and listed in ``Transformed.rejected``.
+
+        ``training``: the rows are training rows, those the pipeline was fitted on: an op whose statistics hold each
+        such row's own target gives it values without it (``Op.transform_training``: TargetEncode's out-of-fold
+        encodings). False (the default): every other row (validation, test, serving) gets the values of the full
+        statistics. It changes nothing for a pipeline without such an op.
 
         ``part`` picks the ops of ``split``: ``"host"`` (label check + host part), ``"device"`` (device part +
         output check) or ``"all"``; ``xp`` is the backend (default: the pipeline's). Quarantine takes rows out
@@ -382,21 +412,22 @@ class Pipeline:
             raise ArtifactError("the pipeline is not fitted: run fit first or load fitted artifacts")
         host, device = self.split()
         ops = {"all": self.ops, "host": host, "device": device}[part]
-        return self.run_ops(batch, ops, on_error, xp, labels=part != "device", output=part != "host")
+        return self.run_ops(batch, ops, on_error, xp, labels=part != "device", output=part != "host", training=training)
 
     def run_ops(
-        self, batch: Batch, ops: list[Op], on_error: OnError, xp: Backend | None = None, *, labels: bool, output: bool
-    ) -> Transformed:
-        """Run on ``batch``: the label check (when ``labels``), then ``ops`` in the given order, then the output check
-        (when ``output``), with backend ``xp`` (default: the pipeline's). Invalid rows are handled as by
-        ``transform``, which checks its arguments and that the pipeline is fitted; this does not (fitting runs
-        the fitted ops that feed the ops it fits)."""
+        self, batch: Batch, ops: list[Op], on_error: OnError, xp: Backend | None = None, *, labels: bool, output: bool,
+        training: bool = False,
+    ) -> Transformed:  # fmt: skip
+        """Run on ``batch``: the label check (when ``labels``), then ``ops`` in the given order (``training``: as
+        ``transform`` says, each op's ``transform_training``), then the output check (when ``output``), with backend
+        ``xp`` (default: the pipeline's). Invalid rows are handled as by ``transform``, which checks its arguments
+        and that the pipeline is fitted; this does not (fitting runs the fitted ops that feed the ops it fits)."""
         xp = xp or self.xp
         t = Transformed(batch)
         if labels:
             _apply("label check", t, on_error, partial(self.check_labels, xp=xp), xp)
         for op in ops:
-            _apply(op.name, t, on_error, partial(op.transform, xp=xp), xp)
+            _apply(op.name, t, on_error, partial(op.transform_training if training else op.transform, xp=xp), xp)
         if output:
             _apply("output check", t, on_error, partial(self.check_output, xp=xp), xp)
         return t

@@ -162,7 +162,8 @@ def fit_stage_on_cluster(
             _merge(client, shipped, pipeline, tables, counts, nulls, len(pieces), rows, work, _pass(progress, f"{name} merge"))
     for i in positions:
         op = pipeline.ops[i]
-        merged = {c: reduce(op.merge, (r.partials[(i, c)] for r in results)) for c in op.columns if (i, c) in results[0].partials}
+        names = [c for j, c in results[0].partials if j == i]  # the op's accumulators (per column, or per output: TargetEncode)
+        merged = {c: reduce(op.merge, (r.partials[(i, c)] for r in results)) for c in names}
         if merged:
             op.finalize_partials(merged, pipeline.xp)
 

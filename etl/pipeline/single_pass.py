@@ -154,19 +154,19 @@ def _fit_from_stash(
 
 
 def transform_stashed(
-    pipeline: Pipeline, plan: Plan, entry: Batch | RawRows, shard: Shard, on_error: OnError
+    pipeline: Pipeline, plan: Plan, entry: Batch | RawRows, shard: Shard, on_error: OnError, training: bool = False
 ) -> tuple[int, Transformed, pa.Table | None]:
-    """Transform a stashed row group of ``shard`` as ``pipeline.transform`` transforms it from the source: the
-    number of rows it holds, the transformed batch, and the raw rows (for the quarantine; None for a prepared
-    batch, whose raw rows are not at hand). A prepared batch in which a row is rejected is transformed again from
-    the source."""
+    """Transform a stashed row group of ``shard`` as ``pipeline.transform`` transforms it from the source (as
+    training rows when ``training``): the number of rows it holds, the transformed batch, and the raw rows (for the
+    quarantine; None for a prepared batch, whose raw rows are not at hand). A prepared batch in which a row is
+    rejected is transformed again from the source."""
     if isinstance(entry, RawRows):
-        return entry.table.num_rows, _transform_raw(pipeline, entry, on_error), entry.table
-    t = pipeline.run_ops(entry, plan.rest, "quarantine", labels=False, output=True)
+        return entry.table.num_rows, _transform_raw(pipeline, entry, on_error, training), entry.table
+    t = pipeline.run_ops(entry, plan.rest, "quarantine", labels=False, output=True, training=training)
     if not t.rejected:
         return entry.num_rows, t, None
     raw = RawRows(shard.read_table(entry.row_group), entry.source, entry.row_group, shard.row_group_starts[entry.row_group])
-    return raw.table.num_rows, _transform_raw(pipeline, raw, on_error), raw.table
+    return raw.table.num_rows, _transform_raw(pipeline, raw, on_error, training), raw.table
 
 
 def _staged(pipeline: Pipeline, raw: RawRows, columns: list[str] | None = None) -> tuple[Batch, tuple[StageRows, ...]]:
@@ -175,9 +175,9 @@ def _staged(pipeline: Pipeline, raw: RawRows, columns: list[str] | None = None) 
     return staged_batch(pipeline.stages, pipeline.schema, raw.table, raw.source, raw.row_group, raw.first_row, columns)
 
 
-def _transform_raw(pipeline: Pipeline, raw: RawRows, on_error: OnError) -> Transformed:
-    """``raw`` through the reshaping stages, then ``pipeline.transform``."""
+def _transform_raw(pipeline: Pipeline, raw: RawRows, on_error: OnError, training: bool) -> Transformed:
+    """``raw`` through the reshaping stages, then ``pipeline.transform`` (``training``: of training rows)."""
     batch, staged = _staged(pipeline, raw)
-    t = pipeline.transform(batch, on_error)
+    t = pipeline.transform(batch, on_error, training=training)
     t.stages = staged
     return t

@@ -45,6 +45,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from etl.errors import ConfigError
@@ -54,6 +55,7 @@ from etl.io.npy import ListColumnsError
 from etl.io.parquet import open_shard
 from etl.io.processed import ManifestEntry, Totals, part_path
 from etl.ops.history import History
+from etl.ops.target import TargetEncode
 from etl.pipeline import Pipeline, check_match
 from etl.pipeline.exchange import plan, read_partition, write_spilled
 from etl.preprocess.keyed_groupby import GroupbyStep
@@ -119,6 +121,8 @@ def preprocess_keyed(run: RunSettings, pipeline: Pipeline, artifacts: Location |
     step = keyed_step(pipeline)  # of the fitted pipeline: its output types are known now
     if step is None:
         raise ValueError("the pipeline has no keyed step")
+    run = replace(run, training=run.training if run.training is not None else fit_seconds is not None)
+    _check_training_folds(pipeline, step, bool(run.training))
     previous, _ = previous_run(run.out_dir)
     sha = save_artifacts(pipeline, run.out_dir)
     t1 = time.perf_counter()
@@ -140,6 +144,16 @@ def preprocess_keyed(run: RunSettings, pipeline: Pipeline, artifacts: Location |
     return Summary(files=len(entries), files_skipped=0, rows_in=totals.rows_in, rows_out=totals.rows_out, rows_quarantined=totals.rows_quarantined,
                    rows_processed=totals.rows_in, fit_seconds=fit_seconds, transform_seconds=time.perf_counter() - t1,
                    memory_budget=memory_budget, stages=totals.stages)  # fmt: skip
+
+
+def _check_training_folds(pipeline: Pipeline, step: KeyedStep, training: bool) -> None:
+    """``ConfigError`` when training rows are to be transformed by a TargetEncode whose folds follow the input
+    position: the exchange by key regroups the rows, whose file and row are not at hand where the ops run."""
+    for op in pipeline.ops if training else []:
+        if isinstance(op, TargetEncode) and op.fold_by is None:
+            raise ConfigError(f"{pipeline.path}: TargetEncode ({', '.join(op.names)}) gives training rows out-of-fold values by the fold "
+                              f"of their input position, which {step.name}'s exchange by key does not keep: give it fold_by "
+                              "(a column such as the user id)")  # fmt: skip
 
 
 def _exchange(run: RunSettings, pipeline: Pipeline, step: KeyedStep, work: Path) -> tuple[list[Path], BucketCounts]:
@@ -197,7 +211,7 @@ def _transform(run: RunSettings, pipeline: Pipeline, step: KeyedStep, files: lis
     outputs = [part_path(run.out_dir, p) for p in range(len(ranges))]
     commits = PartitionCommits(run.out_dir, pipeline.name, len(ranges), previous, sha)
     gate = _ByteGate(budget)
-    job = KeyedJob(run.shards, run.on_error, run.compression)
+    job = KeyedJob(run.shards, run.on_error, run.compression, bool(run.training))
     progress = None if run.progress is None else functools.partial(run.progress, "transform")
 
     def work(_w: int, p: int, stop: threading.Event) -> None:

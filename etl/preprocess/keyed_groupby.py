@@ -47,7 +47,7 @@ class GroupbyStep:
         by = self.groupby.by
         return key_hashes(batch_from_arrow(table, self.pipeline.schema, source, group, first_row, by), by)
 
-    def transform(self, table: pa.Table, p: int, on_error: OnError) -> Iterator[Sliced]:
+    def transform(self, table: pa.Table, p: int, on_error: OnError, training: bool = False) -> Iterator[Sliced]:
         schema = self.pipeline.output_schema()  # of the fitted pipeline
         fields = {c: self.pipeline.event_field(c) for c in self.groupby.value_columns}  # as a pipeline without Groupby writes them
         new = new_groups(table, self.groupby.by)
@@ -57,19 +57,20 @@ class GroupbyStep:
         while True:
             at = int(np.searchsorted(starts, start + SLICE_ROWS))
             stop = int(starts[at]) if at < len(starts) else table.num_rows
-            yield self._slice(table.slice(start, stop - start), start, group, p, on_error, schema, fields)
+            yield self._slice(table.slice(start, stop - start), start, group, p, on_error, schema, fields, training)
             if stop >= table.num_rows:
                 return
             start = stop
 
     def _slice(self, piece: pa.Table, start: int, group: np.ndarray, p: int, on_error: OnError, schema: pa.Schema,
-               fields: dict[str, pa.Field]) -> Sliced:  # fmt: skip
+               fields: dict[str, pa.Field], training: bool) -> Sliced:  # fmt: skip
         """The groups of one slice (``piece``: the partition's rows ``start..``, whole groups; ``group``: each
         partition row's group number), as rows of the output ``schema`` (``fields``: the output fields of the event
         columns whose values it writes)."""
         pipeline, g = self.pipeline, self.groupby
         batch = batch_from_arrow(piece, pipeline.schema, f"<partition {p}>", 0, start)
-        t = pipeline.run_ops(batch, pipeline.ops, on_error, labels=True, output=True)  # the label check rejects events without their key
+        # the label check rejects events without their key
+        t = pipeline.run_ops(batch, pipeline.ops, on_error, labels=True, output=True, training=training)
         events = t.batch
         groups = Groups.of(group[events.row_ids])
         keep = np.ones(len(groups.starts), np.bool_)

@@ -41,15 +41,15 @@ class HistoryStep:
         hashes, usable, _ = self.op.key_hashes(key)
         return hashes, usable
 
-    def transform(self, table: pa.Table, p: int, on_error: OnError) -> Iterator[Sliced]:
+    def transform(self, table: pa.Table, p: int, on_error: OnError, training: bool = False) -> Iterator[Sliced]:
         spec = self.op.state_spec()
         state = SortedHistory([i.column for i in spec.inputs], spec.outputs, self.op.max_len, self.op.ttl)
         for start in range(0, max(table.num_rows, 1), SLICE_ROWS):
             piece = table.slice(start, SLICE_ROWS)
-            t, short = self._slice(state, piece, start, p, on_error)
+            t, short = self._slice(state, piece, start, p, on_error, training)
             yield Sliced(piece.num_rows, self.pipeline.to_arrow(t.batch), t.rejected, short)
 
-    def _slice(self, state: SortedHistory, piece: pa.Table, start: int, p: int, on_error: OnError) -> tuple[Transformed, int]:
+    def _slice(self, state: SortedHistory, piece: pa.Table, start: int, p: int, on_error: OnError, training: bool) -> tuple[Transformed, int]:
         """Transform one slice of a sorted partition (``piece``: its rows ``start..``): the transformed batch with
         its rejected rows (their positions in the partition), and the rows ``min_len`` dropped."""
         op, pipeline = self.op, self.pipeline
@@ -57,7 +57,8 @@ class HistoryStep:
         hashes = piece.column(HASH)
         usable = np.asarray(hashes.is_valid().to_numpy(zero_copy_only=False), np.bool_)
         batch = op.with_sources(batch, np.asarray(pc.fill_null(hashes, 0).to_numpy(), np.uint64), usable)
-        t = pipeline.run_ops(batch, self.checked, on_error, labels=True, output=False)  # the label check refuses rows without a key or time
+        # the label check refuses rows without a key or time
+        t = pipeline.run_ops(batch, self.checked, on_error, labels=True, output=False, training=training)
         outputs = state.advance(op.carried(t.batch))
         t.batch = t.batch.with_columns(op.output_columns(outputs, t.batch))
         dropped = 0
@@ -68,7 +69,7 @@ class HistoryStep:
             else:
                 dropped = int(short.sum())
             t.batch = t.batch.take(np.flatnonzero(~short))
-        rest = pipeline.run_ops(t.batch, self.after, on_error, labels=False, output=True)
+        rest = pipeline.run_ops(t.batch, self.after, on_error, labels=False, output=True, training=training)
         t.batch = rest.batch
         t.rejected += rest.rejected
         return t, dropped

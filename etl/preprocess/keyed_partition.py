@@ -35,11 +35,13 @@ from etl.runtime.cluster_tasks import Stop
 @dataclass(frozen=True)
 class KeyedJob:
     """What writing a partition needs of the run: the input ``shards`` (errors and quarantined rows name them by
-    their index in this list), the ``on_error`` policy and the Parquet ``compression``."""
+    their index in this list), the ``on_error`` policy, the Parquet ``compression`` and whether the rows are
+    training rows (``Pipeline.transform``'s ``training``)."""
 
     shards: list[Location]
     on_error: OnError
     compression: str
+    training: bool = False
 
 
 @dataclass
@@ -144,7 +146,7 @@ def write_partition(job: KeyedJob, pipeline: Pipeline, step: KeyedStep, table: p
 def _source_errors(job: KeyedJob, step: KeyedStep, table: pa.Table, p: int, stop: Stop) -> Iterator[Sliced | None]:
     """The slices ``step`` makes of partition ``p`` (``table``), then None once ``stop`` is set; a ``RowError``
     (naming a row by its position in the partition) named by the row's shard, row group and row."""
-    slices = step.transform(table, p, job.on_error)
+    slices = step.transform(table, p, job.on_error, job.training)
     while not stop.is_set():
         try:
             s = next(slices, None)

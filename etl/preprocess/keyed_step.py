@@ -54,9 +54,10 @@ class KeyedStep(Protocol):
         ``first_row``), and whether it has a usable key (else it goes to bucket 0, to be found invalid there)."""
         ...
 
-    def transform(self, table: pa.Table, p: int, on_error: OnError) -> Iterator[Sliced]:
+    def transform(self, table: pa.Table, p: int, on_error: OnError, training: bool = False) -> Iterator[Sliced]:
         """The output of partition ``p`` (``table``: its rows as spilled, sorted), slice by slice, at least one
-        slice. A ``RowError`` names the row by its position in the partition (the exchange names its source)."""
+        slice (``training``: of training rows, ``Pipeline.transform``). A ``RowError`` names the row by its position
+        in the partition (the exchange names its source)."""
         ...
 
     def column_name(self, column: str) -> str:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from etl.errors import ConfigError
+from etl.errors import ConfigError, InputError
 from etl.io.files import check_no_linked_directories, remove_temporaries
 from etl.io.fs import Location
 from etl.io.lock import locked
@@ -33,6 +33,7 @@ from etl.io.processed import (
     StageRows,
     Totals,
     part_path,
+    read_manifest,
     write_manifest,
 )
 from etl.ops.stream import describe_specs, stream_specs
@@ -107,6 +108,7 @@ def preprocess(
     memory_budget: int | str | None = None,
     formats: tuple[str, ...] = ("parquet",),
     npy_chunk_rows: int = DEFAULT_CHUNK_ROWS,
+    training: bool | None = None,
 ) -> Summary:
     """Fit (unless ``artifacts`` holds a fitted state of this pipeline), then transform every shard: in
     ``workers`` threads, or, given a Dask ``client``, on its cluster (the fit as ``Pipeline.fit`` does it with a
@@ -132,7 +134,13 @@ def preprocess(
     ``formats``: some of ``etl.io.processed.FORMATS``: ``"parquet"`` (the default), ``"npy"`` (chunks of
     ``npy_chunk_rows`` rows, see ``etl.io.npy``; a pipeline with list columns raises ``ListColumnsError`` once it is
     fitted, before any shard is written), or both.
-    A rerun with other formats (or chunk rows) than the earlier run's redoes every shard."""
+    A rerun with other formats (or chunk rows) than the earlier run's redoes every shard.
+
+    ``training``: whether the rows are transformed as training rows (``Pipeline.transform(..., training=True)``:
+    TargetEncode's out-of-fold encodings). None (the default): they are when this run fits the pipeline (the rows
+    it fits on are training rows), they are not when the pipeline comes fitted or ``artifacts`` are given
+    (validation, test or new rows: the full statistics). For a pipeline where it matters (``training_differs``) the
+    manifest records it, and a rerun that transforms otherwise redoes every shard."""
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
     if compression not in COMPRESSIONS:
@@ -152,7 +160,7 @@ def preprocess(
     check_apart(out_dir, shards)
     out_dir.mkdir(parents=True, exist_ok=True)
     with locked(out_dir):
-        run = RunSettings(shards, out_dir, workers, on_error, compression, progress, client, partitions)
+        run = RunSettings(shards, out_dir, workers, on_error, compression, progress, client, partitions, training)
         if keyed:
             _remove_temporaries(out_dir)
             return preprocess_keyed(run, pipeline, artifacts, budget)
@@ -164,7 +172,7 @@ class RunSettings:
     """A run's inputs, output directory and how it works, as ``preprocess`` was called (checked): the ``shards``
     (input order: shard ``i`` becomes ``outputs[i]``), ``out_dir``, ``workers`` threads (or the cluster of
     ``client``, its count tables in ``partitions`` partitions), ``on_error``, the Parquet ``compression`` and the
-    ``progress`` callback."""
+    ``progress`` callback; ``training``: as given to ``preprocess`` (None: the default)."""
 
     shards: list[Location]
     out_dir: Location
@@ -174,6 +182,7 @@ class RunSettings:
     progress: Progress | None
     client: Client | None
     partitions: int | None
+    training: bool | None = None
 
     @property
     def outputs(self) -> list[Location]:
@@ -206,12 +215,15 @@ def _preprocess(run: RunSettings, pipeline: Pipeline, artifacts: Location | None
     with Stash(memory_budget, out_dir if isinstance(out_dir, Path) else Path(tempfile.gettempdir())) as stash, \
             ThreadPoolExecutor(1, thread_name_prefix="etl-save") as saver:  # fmt: skip
         pipeline, plan, fit_seconds = _fitted(run, pipeline, artifacts, stash, complete)
+        training = run.training if run.training is not None else fit_seconds is not None
+        recorded = training if pipeline.training_differs else None  # what the manifest says of it
         formats = Formats(parquet, _npy_spec(pipeline, npy_chunk_rows) if npy else None)
         saved = saver.submit(save_artifacts, pipeline, out_dir)
         # Threads transform while the artifacts are saved (a shard is committed once they are); a rerun needs
         # their checksum first to know which shards it keeps, and tasks on a cluster load them.
         same_formats = formats == before  # the npy spec's id dtype is final now that the pipeline is fitted
-        reused = [i for i in sorted(complete) if same_formats and previous[outputs[i].name].artifacts_sha256 == saved.result()]
+        same_rows = recorded == _previous_training(out_dir)  # training rows then as now
+        reused = [i for i in sorted(complete) if same_formats and same_rows and previous[outputs[i].name].artifacts_sha256 == saved.result()]
         todo = [i for i in range(len(shards)) if i not in reused]
         if run.client is not None or not todo:
             saved.result()
@@ -220,13 +232,22 @@ def _preprocess(run: RunSettings, pipeline: Pipeline, artifacts: Location | None
             """How the row groups of shard ``i`` are transformed: from the stash when the fit stashed them."""
             if plan is None or i in complete:
                 return None
-            return functools.partial(_transform_from_stash, pipeline, plan, stash, i, on_error)
+            return functools.partial(_transform_from_stash, pipeline, plan, stash, i, on_error, training)
 
         kept = {outputs[i].name: previous[outputs[i].name] for i in reused}
-        summary = _transform(run, pipeline, kept, previous, todo, saved.result, transform, formats)
+        summary = _transform(run, pipeline, kept, previous, todo, saved.result, transform, formats, training)
         saved.result()  # its error, when no shard was committed to raise it
         return replace(summary, fit_seconds=fit_seconds, stash_peak_bytes=stash.peak_bytes, stash_spilled_bytes=stash.spilled_bytes,
                        memory_budget=memory_budget, warnings=tuple(pipeline.fit_warnings))  # fmt: skip
+
+
+def _previous_training(out_dir: Location) -> bool | None:
+    """What the manifest an earlier run left in ``out_dir`` says of its rows (``Manifest.training``; None when it
+    says nothing, or there is no usable manifest)."""
+    try:
+        return read_manifest(out_dir).training
+    except InputError:
+        return None
 
 
 def _remove_temporaries(out_dir: Location) -> None:
@@ -262,10 +283,10 @@ def _fitted(run: RunSettings, pipeline: Pipeline, artifacts: Location | None, st
 
 
 def _transform_from_stash(
-    pipeline: Pipeline, plan: Plan, stash: Stash, index: int, on_error: OnError, shard: Shard, i: int
+    pipeline: Pipeline, plan: Plan, stash: Stash, index: int, on_error: OnError, training: bool, shard: Shard, i: int
 ) -> tuple[int, Transformed, pa.Table | None]:
     """The ``RowGroupTransform`` of shard ``index``'s row groups stashed by the fit (each taken out of ``stash``)."""
-    return transform_stashed(pipeline, plan, stash.pop((index, i)), shard, on_error)
+    return transform_stashed(pipeline, plan, stash.pop((index, i)), shard, on_error, training)
 
 
 def _transform(
@@ -277,9 +298,11 @@ def _transform(
     artifacts_sha: Callable[[], str],
     transform: Callable[[int], RowGroupTransform | None],
     formats: Formats,
+    training: bool,
 ) -> Summary:
     """Write the shards ``todo`` (``entries``: those of the others, kept from the earlier run's ``previous``
-    ones), with ``transform(i)`` for shard ``i`` in threads, or on the cluster of ``run.client``. ``artifacts_sha()``
+    ones), with ``transform(i)`` for shard ``i`` in threads, or on the cluster of ``run.client`` (as training rows
+    when ``training``). ``artifacts_sha()``
     is the checksum of the saved artifacts: the first shard committed waits for it (the save may still run while
     shards are transformed), so a manifest lists a shard only once the artifacts it was made with are saved; it
     raises what failed the save."""
@@ -288,7 +311,8 @@ def _transform(
 
     def save_manifest() -> None:
         files = list(entries.values())  # Manifest.of puts them in shard order
-        write_manifest(out_dir, Manifest.of(pipeline.name, files, complete=len(files) == len(shards), formats=formats.names, npy=formats.npy))
+        write_manifest(out_dir, Manifest.of(pipeline.name, files, complete=len(files) == len(shards), formats=formats.names, npy=formats.npy,
+                                            training=training if pipeline.training_differs else None))  # fmt: skip
 
     transformed = None if run.progress is None else functools.partial(run.progress, "transform")
     if transformed is not None and len(entries):
@@ -329,7 +353,7 @@ def _transform(
             save_manifest()
 
     def work(w: int, i: int, stop: threading.Event) -> None:
-        record(i, process_shard(pipeline, shards[i], outputs[i], on_error, stop, compression, transformed, transform(i), formats), stop)
+        record(i, process_shard(pipeline, shards[i], outputs[i], on_error, stop, compression, transformed, transform(i), formats, training), stop)
 
     t1 = time.perf_counter()
     if not todo or not previous:  # nothing to write, or no earlier output to keep whole until the first commit
@@ -339,7 +363,7 @@ def _transform(
     else:
         from etl.preprocess.tasks import shard_task  # it imports this module
 
-        task = functools.partial(shard_task, out_dir / ARTIFACTS, artifacts_sha(), uuid.uuid4().hex, on_error, compression, formats)
+        task = functools.partial(shard_task, out_dir / ARTIFACTS, artifacts_sha(), uuid.uuid4().hex, on_error, compression, formats, training)
         try:
             run_tasks(run.client, task, [(shards[i], outputs[i]) for i in todo], lambda k, w: record(todo[k], w), transformed,
                       describe=lambda shard: str(shard[0]))  # fmt: skip

@@ -82,14 +82,14 @@ class WrittenShard:
 RowGroupTransform = Callable[[Shard, int], tuple[int, Transformed, pa.Table | None]]
 
 
-def transform_read(pipeline: Pipeline, on_error: OnError) -> RowGroupTransform:
+def transform_read(pipeline: Pipeline, on_error: OnError, training: bool = False) -> RowGroupTransform:
     """The ``RowGroupTransform`` that reads the row group from the shard, runs the pipeline's reshaping stages and
-    ``pipeline.transform``."""
+    ``pipeline.transform`` (``training``: of training rows, ``Pipeline.transform``)."""
 
     def run(shard: Shard, i: int) -> tuple[int, Transformed, pa.Table | None]:
         raw = shard.read_table(i)
         batch, stages = staged_batch(pipeline.stages, pipeline.schema, raw, str(shard.path), i, shard.row_group_starts[i])
-        t = pipeline.transform(batch, on_error)
+        t = pipeline.transform(batch, on_error, training=training)
         t.stages = stages
         return raw.num_rows, t, raw
 
@@ -106,13 +106,14 @@ def process_shard(
     progress: Callable[[int], None] | None = None,
     transform: RowGroupTransform | None = None,
     formats: Formats = Formats(),
+    training: bool = False,
 ) -> WrittenShard | None:
     """Transform one shard into a temporary file of ``out`` (and rejected rows into one of its quarantine file);
     returns them with the shard's manifest entry (without ``artifacts_sha256``) for ``commit_shard``, or None when
     ``stop`` was set before the end. The temporary files are removed when it stops or fails. ``progress`` is called
     with the number of rows of each row group transformed. ``transform`` makes each row group's output (default:
-    ``transform_read``; the single pass gives one that takes it from its stash). ``formats``: whether the Parquet
-    file is written, and the npy chunks of which spec (none by default).
+    ``transform_read``, of training rows when ``training``; the single pass gives one that takes it from its stash).
+    ``formats``: whether the Parquet file is written, and the npy chunks of which spec (none by default).
 
     Output columns are written with plain encoding (no dictionary: ids and floats decode at memcpy speed in the
     loader), without column statistics (nothing reads them; computing them cost ~5 % of the write), and
@@ -122,7 +123,7 @@ def process_shard(
     out_tmp, q_tmp = temporary_path(out), temporary_path(quarantine)
     chunks = None if formats.npy is None else ChunkWriter(out.parent, out.name, formats.npy)
     entry = None
-    run = transform or transform_read(pipeline, on_error)
+    run = transform or transform_read(pipeline, on_error, training)
     try:
         entry = _write_shard(pipeline, source, out, out_tmp if formats.parquet else None, q_tmp, run, stop, compression, progress, chunks)
         if entry is None:

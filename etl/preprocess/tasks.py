@@ -33,17 +33,19 @@ def shard_task(
     on_error: OnError,
     compression: str,
     formats: Formats,
+    training: bool,
     shard: tuple[Location, Location],
     stop: Stop,
     progress: Callable[[int], None],
 ) -> WrittenShard | None:
-    """``process_shard`` for ``shard`` = (source, output path), with the pipeline the run ``run`` saved in
-    ``artifacts`` (see ``fitted``). The worker process's allocator is tuned as the command line tunes its own
+    """``process_shard`` for ``shard`` = (source, output path) (as training rows when ``training``), with the
+    pipeline the run ``run`` saved in ``artifacts`` (see ``fitted``). The worker process's allocator is tuned as the command line tunes its own
     (``etl.runtime.allocator``; Dask starts workers with malloc handing freed memory back at once, which makes every row
     group page-fault its arrays in again)."""
     tune_allocator()
     source, out = shard
-    return process_shard(fitted(artifacts, artifacts_sha, run), source, out, on_error, stop, compression, progress, formats=formats)
+    pipeline = fitted(artifacts, artifacts_sha, run)
+    return process_shard(pipeline, source, out, on_error, stop, compression, progress, formats=formats, training=training)
 
 
 def fitted(artifacts: Location, artifacts_sha: str, run: str) -> Pipeline:

@@ -54,6 +54,13 @@ def _describe_artifacts(path: Location, doc: dict[str, Any]) -> str:
             shown = ", ".join(f"{k}={sizes[k]:,}" for k in names)
             lines.append(f"{o['op']} ops[{i}] ({_column_range(names, columns)}) vocabulary sizes: {shown}")
     for i, o in enumerate(doc.get("ops", [])):
+        folds = o.get("state", {}).get("folds")
+        if isinstance(folds, dict):  # TargetEncode's statistics (etl.ops.target_state)
+            for c, f in folds.items():
+                n, total = sum(f["count"]), sum(f["sum"])
+                mean = f", mean target {total / n:.6g}" if n else ""
+                lines.append(f"{o['op']} ops[{i}] {c}: {n:,} rows with a target in {len(f['count'])} folds{mean}")
+    for i, o in enumerate(doc.get("ops", [])):
         warnings = o.get("state", {}).get("warnings")
         if isinstance(warnings, dict):  # what the fit found doubtful (etl.ops.base.Op.fit_warnings)
             lines += [f"warning: {o['op']} ops[{i}]: column '{c}': {w}" for c, w in warnings.items()]
@@ -85,6 +92,9 @@ def describe_processed(path: Location) -> str:
     if t.stages is not None:
         shown = [f"{s.stage}: {s.rows_in:,} in, {s.rows_out:,} out" if s.groups_dropped is None else describe_stage(s, t.rows_out) for s in t.stages]
         lines.append(f"stages: {t.rows_removed:,} rows removed   " + "   ".join(shown))
+    if m.training is not None:
+        which = "training rows (out-of-fold target encodings)" if m.training else "other rows (target encodings of the full statistics)"
+        lines.append(f"rows: {which}")
     if out.parts:
         lines.append(describe_parquet(out.parts))
     if (out.artifacts / "pipeline.json").is_file():

@@ -29,6 +29,7 @@ from etl.ops.dates import DateParts
 from etl.ops.dense import Bucketize, Clamp, FillMissing, Log1p, Normalize
 from etl.ops.history import History
 from etl.ops.lists import FirstX
+from etl.ops.target import TargetEncode
 from etl.pipeline import Pipeline
 from etl.schema import ColumnSpec, parse_schema
 from tests.conftest import REPO, run_etl
@@ -374,6 +375,45 @@ def test_normalize_fit_is_the_same_on_every_backend(device: str) -> None:
         op.finalize(stats, xp)
         fitted.append((op.mean, op.std))
     assert fitted[0] == fitted[1]
+
+
+@covers(TargetEncode)
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fold_by", [None, "u"])
+def test_target_encode(device: str, fold_by: str | None) -> None:
+    """Fitted on either backend: the same statistics; then full and out-of-fold encodings and the folds (of the
+    fold_by id, or of the file and row) bit for bit, categories unseen at fit included."""
+    rng = np.random.default_rng(17)
+    n = 3_000
+    ids = {"u": rng.integers(0, 70, n).astype(np.int32), "i": rng.integers(2, 2**31 - 1, n).astype(np.int64) % 500}
+    label = Column(rng.integers(0, 2, n).astype(np.float64))
+    params = {"target": "label", "kfold": 5, "fold_by": fold_by, "seed": 3, "smoothing": 2.5, "export_fold": True}
+    fitted = []
+    for dev in (None, device):
+        op, xp = TargetEncode(["i", ["u", "i"]], **params), (cpu if dev is None else tensor)
+        stats = op.new_stats(xp)
+        for rows in np.array_split(np.arange(n), 3):
+            part = Batch({c: Column(v[rows]) for c, v in ids.items()} | {"label": label.take(rows)}, len(rows), "s3://b/day-1.parquet", 0, rows)
+            op.partial_fit(stats, on_backend(part, dev), xp)
+        op.finalize(stats, xp)
+        fitted.append(op)
+    for name in fitted[0].names:
+        for field in ("keys", "folds", "counts", "units", "fold_counts", "fold_units"):
+            np.testing.assert_array_equal(getattr(fitted[0].stats[name], field), getattr(fitted[1].stats[name], field))
+    op = fitted[0]
+    fresh = {"u": rng.integers(0, 90, n).astype(np.int32), "i": rng.integers(0, 600, n)}  # some never seen
+    for data in (ids, fresh):
+        for rows in (np.arange(0), np.arange(1), np.arange(n)):
+            batch = Batch({c: Column(v[rows]) for c, v in data.items()}, len(rows), "/data/day-1.parquet", 0, rows + 10)
+            assert_same(op, batch, device)
+            want, got = op.transform_training(batch, cpu), op.transform_training(on_backend(batch, device), tensor)
+            assert want.keys() == got.keys()
+            for c in want:
+                np.testing.assert_array_equal(want[c].values, tensor.to_numpy(got[c].values), err_msg=c)
+    ordered = TargetEncode(["i"], target="label", mode="ordered")  # its values are the loader's, on the host
+    for xp, dev in ((cpu, None), (tensor, device)):
+        with pytest.raises(ConfigError, match="mode: ordered"):
+            ordered.transform(on_backend(Batch({"i": Column(ids["i"])}, n), dev), xp)
 
 
 # ---------------------------------------------------------------- lists

@@ -27,7 +27,7 @@ def params(f: object) -> list[str]:
 
 
 def returned_protocol(f: object) -> type | None:
-    """The Protocol class ``f`` is declared to return, if any (the objects ``KeyCounter`` and ``LookupTables`` make)."""
+    """The Protocol class ``f`` is declared to return, if any (the objects ``KeyCounter``, ``LookupTables`` and ``ValueTable`` make)."""
     if isinstance(f, property):
         return None
     hint = typing.get_type_hints(f).get("return")
@@ -56,7 +56,7 @@ def test_backend_implements_member(backend: ModuleType, name: str):
 
 
 def test_classes_are_checked():
-    assert {n for n in BACKEND if returned_protocol(BACKEND[n]) is not None} == {"KeyCounter", "LookupTables"}
+    assert {n for n in BACKEND if returned_protocol(BACKEND[n]) is not None} == {"KeyCounter", "LookupTables", "ValueTable"}
 
 
 def test_backend_lists_everything_ops_and_pipelines_call():

@@ -90,7 +90,7 @@ def ref_hash_id(key: int, seed: int, n: int) -> int:
 
 def test_registry_has_every_op():
     assert set(REGISTRY) == {"FillMissing", "Clamp", "Log1p", "Normalize", "Bucketize", "Decode", "Hash",
-                             "Categorify", "HashedCross", "FirstX", "DateParts", "History"}  # fmt: skip
+                             "Categorify", "HashedCross", "FirstX", "DateParts", "History", "TargetEncode"}  # fmt: skip
     for name, cls in REGISTRY.items():
         assert cls.name == name
 

@@ -89,6 +89,19 @@ def test_artifacts_of_several_vocabulary_ops_are_told_apart(tmp_path: Path) -> N
     assert "Categorify ops[3] (genres) vocabulary sizes: genres=3" in lines
 
 
+def test_target_encoding_is_described(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    pq.write_table(pa.table({"userId": [1, 2, 2, 3], "movieId": [10, 10, 11, 10], "rating": [4.0, 3.5, 5.0, 1.0],
+                             "timestamp": [100, 200, 300, 400], "genres": [["A"], ["B"], ["C", "A"], None]}), raw / "0.parquet")  # fmt: skip
+    preprocess(Pipeline.from_file(REPO / "pipelines/movielens_target.yaml"), [raw / "0.parquet"], tmp_path / "out")
+    lines = describe(tmp_path / "out").splitlines()
+    assert "rows: training rows (out-of-fold target encodings)" in lines
+    assert "TargetEncode ops[5] te_userId: 4 rows with a target in 5 folds, mean target 3.375" in lines
+    assert "TargetEncode ops[5] te_movieId: 4 rows with a target in 5 folds, mean target 3.375" in lines
+    assert "rows:" not in describe(tmp_path / "out" / "artifacts")
+
+
 def test_incomplete_processed_output(processed: Path, tmp_path: Path) -> None:
     doc = json.loads((processed / "manifest.json").read_text())
     doc["complete"], doc["files"] = False, doc["files"][:1]

@@ -26,6 +26,7 @@ from etl.io.processed import Manifest, ManifestEntry, StageRows, quarantine_name
 from etl.pipeline import OnError, Pipeline
 from etl.pipeline.core import Rejected
 from etl.pipeline.exchange import BUCKETS, GROUP, HASH, INPUT, ROW, buckets, spilled
+from etl.pipeline.stages import RowGroupAt
 from etl.preprocess.keyed_step import KeyedStep, Sliced
 from etl.preprocess.output import remove_stale
 from etl.preprocess.shard import WrittenShard, commit_shard, discard_shard
@@ -81,8 +82,9 @@ def spill_row_group(pipeline: Pipeline, step: KeyedStep, table: pa.Table, source
     b = buckets(hashes, usable)
     rows = np.arange(table.num_rows, dtype=np.int64)
     counts = BucketCounts.zeros(len(pipeline.stages))
+    at = RowGroupAt(source, group, first_row)
     for k, stage in enumerate(pipeline.stages):
-        kept = stage.select(table, rows)
+        kept = stage.select(table, rows, at)
         counts.stage_in[k] = np.bincount(b[rows], minlength=BUCKETS)
         counts.stage_out[k] = np.bincount(b[kept], minlength=BUCKETS)
         rows = kept

@@ -188,7 +188,7 @@ def _transform(run: RunSettings, pipeline: Pipeline, step: KeyedStep, files: lis
     outputs = [part_path(run.out_dir, p) for p in range(len(ranges))]
     commits = PartitionCommits(run.out_dir, pipeline.name, len(ranges), previous, sha)
     gate = _ByteGate(budget)
-    job = KeyedJob(run.shards, run.on_error, run.compression)
+    job = KeyedJob(run.shards, run.on_error, run.compression, run.split_stage)
     progress = None if run.progress is None else functools.partial(run.progress, "transform")
 
     def work(_w: int, p: int, stop: threading.Event) -> None:

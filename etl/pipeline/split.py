@@ -70,6 +70,9 @@ class Quantile:
 
     fraction: Fraction
 
+    def __str__(self) -> str:
+        return f"{{quantile: {float(self.fraction)}}}"
+
     def index(self, n: int) -> int:
         """The position of the bound among ``n`` values sorted ascending: ``floor(q * n)``, at most ``n - 1``."""
         return min(math.floor(self.fraction * n), max(n - 1, 0))

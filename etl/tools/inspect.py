@@ -85,6 +85,10 @@ def describe_processed(path: Location) -> str:
     if t.stages is not None:
         shown = [f"{s.stage}: {s.rows_in:,} in, {s.rows_out:,} out" if s.groups_dropped is None else describe_stage(s, t.rows_out) for s in t.stages]
         lines.append(f"stages: {t.rows_removed:,} rows removed   " + "   ".join(shown))
+    if m.split is not None:  # one split of a split run (etl.preprocess.split)
+        lines.append(f"split: {m.split.role}: {m.split.rows:,} rows ({m.split.rule})")
+        if m.split.unseen:
+            lines.append("never seen in train: " + ", ".join(f"{u.column} {u.rows:,} rows ({u.distinct:,} values)" for u in m.split.unseen))
     if out.parts:
         lines.append(describe_parquet(out.parts))
     if (out.artifacts / "pipeline.json").is_file():

@@ -5,6 +5,7 @@ for fit, Groupby and artifacts."""
 from __future__ import annotations
 
 import datetime
+import re
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,8 @@ import yaml
 
 from etl.errors import ArtifactError, ConfigError, SpecError
 from etl.pipeline import Pipeline, check_match
-from etl.pipeline.split import LastSplit, Quantile, TimeSplit, split_option
+from etl.pipeline.split import LastSplit, Quantile, TimeSplit, parse_split, split_option
+from etl.schema import parse_schema
 
 SCHEMA = {
     "name": "events",
@@ -147,3 +149,14 @@ def test_artifacts_record_the_split_and_match_the_pipeline_without_it(tmp_path: 
     other = Pipeline({**plain.doc, "name": "other"}, plain.schema, "o.yaml")
     with pytest.raises(ArtifactError, match="fitted with another pipeline"):
         check_match(loaded, other, tmp_path / "art")
+
+
+def test_the_examples_of_pipelines_readme_parse() -> None:
+    text = (Path(__file__).resolve().parents[3] / "pipelines" / "README.md").read_text()
+    section = text[text.index("## Split\n") : text.index("## Ops on numbers")]
+    examples = re.findall(r"^split: (\{.*\})$", section, flags=re.M)
+    columns = [{"name": "userId", "role": "categorical", "dtype": "int64"}, {"name": "movieId", "role": "categorical", "dtype": "int64"},
+               {"name": "timestamp", "role": "dense", "dtype": "int64"}, {"name": "event_time", "role": "passthrough", "dtype": "int64", "unit": "s"}]
+    schema = parse_schema({"name": "ml", "columns": columns}, "s.yaml")
+    parsed = [parse_split(yaml.safe_load(e), schema, "pipelines/README.md") for e in examples]
+    assert [type(p).__name__ for p in parsed] == ["TimeSplit", "TimeSplit", "TimeSplit", "LastSplit"]

@@ -43,6 +43,7 @@ from etl.preprocess.cold_start import unseen_in_train
 from etl.preprocess.output import check_apart
 from etl.preprocess.run import RunSettings, SplitPart, Summary, write_output
 from etl.preprocess.split_pass import resolve
+from etl.runtime.progress import Progress
 
 
 def preprocess_split(pipeline: Pipeline, split: Mapping[str, Any] | str | None, run: RunSettings, artifacts: Location | None, budget: int,
@@ -99,13 +100,19 @@ def _write_split(pipeline: Pipeline, assignment: Assignment, role: str, inputs: 
     vocabularies lack are counted for its report (a training split holds none by construction)."""
     stage = SplitStage(assignment, role, inputs)
     directory = run.out_dir / role
-    routed = replace(run, out_dir=directory, split_stage=stage)
+    progress = None if run.progress is None else _passes_of(run.progress, role)
+    routed = replace(run, out_dir=directory, split_stage=stage, progress=progress)
     summary = write_output(pipeline if keyed else pipeline.with_stages([*pipeline.stages, stage]), routed, None, budget, formats, npy_chunk_rows)
-    unseen = () if training else unseen_in_train(pipeline, assignment, role, run.shards, run.workers, run.progress)
+    unseen = () if training else unseen_in_train(pipeline, assignment, role, run.shards, run.workers, progress)
     placed = [s.rows_out for s in summary.stages or () if s.stage == stage.name]
     report = SplitReport(role, assignment.describe(role), placed[0], unseen)
     write_manifest(directory, replace(read_manifest(directory), split=report))
     return SplitPart(role, directory, summary, report)
+
+
+def _passes_of(progress: Progress, role: str) -> Progress:
+    """``progress`` hearing of the passes of split ``role`` by their names prefixed with it (``"valid transform"``)."""
+    return lambda name, rows: progress(f"{role} {name}", rows)
 
 
 def _summary(parts: list[SplitPart], fit_seconds: float | None, warnings: tuple[str, ...]) -> Summary:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 import yaml
 
 from etl.backends.hashing import string_key
@@ -24,6 +25,13 @@ from tests.conftest import REPO, run_etl
 from tests.integration.test_movielens import joined_rows, readme_commands, vocab_ids
 
 ROLES = ("train", "valid", "test")
+
+
+@pytest.fixture(scope="module")
+def readme_run(movielens: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[list[str]]]:
+    """The README's commands run once for the tests of this module: their directory, and the commands."""
+    tmp_path = tmp_path_factory.mktemp("readme")
+    return tmp_path, run_readme(movielens, tmp_path)
 
 
 def run_readme(movielens: Path, tmp_path: Path) -> list[list[str]]:
@@ -49,10 +57,10 @@ def digests(directory: Path) -> dict[str, str]:
     return {str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
-def test_time_split_of_the_readme(movielens: Path, tmp_path: Path) -> None:
-    commands = run_readme(movielens, tmp_path)
+def test_time_split_of_the_readme(movielens: Path, readme_run: tuple[Path, list[list[str]]], tmp_path: Path) -> None:
+    ran, commands = readme_run
     split = yaml.safe_load(commands[0][commands[0].index("--split") + 1])
-    out = tmp_path / "ml" / "split"
+    out = ran / "ml" / "split"
     rows = joined_rows(movielens)
     role = ["train" if r["timestamp"] < split["train_until"] else "valid" if r["timestamp"] < split["valid_until"] else "test" for r in rows]
     train = [r for r, k in zip(rows, role) if k == "train"]
@@ -85,15 +93,14 @@ def test_time_split_of_the_readme(movielens: Path, tmp_path: Path) -> None:
         assert sum(len(b.label) for b in batches) == len(mine)
     # the same bytes with one worker (the README's run has two), through the Python API
     one = tmp_path / "one"
-    preprocess(Pipeline.from_file(REPO / "pipelines/movielens.yaml"), sorted((tmp_path / "ml/raw").glob("*.parquet")), one, workers=1,
+    preprocess(Pipeline.from_file(REPO / "pipelines/movielens.yaml"), sorted((ran / "ml/raw").glob("*.parquet")), one, workers=1,
                split=commands[0][commands[0].index("--split") + 1])  # fmt: skip
     for name in ROLES:
         assert digests(one / name) == digests(out / name)
 
 
-def test_each_users_latest_ratings_with_history(movielens: Path, tmp_path: Path) -> None:
-    run_readme(movielens, tmp_path)
-    out = tmp_path / "ml" / "last"
+def test_each_users_latest_ratings_with_history(movielens: Path, readme_run: tuple[Path, list[list[str]]]) -> None:
+    out = readme_run[0] / "ml" / "last"
     rows = joined_rows(movielens)
     by_user: dict[int, list[int]] = defaultdict(list)
     for i, r in enumerate(rows):

@@ -288,3 +288,6 @@ def test_each_split_reads_as_a_processed_output(tmp_path: Path) -> None:
         text = describe(tmp_path / "out" / role)
         assert f"split: {role}" in text
     assert "never seen in train: user" in describe(tmp_path / "out" / "test")
+    whole = describe(tmp_path / "out")  # the split run's directory: each split
+    assert [line.split()[2] for line in whole.splitlines() if line.startswith("processed output:")] == [
+        str(tmp_path / "out" / role) for role in ("train", "valid", "test")]  # fmt: skip

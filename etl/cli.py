@@ -423,10 +423,11 @@ def _print_split_summary(summary: Any, out: str) -> None:
         c.print(f"{r.role}: {r.rows:,} rows ({r.rule}) → {part.directory}{skipped}")
         c.print("  rows: " + describe_rows(s.rows_in, s.rows_out, s.rows_quarantined, s.stages))
         if r.unseen:
-            c.print("  never seen in train: " + ", ".join(f"{u.column} {u.rows:,} rows ({u.distinct:,} values)" for u in r.unseen))
+            c.print("  never seen in train: " + ", ".join(f"{u.column} {u.rows:,} rows ({u.distinct:,} distinct)" for u in r.unseen))
     if summary.fit_seconds is not None:
         c.print(f"fit (train rows): {summary.fit_seconds:.2f} s")
-    c.print(f"transform: {summary.rows_processed:,} rows in {summary.transform_seconds:.2f} s ({summary.rows_per_second:,.0f} rows/s)")
+    c.print(f"transform: {summary.rows_processed:,} rows into {len(summary.splits)} splits in {summary.transform_seconds:.2f} s "
+            f"({summary.rows_per_second:,.0f} rows/s)")
     _print_warnings(summary.warnings)
     c.print(f"output: {out}")
 

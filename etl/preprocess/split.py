@@ -131,7 +131,7 @@ def _summary(parts: list[SplitPart], fit_seconds: float | None, warnings: tuple[
         rows_in=train.rows_in,
         rows_out=sum(p.summary.rows_out for p in parts),
         rows_quarantined=sum(p.summary.rows_quarantined for p in parts),
-        rows_processed=sum(p.summary.rows_processed for p in parts),
+        rows_processed=max(p.summary.rows_processed for p in parts),  # every split reads every row: counted once
         fit_seconds=fit_seconds if fit_seconds is not None else train.fit_seconds,
         transform_seconds=sum(p.summary.transform_seconds for p in parts),
         stash_peak_bytes=train.stash_peak_bytes,

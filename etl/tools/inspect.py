@@ -91,7 +91,7 @@ def describe_processed(path: Location) -> str:
     if m.split is not None:  # one split of a split run (etl.preprocess.split)
         lines.append(f"split: {m.split.role}: {m.split.rows:,} rows ({m.split.rule})")
         if m.split.unseen:
-            lines.append("never seen in train: " + ", ".join(f"{u.column} {u.rows:,} rows ({u.distinct:,} values)" for u in m.split.unseen))
+            lines.append("never seen in train: " + ", ".join(f"{u.column} {u.rows:,} rows ({u.distinct:,} distinct)" for u in m.split.unseen))
     if out.parts:
         lines.append(describe_parquet(out.parts))
     if (out.artifacts / "pipeline.json").is_file():

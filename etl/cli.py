@@ -345,13 +345,20 @@ def preprocess(
         "values. Default: --training when this run fits (no --artifacts), --no-training with --artifacts (validation, test, new "
         "rows: the full statistics).",
     ),
+    split: str | None = typer.Option(None, help="Write --out/train, --out/valid and --out/test, fitting every statistic on the train rows "
+                                     "only; overrides the pipeline's split: section. YAML flow text, e.g. '{by: time, column: timestamp, "
+                                     "train_until: 889000000, valid_until: 891000000}', or the path of a YAML file holding it "
+                                     "(see pipelines/README.md#split)."),
 ) -> None:
     """Fit (when no artifacts are given) and transform every shard, reading each shard once (the fit keeps what the
     transform needs, see --memory-budget); resumable after an interruption. With --cluster, both run on the
     cluster's workers (the fit's count tables spilled inside --out), and each shard is read by both. With --follow,
-    keep transforming the shards a producer adds to the input directory (etl.preprocess.follow)."""
+    keep transforming the shards a producer adds to the input directory (etl.preprocess.follow). With a split
+    (--split, or the pipeline's split: section), each split is written apart (etl.preprocess.split)."""
     if follow:
         with user_errors():
+            if split is not None:
+                raise ConfigError("--follow transforms shards as they arrive with fitted artifacts: it takes no --split")
             if memory_budget is not None or partitions is not None:
                 raise ConfigError("--follow fits nothing: it takes no --memory-budget nor --partitions")
             if format != "parquet" or npy_chunk_rows != 65536:
@@ -384,6 +391,8 @@ def preprocess(
         inputs, out_dir = expand_globs(input), location(out)
         check_apart(out_dir, inputs)
         shards = list_shards(inputs)
+        # --split, else the pipeline file's split (handed over as such: with --artifacts the run refuses it)
+        split_given: str | dict[str, Any] | None = split if split is not None else p.doc.get("split")
         if artifacts is not None:  # the fitted pipeline, handed to the run as such (nothing left to fit)
             saved = location(artifacts)
             p, spec = Pipeline.load(saved), p
@@ -392,7 +401,10 @@ def preprocess(
             mode = cast("OnError", on_error)
             summary = run(p, shards, out_dir, workers=workers, on_error=mode, compression=compression, progress=report, client=client(),
                           partitions=partitions, memory_budget=memory_budget, formats=formats, npy_chunk_rows=npy_chunk_rows,
-                          training=training)  # fmt: skip
+                          training=training, split=split_given)  # fmt: skip
+    if summary.splits:
+        _print_split_summary(summary, out)
+        return
     c = console
     c.print(f"files: {summary.files}" + (f" ({summary.files_skipped} already complete, skipped)" if summary.files_skipped else ""))
     c.print("rows: " + describe_rows(summary.rows_in, summary.rows_out, summary.rows_quarantined, summary.stages))
@@ -403,6 +415,28 @@ def preprocess(
         c.print(f"stash: peak {peak} in memory (budget {budget}), {spilled} on disk")
     if summary.files_skipped < summary.files:
         c.print(f"transform: {summary.rows_processed:,} rows in {summary.transform_seconds:.2f} s ({summary.rows_per_second:,.0f} rows/s)")
+    _print_warnings(summary.warnings)
+    c.print(f"output: {out}")
+
+
+def _print_split_summary(summary: Any, out: str) -> None:
+    """The summary of a split run (``etl.preprocess.split``): per split, its rule, rows, row accounting and the
+    values train never saw; then the fit and transform times."""
+    from etl.io.processed import describe_rows
+
+    c = console
+    c.print(f"files: {summary.files}   rows read: {summary.rows_in:,}")
+    for part in summary.splits:
+        s, r = part.summary, part.report
+        skipped = f" ({s.files_skipped} already complete, skipped)" if s.files_skipped else ""
+        c.print(f"{r.role}: {r.rows:,} rows ({r.rule}) → {part.directory}{skipped}")
+        c.print("  rows: " + describe_rows(s.rows_in, s.rows_out, s.rows_quarantined, s.stages))
+        if r.unseen:
+            c.print("  never seen in train: " + ", ".join(f"{u.column} {u.rows:,} rows ({u.distinct:,} distinct)" for u in r.unseen))
+    if summary.fit_seconds is not None:
+        c.print(f"fit (train rows): {summary.fit_seconds:.2f} s")
+    c.print(f"transform: {summary.rows_processed:,} rows into {len(summary.splits)} splits in {summary.transform_seconds:.2f} s "
+            f"({summary.rows_per_second:,.0f} rows/s)")
     _print_warnings(summary.warnings)
     c.print(f"output: {out}")
 

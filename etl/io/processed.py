@@ -13,8 +13,10 @@ manifest.json is JSON with the keys ``format`` (``FORMAT``), ``version`` (``VERS
 ``files``) and ``files`` (the entries, as objects with the fields of ``ManifestEntry``, in the order of their
 shards' indexes, which is the order readers take them in); when the npy format was
 written, also ``formats`` (the formats written, in ``FORMATS`` order; absent: Parquet only) and ``npy`` (the
-``etl.io.npy.NpySpec``). The output of a shard is its Parquet file, its npy chunks, or both. It is written
-atomically (``write_manifest``), so a reader sees either the previous or the new manifest, never a partial one.
+``etl.io.npy.NpySpec``); when the output is one split of a split run (``etl preprocess`` with a split writes
+``OUT/train``, ``OUT/valid`` and ``OUT/test``, each a processed output), also ``split`` (``SplitReport``). The
+output of a shard is its Parquet file, its npy chunks, or both. It is written atomically (``write_manifest``), so
+a reader sees either the previous or the new manifest, never a partial one.
 The directory may be an object-storage prefix (``etl.io.fs.Url``): the manifest is then one upload, written after
 the files it lists, and it is the commit record there too: readers use only the files it lists.
 
@@ -51,6 +53,8 @@ ARTIFACTS = "artifacts"
 QUARANTINE = "quarantine"
 #: The output formats ``etl preprocess`` writes, in the order they are listed.
 FORMATS = ("parquet", "npy")
+#: The splits of a split run (``etl.pipeline.split``), each written to the subdirectory of its name.
+SPLITS = ("train", "valid", "test")
 
 
 @dataclass(frozen=True)
@@ -162,6 +166,29 @@ def describe_rows(rows_in: int, rows_out: int, rows_quarantined: int, stages: tu
 
 
 @dataclass(frozen=True)
+class Unseen:
+    """The values of an id ``column`` of a split's rows that the vocabulary fitted on the train rows lacks (they get
+    its out-of-vocabulary ids): the ``rows`` holding at least one, and how many ``distinct`` values they are."""
+
+    column: str
+    rows: int
+    distinct: int
+
+
+@dataclass(frozen=True)
+class SplitReport:
+    """The split an output holds: its ``role`` (one of ``SPLITS``), the ``rule`` placing rows in it (one line), the
+    ``rows`` placed in it (those its ``Split`` stage passed on: written or quarantined) and, for a valid or test
+    split, the values of each Categorify column never seen in train (``unseen``, in pipeline order; empty for
+    train, or a pipeline without Categorify)."""
+
+    role: str
+    rule: str
+    rows: int
+    unseen: tuple[Unseen, ...] = ()
+
+
+@dataclass(frozen=True)
 class Manifest:
     """The content of manifest.json: the name of the ``pipeline``, whether the output is ``complete``, the
     ``totals``, the ``files`` (readers take them in this order; ``of`` puts them in shard order), the ``formats``
@@ -176,6 +203,7 @@ class Manifest:
     formats: tuple[str, ...] = ("parquet",)
     npy: NpySpec | None = None
     training: bool | None = None
+    split: SplitReport | None = None
 
     @classmethod
     def of(cls, pipeline: str, files: list[ManifestEntry], complete: bool, formats: tuple[str, ...] = ("parquet",),
@@ -235,6 +263,8 @@ def write_manifest(directory: Location, manifest: Manifest) -> None:
         doc["npy"] = asdict(manifest.npy)
     if manifest.training is not None:
         doc["training"] = manifest.training
+    if manifest.split is not None:
+        doc["split"] = asdict(manifest.split)
     atomic_write_bytes(directory / MANIFEST, (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
 
 
@@ -275,14 +305,16 @@ def read_manifest(directory: Location) -> Manifest:
     except ValueError as e:
         raise InputError(str(path), f"manifest field 'files': {e}") from None
     counts = {k: _field(totals, k, int, path, "totals") for k in ("rows_in", "rows_out", "rows_quarantined")}
+    stages = _stage_rows(totals, path, "totals")
     return Manifest(
         pipeline=_field(doc, "pipeline", str, path),
         complete=_field(doc, "complete", bool, path),
-        totals=Totals(**counts, stages=_stage_rows(totals, path, "totals")),
+        totals=Totals(**counts, stages=stages),
         files=entries,
         formats=formats,
         npy=_npy_spec(_field(doc, "npy", dict, path), path) if "npy" in formats else None,
         training=_field(doc, "training", bool, path) if "training" in doc else None,
+        split=_split_report(_field(doc, "split", dict, path), stages, path) if "split" in doc else None,
     )
 
 
@@ -533,6 +565,27 @@ def _stage_rows(doc: dict[str, Any], path: Location, where: str) -> tuple[StageR
         out.append(StageRows(_field(item, "stage", str, path, f"{name}[{i}]"), _field(item, "rows_in", int, path, f"{name}[{i}]"),
                              _field(item, "rows_out", int, path, f"{name}[{i}]"), dropped))  # fmt: skip
     return tuple(out)
+
+
+def _split_report(doc: dict[str, Any], stages: tuple[StageRows, ...] | None, path: Location) -> SplitReport:
+    """The manifest's ``split``: a role of ``SPLITS``, counts >= 0, its ``rows`` those its ``Split`` stage passed on
+    (in the totals)."""
+    role = _field(doc, "role", str, path, "split")
+    if role not in SPLITS:
+        raise InputError(str(path), f"manifest field 'split.role' is {json.dumps(role)}, expected one of {list(SPLITS)}")
+    rows = _field(doc, "rows", int, path, "split")
+    unseen = []
+    for i, u in enumerate(_field(doc, "unseen", list, path, "split")):
+        where = f"split.unseen[{i}]"
+        if not isinstance(u, dict):
+            raise InputError(str(path), f"manifest field '{where}' is {json.dumps(u)}, expected an object")
+        unseen.append(Unseen(_field(u, "column", str, path, where), _field(u, "rows", int, path, where), _field(u, "distinct", int, path, where)))
+    if min([rows, *(n for u in unseen for n in (u.rows, u.distinct))]) < 0 or any(u.rows > rows for u in unseen):
+        raise InputError(str(path), f"manifest field 'split': counts below 0, or unseen values in more than its {rows} rows")
+    placed = [s.rows_out for s in stages or () if s.stage == "Split"]
+    if placed != [rows]:
+        raise InputError(str(path), f"manifest field 'split.rows' is {rows}, but the Split stage of the totals passed on {placed or 'nothing'}")
+    return SplitReport(role, _field(doc, "rule", str, path, "split"), rows, tuple(unseen))
 
 
 def _chunk(doc: Any, path: Location, where: str) -> NpyChunk:

@@ -105,6 +105,19 @@ MAX_LEN = 1 << 16
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
+def event_key_hashes(col: Column, spec: ColumnSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The key column ``spec`` as read (``col``) → each row's key hash (uint64, ``etl.ops.counts.key_hashes`` of
+    its Decode key, by the column's encoding, else ``int`` for an int64 column and ``string`` for text; 0 where
+    unusable), whether it is usable, and whether it is malformed (present, but not of the column's encoding): the
+    key equality of History (and of the split by each key's latest events, ``etl.pipeline.split``)."""
+    encoding = spec.encoding or ("int" if spec.dtype == "int64" else "string")
+    keys, _, bad = decode_column(col, replace(spec, encoding=encoding), cpu)
+    missing = np.zeros(len(col), np.bool_) if col.valid is None else ~col.valid
+    malformed = np.zeros(len(col), np.bool_) if bad is None else np.asarray(bad, np.bool_) & ~missing
+    usable = ~(missing | malformed)
+    return np.where(usable, key_hashes(np.asarray(keys, np.uint64)), np.uint64(0)), usable, malformed
+
+
 def _positive_int(name: str, v: Any, low: int = 1, high: int | None = None) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or v < low or (high is not None and v > high):
         span = f">= {low}" if high is None else f"in [{low}, {high}]"
@@ -330,16 +343,9 @@ class History(Op):
 
     # ------------------------------------------------------------------ offline
     def key_hashes(self, col: Column) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The key column as read (``col``) → each row's key hash (uint64, ``etl.ops.counts.key_hashes`` of its
-        Decode key; 0 where unusable), whether it is usable, and whether it is malformed (present, but not of the
-        column's encoding)."""
-        spec = self.source_specs[self.key]
-        encoding = spec.encoding or ("int" if spec.dtype == "int64" else "string")
-        keys, _, bad = decode_column(col, replace(spec, encoding=encoding), cpu)
-        missing = np.zeros(len(col), np.bool_) if col.valid is None else ~col.valid
-        malformed = np.zeros(len(col), np.bool_) if bad is None else np.asarray(bad, np.bool_) & ~missing
-        usable = ~(missing | malformed)
-        return np.where(usable, key_hashes(np.asarray(keys, np.uint64)), np.uint64(0)), usable, malformed
+        """The key column as read (``col``) → ``event_key_hashes``: each row's key hash, whether it is usable, and
+        whether it is malformed."""
+        return event_key_hashes(col, self.source_specs[self.key])
 
     def with_keys(self, batch: Batch) -> Batch:
         """``batch`` (the schema's columns as read) with the columns its state reads (``with_sources``)."""

@@ -110,6 +110,7 @@ def load(directory: str | Location, xp: Backend, build: type[Pipeline]) -> Pipel
         except (KeyError, TypeError, ValueError) as e:
             at_fault = d / rels[e.table] if isinstance(e, InvalidState) and e.table in rels else path
             raise ArtifactError(f"{at_fault}: state of {where} ({op.name}): {e}") from None
+    pipe.split_spec = None  # recorded in its document: the run that fitted it resolved it
     return pipe
 
 
@@ -169,6 +170,11 @@ def read_table(d: Location, rel: Any, field: str, doc: str = "pipeline.json") ->
 
 def check_match(fitted: Pipeline, spec: Pipeline, artifacts: str | Location) -> None:
     """Raise ``ArtifactError`` unless ``fitted`` (loaded from ``artifacts``) was fitted with the pipeline document
-    and the schema columns of ``spec``."""
-    if fitted.doc != spec.doc or fitted.schema.columns != spec.schema.columns:
+    and the schema columns of ``spec``. Their ``split`` sections are not compared: a split says which rows the
+    statistics were fitted on (the artifacts record it), not what the ops do."""
+    if _without_split(fitted.doc) != _without_split(spec.doc) or fitted.schema.columns != spec.schema.columns:
         raise ArtifactError(f"{artifacts}: these artifacts were fitted with another pipeline or schema than {spec.path}")
+
+
+def _without_split(doc: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in doc.items() if k != "split"}

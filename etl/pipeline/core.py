@@ -31,6 +31,9 @@ float32, ids as int32 (int64 when an op's cardinality needs it), lists as list<i
 in their raw-layout type (``etl.io.text.raw_arrow_schema``). Ops and their parameters are documented in
 ``pipelines/README.md``.
 
+``split`` (optional) says which rows are train, valid and test rows for ``etl preprocess``, which then fits every
+statistic on the train rows only and writes each split apart (``etl.pipeline.split``; ``Pipeline.split_spec``).
+
 ``stages`` (optional) lists reshaping stages, which run on the raw rows before the fit and the ops and may change
 the row count; ``etl preprocess`` runs them, and ``Pipeline.transform`` does not (see ``etl.pipeline.stages``).
 ``Groupby`` (``etl.pipeline.groupby``), a reshaping stage of key scope, is written as the last entry of ``ops``:
@@ -43,6 +46,7 @@ Fitting over shards is in ``etl.pipeline.fit``, saving and loading the fitted st
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -66,6 +70,8 @@ from etl.ops import REGISTRY, InvalidRows, Op
 from etl.pipeline import artifacts
 from etl.pipeline.fit import fit_shards
 from etl.pipeline.groupby import Groupby
+from etl.pipeline.split import Split, canonical, parse_split
+from etl.pipeline.split_rows import SplitStage
 from etl.pipeline.stages import Stage, parse_stages
 from etl.runtime.progress import Progress
 from etl.schema import ColumnSpec, Schema, load_schema, read_yaml
@@ -187,9 +193,13 @@ class Pipeline:
     ``Pipeline.from_file`` or ``Pipeline.load``."""
 
     def __init__(self, doc: dict[str, Any], schema: Schema, path: str = "<memory>", xp: Backend = cpu):
+        if doc.get("split") is not None:  # dates YAML read from unquoted text kept as ISO text, as the artifacts' JSON holds them
+            doc = {**doc, "split": canonical(doc["split"])}
         self.doc, self.schema, self.path, self.xp = doc, schema, path, xp
         self.name = str(doc.get("name", schema.name))
         self.stages: list[Stage] = parse_stages(doc.get("stages"), schema, path)
+        #: which rows ``etl preprocess`` writes as train, valid and test rows (None: no split)
+        self.split_spec: Split | None = parse_split(doc.get("split"), schema, path)
         self.ops: list[Op] = []
         #: the Groupby that ends the ops (None: the output has a row per event)
         self.groupby: Groupby | None = None
@@ -239,6 +249,8 @@ class Pipeline:
             except ValueError as e:
                 raise SpecError(path, f"ops[{len(raw_ops) - 1}] (Groupby)", str(e)) from None
             self.output_columns = self.groupby.outputs
+            if self.split_spec is not None:
+                raise SpecError(path, "split", "a pipeline that ends with Groupby takes no split: a group's events would fall in several splits")
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -253,8 +265,16 @@ class Pipeline:
 
     @classmethod
     def load(cls, directory: str | Location, xp: Backend = cpu) -> Pipeline:
-        """Rebuild a fitted pipeline from artifacts written by ``save`` (JSON + Parquet only)."""
+        """Rebuild a fitted pipeline from artifacts written by ``save`` (JSON + Parquet only). Its document keeps
+        the split it was fitted with, if any; ``split_spec`` is None: a fitted pipeline has no split left to run."""
         return artifacts.load(directory, xp, cls)
+
+    def with_stages(self, stages: list[Stage]) -> Pipeline:
+        """A copy of this pipeline whose row-scope stages are ``stages``; it shares the ops (fitting one fits the
+        other)."""
+        staged = copy.copy(self)
+        staged.stages = list(stages)
+        return staged
 
     def _check_flow(self) -> list[str]:
         """Follow each column's kind (raw → keys → ids; numbers) through the ops; return the output columns."""
@@ -341,7 +361,13 @@ class Pipeline:
         threads, or on the workers of the Dask ``client`` (see ``etl.pipeline.fit``: ``partitions`` and
         ``workdir`` are for a cluster). The fitted state does not depend on shard order, worker count, executor
         or partitions. Invalid rows raise ``RowError`` or, with ``on_error="quarantine"``, are left out;
-        ``progress`` (``etl.runtime.progress``) is called with the name of the fitting pass and numbers of rows read."""
+        ``progress`` (``etl.runtime.progress``) is called with the name of the fitting pass and numbers of rows read.
+
+        A pipeline with a ``split`` is fitted on its train rows by ``etl preprocess`` (``etl.preprocess.preprocess``),
+        which resolves the split first: fitting it here on every row raises ``ConfigError``."""
+        if self.split_spec is not None and not any(isinstance(s, SplitStage) for s in self.stages):
+            raise ConfigError(f"{self.path} has a split: etl preprocess fits its statistics on the train rows only and writes each split "
+                              "(fitting it on every row would let the valid and test rows into them)")  # fmt: skip
         fit_shards(self, shards, workers, on_error, progress, client, partitions, workdir)
 
     def save(self, directory: str | Location) -> None:

@@ -154,8 +154,9 @@ class Filter:
             raise SpecError(path, f"{where}.where", "missing: the condition rows must meet to be kept")
         return cls(_condition(params["where"], {c.name: c for c in schema.columns}, path, f"{where}.where"))
 
-    def select(self, table: pa.Table, rows: np.ndarray) -> np.ndarray:
-        """The positions of ``rows`` (positions in ``table``, in order) whose row matches the condition."""
+    def select(self, table: pa.Table, rows: np.ndarray, at: Any = None) -> np.ndarray:
+        """The positions of ``rows`` (positions in ``table``, in order) whose row matches the condition (which
+        reads values only: where the row group lies, ``at``, plays no part)."""
         return rows[self.where.mask(table)[rows]]
 
 

@@ -27,9 +27,10 @@ removed, or regrouped. The contract:
 
 Scopes (``scope``):
 
-- ``"rows"``: shard-local. The stage sees one row group at a time (``select(table, rows)``: the row group as read,
-  and the positions of the rows reaching the stage; it returns the positions of the rows it passes on, in the
-  order it passes them) and needs nothing from other row groups or shards. Such stages run wherever a row group is
+- ``"rows"``: shard-local. The stage sees one row group at a time (``select(table, rows, at)``: the row group as
+  read, the positions of the rows reaching the stage and where the row group lies, ``RowGroupAt``; it returns the
+  positions of the rows it passes on, in the order it passes them) and needs nothing from other row groups or
+  shards: ``Filter`` reads the values only, the split's stage (``etl.pipeline.split_rows``) the position too. Such stages run wherever a row group is
   read (threads, Dask tasks, the single pass's stash, a rerun, ``--follow``), with no step of their own.
   ``Filter`` (``etl.pipeline.filter``) is one.
 - ``"key"``: keyed, for stages that need every row of a key at once: ``Groupby`` (``etl.pipeline.groupby``: one
@@ -52,6 +53,7 @@ Scopes (``scope``):
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 import numpy as np
@@ -68,6 +70,16 @@ from etl.schema import Schema
 STAGE_DOCS = "pipelines/README.md#stages"
 
 
+@dataclass(frozen=True)
+class RowGroupAt:
+    """Where a row group lies: row group ``row_group`` of the shard ``source`` (its path as the run names it),
+    starting at row ``first_row`` of the file."""
+
+    source: str
+    row_group: int
+    first_row: int
+
+
 class Stage(Protocol):
     """A reshaping stage (see the module docstring): its ``name`` in pipeline files, its ``scope`` ("rows" or
     "key") and the raw ``columns`` it reads."""
@@ -76,9 +88,9 @@ class Stage(Protocol):
     scope: ClassVar[str]
     columns: list[str]
 
-    def select(self, table: pa.Table, rows: np.ndarray) -> np.ndarray:
+    def select(self, table: pa.Table, rows: np.ndarray, at: RowGroupAt | None = None) -> np.ndarray:
         """The positions (in ``table``) of the rows passed on, from ``rows``: the positions of the rows reaching
-        the stage, in order (int64)."""
+        the stage, in order (int64). ``at``: where ``table`` lies (None for rows that lie in no file)."""
         ...
 
 
@@ -109,15 +121,15 @@ def parse_stages(doc: Any, schema: Schema, path: str) -> list[Stage]:
     return stages
 
 
-def run_stages(stages: list[Stage], table: pa.Table) -> tuple[np.ndarray, tuple[StageRows, ...]]:
-    """Run the row-scope ``stages`` on a row group as read (``table``): the positions of the rows they pass on,
-    in order, and each stage's rows in and out."""
+def run_stages(stages: list[Stage], table: pa.Table, at: RowGroupAt | None = None) -> tuple[np.ndarray, tuple[StageRows, ...]]:
+    """Run the row-scope ``stages`` on a row group as read (``table``, lying ``at``): the positions of the rows
+    they pass on, in order, and each stage's rows in and out."""
     rows = np.arange(table.num_rows, dtype=np.int64)
     counts = []
     for stage in stages:
         if stage.scope != "rows":
             raise ValueError(f"stage {stage.name} has scope {stage.scope!r}: it needs an exchange by key, not a row group")
-        kept = stage.select(table, rows)
+        kept = stage.select(table, rows, at)
         counts.append(StageRows(stage.name, len(rows), len(kept)))
         rows = kept
     return rows, tuple(counts)
@@ -132,7 +144,7 @@ def staged_batch(
     batch = batch_from_arrow(table, schema, source, row_group, first_row, columns)
     if not stages:
         return batch, ()
-    rows, counts = run_stages(stages, table)
+    rows, counts = run_stages(stages, table, RowGroupAt(source, row_group, first_row))
     if len(rows) != table.num_rows or not np.array_equal(rows, np.arange(table.num_rows)):
         batch = batch.take(rows)
     return batch, counts

@@ -211,7 +211,7 @@ def _transform(run: RunSettings, pipeline: Pipeline, step: KeyedStep, files: lis
     outputs = [part_path(run.out_dir, p) for p in range(len(ranges))]
     commits = PartitionCommits(run.out_dir, pipeline.name, len(ranges), previous, sha)
     gate = _ByteGate(budget)
-    job = KeyedJob(run.shards, run.on_error, run.compression, bool(run.training))
+    job = KeyedJob(run.shards, run.on_error, run.compression, bool(run.training), run.split_stage)
     progress = None if run.progress is None else functools.partial(run.progress, "transform")
 
     def work(_w: int, p: int, stop: threading.Event) -> None:

@@ -96,7 +96,7 @@ def transform_on_cluster(run: RunSettings, pipeline: Pipeline, step: KeyedStep, 
         if written is not None:
             commits.commit(written)
 
-    job = KeyedJob(run.shards, run.on_error, run.compression, bool(run.training))
+    job = KeyedJob(run.shards, run.on_error, run.compression, bool(run.training), run.split_stage)
     try:
         run_tasks(client, functools.partial(partition_task, artifacts, sha, key, job), items, commit, _pass(run, "transform"), inputs=parts,
                   describe=lambda item: f"partition {item[0]} of {item[1]} of the exchange by key '{step.key}'")  # fmt: skip

@@ -47,7 +47,7 @@ class HistoryStep:
         for start in range(0, max(table.num_rows, 1), SLICE_ROWS):
             piece = table.slice(start, SLICE_ROWS)
             t, short = self._slice(state, piece, start, p, on_error, training)
-            yield Sliced(piece.num_rows, self.pipeline.to_arrow(t.batch), t.rejected, short)
+            yield Sliced(piece.num_rows, self.pipeline.to_arrow(t.batch), t.rejected, short, positions=t.batch.row_ids)
 
     def _slice(self, state: SortedHistory, piece: pa.Table, start: int, p: int, on_error: OnError, training: bool) -> tuple[Transformed, int]:
         """Transform one slice of a sorted partition (``piece``: its rows ``start..``): the transformed batch with

@@ -23,9 +23,12 @@ from etl.io.arrow import from_numpy, strings
 from etl.io.files import ExclusiveParquetWriter, HashingFile, buffered_stream, temporary_path
 from etl.io.fs import Location
 from etl.io.processed import Manifest, ManifestEntry, StageRows, quarantine_name, write_manifest
+from etl.ops.base import InvalidRows
 from etl.pipeline import OnError, Pipeline
 from etl.pipeline.core import Rejected
 from etl.pipeline.exchange import BUCKETS, GROUP, HASH, INPUT, ROW, buckets, spilled
+from etl.pipeline.split_rows import SplitStage
+from etl.pipeline.stages import RowGroupAt
 from etl.preprocess.keyed_step import KeyedStep, Sliced
 from etl.preprocess.output import remove_stale
 from etl.preprocess.shard import WrittenShard, commit_shard, discard_shard
@@ -35,13 +38,16 @@ from etl.runtime.cluster_tasks import Stop
 @dataclass(frozen=True)
 class KeyedJob:
     """What writing a partition needs of the run: the input ``shards`` (errors and quarantined rows name them by
-    their index in this list), the ``on_error`` policy, the Parquet ``compression`` and whether the rows are
-    training rows (``Pipeline.transform``'s ``training``)."""
+    their index in this list), the ``on_error`` policy, the Parquet ``compression``, whether the rows are training
+    rows (``Pipeline.transform``'s ``training``); ``split_stage``: for one split of a split run, the stage placing
+    rows in it, applied to what the step makes of every row (History sees the whole timeline; the rows of other
+    splits are then left out, counted as removed by it)."""
 
     shards: list[Location]
     on_error: OnError
     compression: str
     training: bool = False
+    split_stage: SplitStage | None = None
 
 
 @dataclass
@@ -83,8 +89,9 @@ def spill_row_group(pipeline: Pipeline, step: KeyedStep, table: pa.Table, source
     b = buckets(hashes, usable)
     rows = np.arange(table.num_rows, dtype=np.int64)
     counts = BucketCounts.zeros(len(pipeline.stages))
+    at = RowGroupAt(source, group, first_row)
     for k, stage in enumerate(pipeline.stages):
-        kept = stage.select(table, rows)
+        kept = stage.select(table, rows, at)
         counts.stage_in[k] = np.bincount(b[rows], minlength=BUCKETS)
         counts.stage_out[k] = np.bincount(b[kept], minlength=BUCKETS)
         rows = kept
@@ -103,6 +110,8 @@ def write_partition(job: KeyedJob, pipeline: Pipeline, step: KeyedStep, table: p
     rows_out = rows_q = removed = dropped = 0
     q_writer: ExclusiveParquetWriter | None = None
     done = False
+    mine = None if job.split_stage is None else _in_split(job, job.split_stage, table)
+    start = 0
     try:
         schema = pipeline.output_schema()
         with HashingFile(out_tmp) as sink, buffered_stream(sink) as stream, \
@@ -110,6 +119,8 @@ def write_partition(job: KeyedJob, pipeline: Pipeline, step: KeyedStep, table: p
             for s in _source_errors(job, step, table, p, stop):
                 if s is None:
                     return None
+                if mine is not None:
+                    s, start = _routed(s, mine, start), start + s.rows
                 writer.write_table(s.table)
                 rows_out += s.table.num_rows
                 removed += s.removed
@@ -127,7 +138,10 @@ def write_partition(job: KeyedJob, pipeline: Pipeline, step: KeyedStep, table: p
             q_writer.close()
             q_writer = None
         rows_in, stages = counted
-        stages += (StageRows(step.name, table.num_rows, table.num_rows - removed, dropped if step.groups else None),)
+        placed = table.num_rows if mine is None else int(mine.sum())
+        if job.split_stage is not None:
+            stages += (StageRows(job.split_stage.name, table.num_rows, placed),)
+        stages += (StageRows(step.name, placed, placed - removed, dropped if step.groups else None),)
         if rows_in != rows_out + rows_q + sum(s.rows_in - s.rows_out for s in stages) or stages[0].rows_in != rows_in:
             raise RuntimeError(f"partition {p}: row accounting broke: {rows_in} in, {rows_out} out, {rows_q} quarantined, stages {stages}")
         entry = ManifestEntry(output=out.name, source=f"<exchange by key '{step.key}': partition {p} of {count}>", source_bytes=0, rows_in=rows_in,
@@ -141,6 +155,32 @@ def write_partition(job: KeyedJob, pipeline: Pipeline, step: KeyedStep, table: p
         if not done:
             out_tmp.unlink(missing_ok=True)
             q_tmp.unlink(missing_ok=True)
+
+
+def _in_split(job: KeyedJob, stage: SplitStage, table: pa.Table) -> np.ndarray:
+    """Whether each row of a partition (``table``, spilled rows) lies in the split of ``stage``; a ``RowError``
+    naming its shard for a row that cannot be placed."""
+    inputs, rows = (np.asarray(table.column(c).to_numpy(), np.int64) for c in (INPUT, ROW))
+    columns = stage.assignment.columns
+    try:
+        roles = stage.assignment.roles(table.select(columns) if columns else None, inputs, rows)
+    except InvalidRows as e:
+        i = int(np.flatnonzero(e.mask)[0])
+        raise RowError(str(job.shards[inputs[i]]), int(table.column(GROUP)[i].as_py()), int(rows[i]), e.column, e.reason) from None
+    return roles == stage.code
+
+
+def _routed(s: Sliced, mine: np.ndarray, start: int) -> Sliced:
+    """Slice ``s`` (of the partition rows ``start..``) with only the rows ``mine`` marks in the partition; its
+    ``removed``: those of them the step removed."""
+    if s.positions is None:
+        raise RuntimeError("the keyed step does not say which row each output row is: a split run cannot route its rows")
+    keep = mine[s.positions]
+    rejected = [Rejected(r.rows[mine[r.rows]], r.column, r.reason) for r in s.rejected]
+    rejected = [r for r in rejected if len(r.rows)]
+    table = s.table if keep.all() else s.table.filter(from_numpy(keep))
+    placed = int(mine[start : start + s.rows].sum())
+    return Sliced(s.rows, table, rejected, placed - table.num_rows - sum(len(r.rows) for r in rejected), s.groups_dropped, s.positions[keep])
 
 
 def _source_errors(job: KeyedJob, step: KeyedStep, table: pa.Table, p: int, stop: Stop) -> Iterator[Sliced | None]:

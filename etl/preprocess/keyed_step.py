@@ -27,13 +27,15 @@ class Sliced:
     """The output of one slice of a sorted partition: the partition ``rows`` it covered, the ``table`` written, the
     ``rejected`` rows (their positions in the partition) and the rows the step ``removed`` (neither written nor
     quarantined: History's short rows, the events Groupby folds into its groups); ``groups_dropped``: Groupby's
-    groups ``min_len`` dropped."""
+    groups ``min_len`` dropped; ``positions``: the partition position of each row of ``table``, for a step that
+    writes a row per event (History; None for Groupby): a split run routes the rows by them."""
 
     rows: int
     table: pa.Table
     rejected: list[Rejected]
     removed: int
     groups_dropped: int = 0
+    positions: np.ndarray | None = None
 
 
 class KeyedStep(Protocol):

@@ -10,11 +10,11 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -30,6 +30,7 @@ from etl.io.processed import (
     QUARANTINE,
     Manifest,
     ManifestEntry,
+    SplitReport,
     StageRows,
     Totals,
     part_path,
@@ -39,6 +40,7 @@ from etl.io.processed import (
 from etl.ops.stream import describe_specs, stream_specs
 from etl.pipeline import ON_ERROR, OnError, Pipeline, Transformed, check_match
 from etl.pipeline.single_pass import Plan, fit_stashing, transform_stashed
+from etl.pipeline.split_rows import SplitStage
 from etl.pipeline.stash import Stash, default_budget, parse_budget
 from etl.preprocess.output import check_apart, is_complete, previous_run, remove_stale, save_artifacts
 from etl.preprocess.shard import Formats, RowGroupTransform, WrittenShard, commit_shard, discard_shard, fixed_columns, process_shard
@@ -76,11 +78,24 @@ class Summary:
     stages: tuple[StageRows, ...] | None = None
     #: what the fit found doubtful about the fitted state (``Pipeline.fit_warnings``; kept in the artifacts)
     warnings: tuple[str, ...] = ()
+    #: a split run's outputs (``etl.preprocess.split``), in ``SPLITS`` order; empty for a run without a split
+    splits: tuple[SplitPart, ...] = ()
 
     @property
     def rows_per_second(self) -> float:
         """Rows transformed in this run per second of transform (fit excluded)."""
         return self.rows_processed / self.transform_seconds if self.transform_seconds > 0 else 0.0
+
+
+@dataclass
+class SplitPart:
+    """One split of a split run: its ``role`` (train, valid or test), the ``directory`` it was written to, the
+    ``summary`` of that output and its ``report`` (as its manifest holds it)."""
+
+    role: str
+    directory: Location
+    summary: Summary
+    report: SplitReport
 
 
 def parse_formats(text: str) -> tuple[str, ...]:
@@ -109,6 +124,7 @@ def preprocess(
     formats: tuple[str, ...] = ("parquet",),
     npy_chunk_rows: int = DEFAULT_CHUNK_ROWS,
     training: bool | None = None,
+    split: Mapping[str, Any] | str | None = None,
 ) -> Summary:
     """Fit (unless ``artifacts`` holds a fitted state of this pipeline), then transform every shard: in
     ``workers`` threads, or, given a Dask ``client``, on its cluster (the fit as ``Pipeline.fit`` does it with a
@@ -140,7 +156,13 @@ def preprocess(
     TargetEncode's out-of-fold encodings). None (the default): they are when this run fits the pipeline (the rows
     it fits on are training rows), they are not when the pipeline comes fitted or ``artifacts`` are given
     (validation, test or new rows: the full statistics). For a pipeline where it matters (``training_differs``) the
-    manifest records it, and a rerun that transforms otherwise redoes every shard."""
+    manifest records it, and a rerun that transforms otherwise redoes every shard. With a split, the train rows
+    are training rows and the others are not (``training`` must then be None).
+
+    ``split`` (a split section, ``etl.pipeline.split``: a mapping, or ``--split``'s text), or the pipeline's own
+    ``split``: write ``out_dir/train``, ``out_dir/valid`` and ``out_dir/test`` instead, each a processed output,
+    with every statistic fitted on the train rows only (``etl.preprocess.split``; no ``artifacts`` then). The
+    summary's ``splits`` holds each one's summary and report."""
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
     if compression not in COMPRESSIONS:
@@ -152,15 +174,27 @@ def preprocess(
     if streamed:
         raise ConfigError(f"{describe_specs(streamed)}: such values are given by etl.Loader as it "
                           "streams rows, not by etl preprocess")  # fmt: skip
+    run = RunSettings(shards, out_dir, workers, on_error, compression, progress, client, partitions, training)
+    if split is not None or pipeline.split_spec is not None:
+        from etl.preprocess.split import preprocess_split  # it imports this module
+
+        return preprocess_split(pipeline, split, run, artifacts, budget, formats, npy_chunk_rows)
+    return write_output(pipeline, run, artifacts, budget, formats, npy_chunk_rows)
+
+
+def write_output(pipeline: Pipeline, run: RunSettings, artifacts: Location | None, budget: int, formats: tuple[str, ...],
+                 npy_chunk_rows: int) -> Summary:  # fmt: skip
+    """``preprocess`` once its arguments are checked: lock ``run.out_dir`` and write the output there (through the
+    exchange by key for a pipeline with a keyed step)."""
     keyed = any(op.keyed for op in pipeline.ops) or pipeline.groupby is not None
     if keyed:  # the exchange by key and its pyarrow.compute are imported only for the pipelines that need them
         from etl.preprocess.keyed import check_keyed, preprocess_keyed  # it imports this module
 
         keyed = check_keyed(pipeline, formats)
-    check_apart(out_dir, shards)
+    out_dir = run.out_dir
+    check_apart(out_dir, run.shards)
     out_dir.mkdir(parents=True, exist_ok=True)
     with locked(out_dir):
-        run = RunSettings(shards, out_dir, workers, on_error, compression, progress, client, partitions, training)
         if keyed:
             _remove_temporaries(out_dir)
             return preprocess_keyed(run, pipeline, artifacts, budget)
@@ -172,7 +206,10 @@ class RunSettings:
     """A run's inputs, output directory and how it works, as ``preprocess`` was called (checked): the ``shards``
     (input order: shard ``i`` becomes ``outputs[i]``), ``out_dir``, ``workers`` threads (or the cluster of
     ``client``, its count tables in ``partitions`` partitions), ``on_error``, the Parquet ``compression`` and the
-    ``progress`` callback; ``training``: as given to ``preprocess`` (None: the default)."""
+    ``progress`` callback; ``training``: as given to ``preprocess`` (None: the default). ``split_stage``: for one
+    split of a split run (``etl.preprocess.split``), the stage that passes on its rows: the pipeline's last row-scope
+    stage, which a task on a cluster adds to the pipeline it loads, and, for a pipeline with a keyed step, applied
+    after that step instead (which sees every row)."""
 
     shards: list[Location]
     out_dir: Location
@@ -183,6 +220,7 @@ class RunSettings:
     client: Client | None
     partitions: int | None
     training: bool | None = None
+    split_stage: SplitStage | None = None
 
     @property
     def outputs(self) -> list[Location]:
@@ -363,7 +401,8 @@ def _transform(
     else:
         from etl.preprocess.tasks import shard_task  # it imports this module
 
-        task = functools.partial(shard_task, out_dir / ARTIFACTS, artifacts_sha(), uuid.uuid4().hex, on_error, compression, formats, training)
+        task = functools.partial(shard_task, out_dir / ARTIFACTS, artifacts_sha(), uuid.uuid4().hex, on_error, compression, formats, training,
+                                 run.split_stage)  # fmt: skip
         try:
             run_tasks(run.client, task, [(shards[i], outputs[i]) for i in todo], lambda k, w: record(todo[k], w), transformed,
                       describe=lambda shard: str(shard[0]))  # fmt: skip

@@ -18,6 +18,7 @@ from etl.errors import ConfigError
 from etl.io.files import is_temporary, sha256_file
 from etl.io.fs import Location
 from etl.pipeline import OnError, Pipeline
+from etl.pipeline.stages import Stage
 from etl.preprocess.shard import Formats, WrittenShard, process_shard
 from etl.runtime.allocator import tune_allocator
 from etl.runtime.cluster_tasks import Stop
@@ -34,17 +35,21 @@ def shard_task(
     compression: str,
     formats: Formats,
     training: bool,
+    split_stage: Stage | None,
     shard: tuple[Location, Location],
     stop: Stop,
     progress: Callable[[int], None],
 ) -> WrittenShard | None:
     """``process_shard`` for ``shard`` = (source, output path) (as training rows when ``training``), with the
-    pipeline the run ``run`` saved in ``artifacts`` (see ``fitted``). The worker process's allocator is tuned as the command line tunes its own
-    (``etl.runtime.allocator``; Dask starts workers with malloc handing freed memory back at once, which makes every row
-    group page-fault its arrays in again)."""
+    pipeline the run ``run`` saved in ``artifacts`` (see ``fitted``), its row-scope stages followed by ``split_stage``
+    for one split of a split run. The worker process's allocator is tuned as the command line tunes its own
+    (``etl.runtime.allocator``; Dask starts workers with malloc handing freed memory back at once, which makes every
+    row group page-fault its arrays in again)."""
     tune_allocator()
     source, out = shard
     pipeline = fitted(artifacts, artifacts_sha, run)
+    if split_stage is not None:
+        pipeline = pipeline.with_stages([*pipeline.stages, split_stage])
     return process_shard(pipeline, source, out, on_error, stop, compression, progress, formats=formats, training=training)
 
 

@@ -9,17 +9,20 @@ import pyarrow as pa
 from etl.errors import ArtifactError
 from etl.io.fs import Location
 from etl.io.parquet import list_shards, read_footer
-from etl.io.processed import describe_stage, is_processed, open_processed
+from etl.io.processed import SPLITS, describe_stage, is_processed, open_processed
 from etl.pipeline.artifacts import read_manifest
 
 
 def describe(path: Location) -> str:
     """Describe ``path`` (local or an object-storage URL): an artifacts directory (pipeline.json), a processed
-    output (manifest.json) or Parquet."""
+    output (manifest.json), the splits of a split run (``train``, ``valid``, ``test``) or Parquet."""
     if (path / "pipeline.json").is_file():
         return describe_artifacts(path)
     if is_processed(path):
         return describe_processed(path)
+    splits = [path / s for s in SPLITS if is_processed(path / s)]
+    if splits:  # the output directory of a split run (etl.preprocess.split): its splits, each a processed output
+        return "\n\n".join(describe_processed(s) for s in splits)
     return describe_parquet(list_shards(path))
 
 
@@ -95,6 +98,10 @@ def describe_processed(path: Location) -> str:
     if m.training is not None:
         which = "training rows (out-of-fold target encodings)" if m.training else "other rows (target encodings of the full statistics)"
         lines.append(f"rows: {which}")
+    if m.split is not None:  # one split of a split run (etl.preprocess.split)
+        lines.append(f"split: {m.split.role}: {m.split.rows:,} rows ({m.split.rule})")
+        if m.split.unseen:
+            lines.append("never seen in train: " + ", ".join(f"{u.column} {u.rows:,} rows ({u.distinct:,} distinct)" for u in m.split.unseen))
     if out.parts:
         lines.append(describe_parquet(out.parts))
     if (out.artifacts / "pipeline.json").is_file():

@@ -4,6 +4,7 @@ and the paths ``open_processed`` gives the loader."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,8 +21,10 @@ from etl.io.processed import (
     Manifest,
     ManifestEntry,
     ProcessedOutput,
+    SplitReport,
     StageRows,
     Totals,
+    Unseen,
     check_npy_layout,
     committed_parts,
     describe_rows,
@@ -411,4 +414,44 @@ def test_files_listing_other_stages_are_refused(tmp_path: Path) -> None:
     doc["files"].append(MANIFEST_DOC["files"][1] | {"output": "part-00001.parquet"})
     write_doc(tmp_path, doc)
     with pytest.raises(InputError, match="the files do not all list the reshaping stages"):
+        read_manifest(tmp_path)
+
+
+def split_manifest(rows: int = 5) -> Manifest:
+    """The manifest of the valid split of a split run: a Split stage passing on ``rows`` of 10."""
+    e = replace(entry(0, 10), rows_out=rows, stages=(StageRows("Split", 10, rows),))
+    report = SplitReport("valid", "60 <= ts < 80", rows, (Unseen("user", 2, 1), Unseen("tags", 3, 4)))
+    return replace(Manifest.of("events", [e], complete=True), split=report)
+
+
+def test_the_split_report_round_trips(tmp_path: Path) -> None:
+    m = split_manifest()
+    write_manifest(tmp_path, m)
+    doc = json.loads((tmp_path / MANIFEST).read_text())
+    assert doc["split"] == {"role": "valid", "rule": "60 <= ts < 80", "rows": 5,
+                            "unseen": [{"column": "user", "rows": 2, "distinct": 1}, {"column": "tags", "rows": 3, "distinct": 4}]}  # fmt: skip
+    assert read_manifest(tmp_path) == m
+    write_manifest(tmp_path, replace(m, split=None))
+    assert "split" not in json.loads((tmp_path / MANIFEST).read_text())
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        (lambda d: d["split"].update(role="holdout"), "'split.role' is \"holdout\", expected one of"),
+        (lambda d: d["split"].update(rows=6), "'split.rows' is 6, but the Split stage of the totals passed on [5]"),
+        (lambda d: d["split"].update(rows="5"), "'split.rows' is \"5\", expected an integer"),
+        (lambda d: d["split"].pop("rule"), "'split.rule' is missing"),
+        (lambda d: d["split"]["unseen"].append(3), "'split.unseen[2]' is 3, expected an object"),
+        (lambda d: d["split"]["unseen"][0].update(rows=-1), "counts below 0"),
+        (lambda d: d["split"]["unseen"][0].update(rows=9), "unseen values in more than its 5 rows"),
+        (lambda d: d["totals"].pop("stages") and [f.pop("stages") for f in d["files"]], "the Split stage of the totals passed on nothing"),
+    ],
+)
+def test_a_malformed_split_report_is_refused(tmp_path: Path, change, fragment: str) -> None:
+    write_manifest(tmp_path, split_manifest())
+    doc = json.loads((tmp_path / MANIFEST).read_text())
+    change(doc)
+    (tmp_path / MANIFEST).write_text(json.dumps(doc))
+    with pytest.raises(InputError, match=re.escape(fragment)):
         read_manifest(tmp_path)

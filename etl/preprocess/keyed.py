@@ -209,7 +209,7 @@ def _transform(run: RunSettings, pipeline: Pipeline, step: KeyedStep, files: lis
                previous: dict[str, ManifestEntry], sha: str, budget: int) -> list[ManifestEntry]:  # fmt: skip
     """Transform every partition (``ranges``), committing each with the manifest; the entries, in output order."""
     outputs = [part_path(run.out_dir, p) for p in range(len(ranges))]
-    commits = PartitionCommits(run.out_dir, pipeline.name, len(ranges), previous, sha)
+    commits = PartitionCommits(run.out_dir, pipeline.name, len(ranges), previous, sha, bool(run.training) if pipeline.training_differs else None)
     gate = _ByteGate(budget)
     job = KeyedJob(run.shards, run.on_error, run.compression, bool(run.training), run.split_stage)
     progress = None if run.progress is None else functools.partial(run.progress, "transform")

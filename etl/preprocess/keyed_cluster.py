@@ -90,7 +90,7 @@ def transform_on_cluster(run: RunSettings, pipeline: Pipeline, step: KeyedStep, 
         raise RuntimeError(f"the shuffle made {len(parts)} partitions, expected {len(ranges)}")
     outputs = [part_path(out_dir, p) for p in range(len(ranges))]
     items = [(p, len(ranges), outputs[p], lo, hi, counts.of(lo, hi, pipeline)) for p, (lo, hi) in enumerate(ranges)]
-    commits = PartitionCommits(out_dir, pipeline.name, len(ranges), previous, sha)
+    commits = PartitionCommits(out_dir, pipeline.name, len(ranges), previous, sha, bool(run.training) if pipeline.training_differs else None)
 
     def commit(_k: int, written: WrittenShard | None) -> None:
         if written is not None:

@@ -224,10 +224,13 @@ class PartitionCommits:
     """The partitions of a run into ``out_dir`` (``count`` of them) committed with the manifest of ``pipeline_name``
     one by one, each with the artifacts' checksum ``sha``. The earlier run's files (``previous``: its manifest
     entries) are removed just before the first partition is committed, or at once when there is no earlier run
-    (``etl.preprocess.run``'s rule: a run that fails or stops before then leaves the earlier output whole)."""
+    (``etl.preprocess.run``'s rule: a run that fails or stops before then leaves the earlier output whole).
+    ``training``: what the manifest records of the rows (``Manifest.training``; None: nothing)."""
 
-    def __init__(self, out_dir: Location, pipeline_name: str, count: int, previous: dict[str, ManifestEntry], sha: str):
+    def __init__(self, out_dir: Location, pipeline_name: str, count: int, previous: dict[str, ManifestEntry], sha: str,
+                 training: bool | None = None):  # fmt: skip
         self.out_dir, self.name, self.count, self.previous, self.sha = out_dir, pipeline_name, count, previous, sha
+        self.training = training
         self.entries: dict[str, ManifestEntry] = {}
         self._lock = threading.Lock()
         self._taken_over = False
@@ -255,4 +258,4 @@ class PartitionCommits:
 
     def _save(self) -> None:
         entries = list(self.entries.values())
-        write_manifest(self.out_dir, Manifest.of(self.name, entries, complete=len(entries) == self.count))
+        write_manifest(self.out_dir, Manifest.of(self.name, entries, complete=len(entries) == self.count, training=self.training))

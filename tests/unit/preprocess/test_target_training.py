@@ -129,3 +129,33 @@ def test_the_exchange_by_key_carries_training_rows_and_needs_fold_by(shards, tmp
     check_against_reference(shards, got, training=True, fold_by="u")
     preprocess(Pipeline.load(tmp_path / "out" / "artifacts"), shards, tmp_path / "full", workers=2)
     check_against_reference(shards, output(tmp_path / "full"), training=False, fold_by="u")
+
+
+@pytest.mark.parametrize("keyed", [False, True])
+def test_a_split_run_encodes_train_out_of_fold_and_the_other_splits_with_the_train_statistics(shards: list[Path], tmp_path: Path,
+                                                                                              keyed: bool) -> None:  # fmt: skip
+    """Also through the exchange by key (History), whose train run comes with a pipeline fitted before it."""
+    split = {"by": "time", "column": "t", "train_until": 600_000, "valid_until": 800_000}
+    p = pipeline({"op": "History", "key": "u", "time": "t", "columns": ["i"], "max_len": 3}, fold_by="u") if keyed else pipeline()
+    preprocess(p, shards, tmp_path / "out", split=split, workers=2)
+    raw = raw_rows(shards)
+    raw["fold"] = np.concatenate([position_folds(p.name, pq.read_metadata(p).num_rows, 3, 7) for p in shards])
+    if keyed:
+        raw["fold"] = value_folds(output(tmp_path / "out" / "train").set_index("rid")["u"].reindex(raw["rid"]).fillna(0).to_numpy(), 3, 7)
+    parts = {role: output(tmp_path / "out" / role).set_index("rid") for role in ("train", "valid", "test")}
+    train = parts["train"].assign(fold=raw.set_index("rid")["fold"], label=parts["train"]["label"].astype(np.float64))  # the reference sums float64
+    assert sorted(train.index) == raw["rid"][raw["t"] < 600_000].tolist()
+    np.testing.assert_array_equal(train["te_fold"].to_numpy(), train["fold"].to_numpy())
+    assert [read_manifest(tmp_path / "out" / role).training for role in ("train", "valid", "test")] == [True, False, False]
+    for group in GROUPS:  # the ids of every split come from train's vocabularies: the reference groups by them
+        name = "te_" + "_".join(group)
+        np.testing.assert_array_equal(train[name].to_numpy(), encode(train, train, group, "label", 4, True), err_msg=name)
+        for role in ("valid", "test"):
+            got = parts[role]
+            assert len(got) and (got["t"] >= 600_000).all()
+            np.testing.assert_array_equal(got[name].to_numpy(), encode(got, train, group, "label", 4, False), err_msg=f"{role} {name}")
+
+
+def test_a_split_run_takes_no_training_flag(shards: list[Path], tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="takes no --training/--no-training"):
+        preprocess(pipeline(), shards, tmp_path / "out", split={"by": "time", "column": "t", "train_until": 600_000}, training=True)

@@ -32,6 +32,16 @@ pipeline's ops) are appended to ``FILE.trace``, one per line, before each checkp
 the trace's length: the first ``trace_bytes`` bytes of the trace are the rows the checkpoint has trained on
 (a restart cuts the rest). ``scripts/produce_shards.py`` writes a row id in column I1 for this.
 
+Evaluation (``--valid DIR``): after training, the model scores every row of ``DIR`` (the output of etl preprocess,
+such as the ``valid`` split of ``etl preprocess --split``: rows later than the training rows, encoded with the
+statistics of the training rows only) and prints its AUC and log loss there, and those of the training rows seen
+in the last ``--log-every`` steps. ``--label-threshold T`` trains on ``label >= T`` (e.g. a rating of 4 or more)
+instead of the label itself:
+
+    etl preprocess --pipeline pipelines/movielens_target.yaml --input data/ml/raw --out data/ml/split \
+        --split '{by: time, column: timestamp, train_until: {quantile: 0.8}, valid_until: {quantile: 0.9}}'
+    python scripts/train_dlrm.py --data data/ml/split/train --valid data/ml/split/valid --label-threshold 4 --steps 0
+
 Online vocabularies (Categorify ``online: true``): before the step on a batch, the embedding rows of the ids its
 ``vocab_events`` admit (new ids, and ids reused after an eviction) are reset with their optimizer state
 (``etl.bench.dlrm.reset_embedding_rows``).
@@ -42,14 +52,17 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 import etl
 from etl.bench.dlrm import DLRM, reset_embedding_rows
+from etl.bench.metrics import auc, log_loss
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
@@ -71,19 +84,43 @@ def append_trace(path: Path, values: list[float]) -> int:
         return f.tell()
 
 
+def target(label: torch.Tensor, threshold: float | None) -> torch.Tensor:
+    """The training target of a batch: its label, or ``label >= threshold`` as 0/1."""
+    return label if threshold is None else (label >= threshold).float()
+
+
+@torch.no_grad()
+def evaluate(model: DLRM, data: Path, batch_size: int, device: str, threshold: float | None) -> tuple[float, float, int]:
+    """AUC, log loss and rows of ``model`` on every row of the processed output ``data``."""
+    model.eval()
+    loader = etl.Loader(data, batch_size=batch_size, shuffle=False, drop_last=False, device=device)
+    ys, ps = [], []
+    for batch in loader:
+        ys.append(target(batch.label, threshold).cpu().numpy())
+        ps.append(torch.sigmoid(model(batch.dense, batch.sparse)).cpu().numpy())
+    loader.close()
+    model.train()
+    y, p = np.concatenate(ys), np.concatenate(ps)
+    return auc(y, p), log_loss(y, p), len(y)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, required=True, help="raw shards, or the output of etl preprocess")
     ap.add_argument("--pipeline", type=Path, default=None, help="pipeline YAML (raw shards only)")
     ap.add_argument("--artifacts", type=Path, default=None, help="fitted artifacts (raw shards, fitted pipelines)")
     ap.add_argument("--batch-size", type=int, default=8192)
-    ap.add_argument("--steps", type=int, default=100, help="stop after this many steps, counted across restarts (0: one epoch; with --follow, never)")
+    ap.add_argument("--steps", type=int, default=100,
+                    help="stop after this many steps, counted across restarts (0: --epochs epochs; with --follow, never)")  # fmt: skip
+    ap.add_argument("--epochs", type=int, default=1, help="with --steps 0: passes over the data (not with --follow)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--transform-on", choices=["host", "device"], default="host", help="where the pipeline's ops after decoding run (raw shards)")
     ap.add_argument("--emb-dim", type=int, default=16)
     ap.add_argument("--max-emb-rows", type=int, default=100_000)
     ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the model's initial weights")
     ap.add_argument("--log-every", type=int, default=20)
     ap.add_argument("--follow", action="store_true", help="follow a directory of raw shards that a producer keeps filling")
     ap.add_argument("--poll-interval", type=float, default=1.0, help="--follow: seconds between looks at the directory")
@@ -93,9 +130,13 @@ def main() -> None:
     ap.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints")
     ap.add_argument("--resume", action="store_true", help="start from --checkpoint when it exists")
     ap.add_argument("--trace-column", default=None, help="log this dense column's value of every trained row with each checkpoint")
+    ap.add_argument("--valid", type=Path, default=None, help="after training, AUC and log loss on this output of etl preprocess")
+    ap.add_argument("--label-threshold", type=float, default=None, help="train on label >= this value (0/1) instead of the label")
     args = ap.parse_args()
     if (args.resume or args.trace_column) and args.checkpoint is None:
         ap.error("--resume and --trace-column need --checkpoint")
+    if args.epochs != 1 and args.follow:
+        ap.error("--epochs goes without --follow")
     if args.arrivals != "names" and not args.follow:
         ap.error("--arrivals goes with --follow")
     if args.checkpoint is not None:
@@ -104,10 +145,11 @@ def main() -> None:
     loader = etl.Loader(args.data, pipeline=args.pipeline, artifacts=args.artifacts, batch_size=args.batch_size,
                         shuffle=True, seed=0, device=args.device, num_workers=args.workers,
                         transform_on=args.transform_on, follow=args.follow, poll_interval=args.poll_interval, arrivals=args.arrivals)  # fmt: skip
+    torch.manual_seed(args.seed)
     cards = loader.pipeline.cardinalities()
     sparse_names = list(loader.layout.sparse)
     model = DLRM(len(loader.layout.dense), [min(cards[c], args.max_emb_rows) for c in sparse_names], args.emb_dim).to(args.device)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
+    opt = (torch.optim.SGD if args.optimizer == "sgd" else torch.optim.Adam)(model.parameters(), lr=args.lr)
     loss_fn = nn.BCEWithLogitsLoss()
     trace_path = None if args.checkpoint is None else args.checkpoint.with_name(args.checkpoint.name + ".trace")
     trace_col = None if args.trace_column is None else list(loader.layout.dense).index(args.trace_column)
@@ -136,17 +178,29 @@ def main() -> None:
                                           "step": step, "trace_bytes": trace_bytes})  # fmt: skip
 
     t_log, rows_log, wait_log = time.perf_counter(), 0, 0.0
-    for batch in loader:
+    recent: list[tuple[np.ndarray, np.ndarray]] = []  # (targets, probabilities) of the last --log-every batches
+    def batches() -> Iterator[etl.LoaderBatch]:
+        """The batches of ``--epochs`` epochs (one pass of a followed directory)."""
+        for epoch in range(args.epochs):
+            loader.set_epoch(epoch)
+            yield from loader
+
+    for batch in batches():
         if len(batch) == 0:  # a rank's final empty batch in distributed runs
             continue
         if batch.vocab_events:
             reset_embedding_rows(model, opt, batch.vocab_events, sparse_names)
-        loss = loss_fn(model(batch.dense, batch.sparse), batch.label)
+        logits = model(batch.dense, batch.sparse)
+        y = target(batch.label, args.label_threshold)
+        loss = loss_fn(logits, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         step += 1
         rows_log += len(batch)
+        if args.valid is not None:
+            recent.append((y.detach().cpu().numpy(), torch.sigmoid(logits).detach().cpu().numpy()))
+            del recent[: -args.log_every]
         if trace_col is not None:
             pending.extend(batch.dense[:, trace_col].tolist())
         if step % args.checkpoint_every == 0 or len(batch) < args.batch_size:
@@ -165,6 +219,11 @@ def main() -> None:
     loader.close()
     s = loader.stats
     print(f"done: {step} steps, {s.rows:,} rows, data wait {100 * s.data_wait_fraction:.1f} % of the loop")
+    if args.valid is not None:
+        y, p = (np.concatenate(a) for a in zip(*recent))
+        print(f"train (last {len(recent)} batches, {len(y):,} rows): AUC {auc(y, p):.4f}  log loss {log_loss(y, p):.4f}")
+        a, ll, rows = evaluate(model, args.valid, args.batch_size, args.device, args.label_threshold)
+        print(f"valid ({args.valid}, {rows:,} rows): AUC {a:.4f}  log loss {ll:.4f}")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@
 For a batch of ``dense`` features ``[B, D]`` (float32) and ``sparse`` ids ``[B, S]`` (any integer dtype):
 
 - a bottom MLP ``D → 64 → dim`` (ReLU after each layer) on the dense features;
-- one embedding table of ``table_rows[k]`` rows × ``dim`` per sparse column ``k``; an id is folded into its table
-  with ``id % table_rows[k]``, so tables may be smaller than the column's cardinality;
+- one embedding table of ``table_rows[k]`` rows × ``dim`` per sparse column ``k`` (initialised uniformly within
+  ``±1/sqrt(table_rows[k])``); an id is folded into its table with ``id % table_rows[k]``, so tables may be smaller
+  than the column's cardinality;
 - the pairwise dot products of the ``S + 1`` vectors (bottom output and embeddings), upper triangle without the
   diagonal;
 - a top MLP ``dim + (S + 1)·S/2 → 64 → 1`` (ReLU between layers, none after the last) on the bottom output and
@@ -47,6 +48,8 @@ class DLRM(nn.Module):
         super().__init__()
         self.register_buffer("table_rows", torch.tensor(table_rows), persistent=False)
         self.embeddings = nn.ModuleList(nn.Embedding(n, dim) for n in table_rows)
+        for n, table in zip(table_rows, self.embeddings):
+            nn.init.uniform_(table.weight, -(n**-0.5), n**-0.5)  # DLRM's own: small dot products at the start
         self.bottom = mlp([dense, 64, dim], last_activation=True)
         features = len(table_rows) + 1
         self.top = mlp([dim + features * (features - 1) // 2, 64, 1], last_activation=False)

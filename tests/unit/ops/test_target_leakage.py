@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from etl.bench.metrics import auc
 from etl.io.parquet import open_shard
 from etl.pipeline import Pipeline
 from etl.schema import parse_schema
@@ -18,15 +19,6 @@ from etl.schema import parse_schema
 SCHEMA = parse_schema({"name": "noise", "columns": [{"name": "label", "role": "label", "dtype": "int64"},
                                                      {"name": "c", "role": "categorical", "dtype": "int64", "encoding": "int"},
                                                      {"name": "x", "role": "dense", "dtype": "float64"}]})  # fmt: skip
-
-
-def auc(y: np.ndarray, score: np.ndarray) -> float:
-    """The rank AUC (Mann-Whitney U over the positives, tied scores at their average rank)."""
-    _, inverse, counts = np.unique(score, return_inverse=True, return_counts=True)
-    ranks = (np.cumsum(counts) - (counts - 1) / 2)[inverse]
-    pos = y == 1
-    n_pos, n_neg = int(pos.sum()), int((~pos).sum())
-    return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
 def logistic_regression(x: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -47,9 +47,10 @@ class DLRM(nn.Module):
     def __init__(self, dense: int, table_rows: list[int], dim: int):
         super().__init__()
         self.register_buffer("table_rows", torch.tensor(table_rows), persistent=False)
-        self.embeddings = nn.ModuleList(nn.Embedding(n, dim) for n in table_rows)
-        for n, table in zip(table_rows, self.embeddings):
+        tables = [nn.Embedding(n, dim) for n in table_rows]
+        for n, table in zip(table_rows, tables):
             nn.init.uniform_(table.weight, -(n**-0.5), n**-0.5)  # DLRM's own: small dot products at the start
+        self.embeddings = nn.ModuleList(tables)
         self.bottom = mlp([dense, 64, dim], last_activation=True)
         features = len(table_rows) + 1
         self.top = mlp([dim + features * (features - 1) // 2, 64, 1], last_activation=False)

@@ -155,7 +155,8 @@ def test_one_and_two_workers_give_the_same_bytes(tmp_path: Path) -> None:
 
 def test_no_statistic_reads_a_valid_or_test_row(tmp_path: Path) -> None:
     """Every valid and test row's label, categorical values, list and dense value changed: every artifact keeps
-    its bytes, and so does the train output."""
+    its bytes (the vocabularies, Normalize's mean and std, TargetEncode's sums and counts), and so does the train
+    output."""
     table = events(1200, seed=3)
     rng = np.random.default_rng(9)
     later = np.array([r["ts"] >= TIME["train_until"] for r in table.to_pylist()])
@@ -173,7 +174,8 @@ def test_no_statistic_reads_a_valid_or_test_row(tmp_path: Path) -> None:
     outs = []
     for k, t in enumerate([table, other]):
         (tmp_path / str(k)).mkdir()
-        pipeline, shards = write(tmp_path / str(k), t, [500])
+        target = {"op": "TargetEncode", "columns": ["item", ["user", "item"]], "target": "label", "kfold": 3, "export_fold": True}
+        pipeline, shards = write(tmp_path / str(k), t, [500], ops=[*OPS, target])
         preprocess(pipeline, shards, tmp_path / str(k) / "out", workers=2, split=TIME)
         outs.append(tmp_path / str(k) / "out")
     for role in ("train", "valid", "test"):

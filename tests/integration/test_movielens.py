@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import json
-import re
-import shlex
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -19,16 +17,7 @@ import yaml
 from etl.backends.hashing import string_key
 from etl.loader import Loader
 from tests.conftest import REPO, run_etl
-
-
-def readme_commands(section: str) -> list[list[str]]:
-    """The ``etl`` command lines of the first bash block under the README heading ``section``."""
-    text = (REPO / "README.md").read_text()
-    body = text[text.index(f"## {section}\n"):]
-    block = re.search(r"```bash\n(.*?)```", body, re.DOTALL)
-    assert block, f"no bash block under {section!r}"
-    lines = block.group(1).replace("\\\n", " ").splitlines()
-    return [shlex.split(ln) for ln in lines if ln.startswith("etl ")]
+from tests.docs import section_commands
 
 
 def vocab_ids(values: list, key=lambda v: v) -> dict:
@@ -46,8 +35,8 @@ def joined_rows(movielens: Path) -> list[dict]:
     return joined.to_dicts()
 
 
-def test_movielens_readme_commands(movielens: Path, tmp_path: Path) -> None:
-    commands = readme_commands("Using it on MovieLens")
+def test_movielens_section_commands(movielens: Path, tmp_path: Path) -> None:
+    commands = section_commands("MovieLens")
     assert [c[:2] for c in commands] == [["etl", "convert"], ["etl", "preprocess"], ["etl", "inspect"]]
     for command in commands:
         args = [a.replace("ml-latest-small/", f"{movielens}/").replace("data/ml/", f"{tmp_path}/ml/") for a in command[1:]]

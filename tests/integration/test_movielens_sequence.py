@@ -15,12 +15,13 @@ import pyarrow.parquet as pq
 
 from etl.loader import Loader
 from tests.conftest import REPO, run_etl
-from tests.integration.test_movielens import readme_commands, vocab_ids
+from tests.docs import section_commands
+from tests.integration.test_movielens import vocab_ids
 
 
 def test_movielens_histories(movielens: Path, tmp_path: Path) -> None:
-    convert = readme_commands("Using it on MovieLens")[0]
-    (sequence,) = readme_commands("Sequence features")
+    convert = section_commands("MovieLens")[0]
+    (sequence,) = section_commands("Sequence features")
     for command in (convert, sequence):
         run_etl(*(a.replace("ml-latest-small/", f"{movielens}/").replace("data/ml/", f"{tmp_path}/ml/") for a in command[1:]))
     out = tmp_path / "ml" / "sequences"

@@ -22,7 +22,8 @@ from etl.loader import Loader
 from etl.pipeline import Pipeline
 from etl.preprocess import preprocess
 from tests.conftest import REPO, run_etl
-from tests.integration.test_movielens import joined_rows, readme_commands, vocab_ids
+from tests.docs import section_commands
+from tests.integration.test_movielens import joined_rows, vocab_ids
 
 ROLES = ("train", "valid", "test")
 
@@ -35,8 +36,8 @@ def readme_run(movielens: Path, tmp_path_factory: pytest.TempPathFactory) -> tup
 
 
 def run_readme(movielens: Path, tmp_path: Path) -> list[list[str]]:
-    convert = readme_commands("Using it on MovieLens")[0]
-    commands = readme_commands("Honest evaluation")
+    convert = section_commands("MovieLens")[0]
+    commands = section_commands("Honest evaluation")
     assert [c[:2] for c in commands] == [["etl", "preprocess"], ["etl", "inspect"], ["etl", "preprocess"]]
     printed = []
     for command in (convert, *commands):

@@ -18,7 +18,8 @@ import pyarrow.parquet as pq
 from etl.io.processed import open_processed
 from etl.loader import Loader
 from tests.conftest import REPO, run_etl
-from tests.integration.test_movielens import readme_commands, vocab_ids
+from tests.docs import section_commands
+from tests.integration.test_movielens import vocab_ids
 
 
 def outputs(out: Path) -> pa.Table:
@@ -26,8 +27,8 @@ def outputs(out: Path) -> pa.Table:
 
 
 def test_movielens_user_lists(movielens: Path, tmp_path: Path) -> None:
-    convert = readme_commands("Using it on MovieLens")[0]
-    (grouping,) = readme_commands("Session and user lists")
+    convert = section_commands("MovieLens")[0]
+    (grouping,) = section_commands("Session and user lists")
     assert grouping[grouping.index("--pipeline") + 1] == "pipelines/movielens_user_lists.yaml"
     run_etl(*(a.replace("ml-latest-small/", f"{movielens}/").replace("data/ml/", f"{tmp_path}/ml/") for a in convert[1:]))
     proc = run_etl(*(a.replace("data/ml/", f"{tmp_path}/ml/") for a in grouping[1:]))

@@ -1,4 +1,4 @@
-"""The README's examples run as written: "At serving time" transforms one request with artifacts fitted on the real
+"""The guides' examples run as written: "At serving time" transforms one request with artifacts fitted on the real
 Criteo sample, and its ids and values equal a plain-Python reference."""
 
 from __future__ import annotations
@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import math
 import os
-import re
 import subprocess
 import sys
 from collections import Counter
@@ -16,21 +15,7 @@ import numpy as np
 import torch
 
 from tests.conftest import REPO, run_etl
-
-
-def readme_blocks(heading: str, lang: str = "python", level: int = 2) -> list[str]:
-    """The ```lang blocks of the README section ``heading`` (a heading of ``level`` #'s, up to the next heading of
-    that level or above)."""
-    text = (REPO / "README.md").read_text()
-    section = re.split(rf"\n#{{2,{level}}} ", text.split(f"\n{'#' * level} {heading}\n", 1)[1], maxsplit=1)[0]
-    blocks = re.findall(rf"```{lang}\n(.*?)```", section, re.S)
-    assert blocks, f"no {lang} block under '{'#' * level} {heading}'"
-    return blocks
-
-
-def readme_block(heading: str) -> str:
-    """The first ```python block of the README section ``heading``."""
-    return readme_blocks(heading)[0]
+from tests.docs import section_blocks
 
 
 def test_at_serving_time(criteo_8k: Path, tmp_path: Path, monkeypatch) -> None:
@@ -40,7 +25,7 @@ def test_at_serving_time(criteo_8k: Path, tmp_path: Path, monkeypatch) -> None:
             tmp_path / "data/processed/artifacts")  # fmt: skip
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
-    exec(readme_block("At serving time"), scope)
+    exec(section_blocks("At serving time")[0], scope)
     row = scope["features"].to_pylist()
     assert len(row) == 1 and "label" not in row[0]
 
@@ -57,8 +42,8 @@ def test_at_serving_time(criteo_8k: Path, tmp_path: Path, monkeypatch) -> None:
 def test_following_with_online_vocabularies_runs_and_resumes(tmp_path: Path, monkeypatch) -> None:
     """The continuous-training example: its shell steps (``etl`` on the PATH), then its Python twice (a start and a
     restart from the checkpoint): the restart goes on from the saved position with the saved vocabularies."""
-    heading = "Following new data (continuous training)"
-    shell, code = readme_blocks(heading, "bash", level=3)[0], readme_blocks(heading, level=3)[-1]
+    heading = "Following new data"
+    shell, code = section_blocks(heading, "bash")[0], section_blocks(heading)[-1]
     (tmp_path / "schemas").symlink_to(REPO / "schemas")
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin/etl").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m etl "$@"\n')

@@ -12,7 +12,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from tests.conftest import REPO, run_etl
-from tests.integration.test_movielens import readme_commands
+from tests.docs import section_commands
 from tests.unit.ops.target_reference import encode, position_folds
 
 
@@ -22,8 +22,8 @@ def output(out: Path) -> pd.DataFrame:
 
 
 def test_movielens_target_encoding(movielens: Path, tmp_path: Path) -> None:
-    convert = readme_commands("Using it on MovieLens")[0]
-    (fit_run,) = readme_commands("Target encoding")
+    convert = section_commands("MovieLens")[0]
+    (fit_run,) = section_commands("Target encoding")
     for command in (convert, fit_run):
         run_etl(*[a.replace("ml-latest-small/", f"{movielens}/").replace("data/ml/", f"{tmp_path}/ml/") for a in command[1:]])
     raw_dir, out = tmp_path / "ml" / "raw", tmp_path / "ml" / "target"

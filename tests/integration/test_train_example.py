@@ -15,7 +15,7 @@ import pytest
 from etl.schema import load_schema
 from etl.tools.synth import generate
 from tests.conftest import REPO, run_etl
-from tests.integration.test_movielens import readme_commands
+from tests.docs import section_blocks, section_commands
 
 
 @pytest.fixture(scope="module")
@@ -46,12 +46,9 @@ def test_train_dlrm_runs_and_logs(fitted: tuple[Path, Path], transform_on: str) 
 def test_the_readme_trains_on_a_time_split_and_evaluates_on_its_valid_rows(movielens: Path, tmp_path: Path) -> None:
     """The README's commands: MovieLens converted, split in time with target encodings, a DLRM trained on train and
     evaluated on valid; it learns (the valid AUC is well above chance) and prints both figures."""
-    convert = readme_commands("Using it on MovieLens")[0]
-    text = (REPO / "README.md").read_text()
-    body = text[text.index("### Training and evaluating on a split\n") :]
-    block = re.search(r"```bash\n(.*?)```", body, re.DOTALL)
-    assert block
-    lines = [shlex.split(ln) for ln in block.group(1).replace("\\\n", " ").splitlines() if ln and not ln.startswith("#")]
+    convert = section_commands("MovieLens")[0]
+    block = section_blocks("Training and evaluating on a split", "bash")[0]
+    lines = [shlex.split(ln) for ln in block.replace("\\\n", " ").splitlines() if ln and not ln.startswith("#")]
     assert [ln[:2] for ln in lines] == [["etl", "preprocess"], ["python", "scripts/train_dlrm.py"]]
     here = lambda a: a.replace("ml-latest-small/", f"{movielens}/").replace("data/ml/", f"{tmp_path}/ml/")  # noqa: E731
     run_etl(*map(here, convert[1:]))

@@ -66,5 +66,5 @@ def parse_yaml(data: bytes, name: str) -> Any:
 def _place(data: T, offset: int) -> tuple[int, int]:
     """The 1-based (line, column) of position ``offset`` of ``data`` (text, or bytes: a column in bytes)."""
     newline = "\n" if isinstance(data, str) else b"\n"
-    start = data.rfind(newline, 0, offset) + 1  # type: ignore[arg-type]
-    return data.count(newline, 0, offset) + 1, offset - start + 1  # type: ignore[arg-type]
+    start = data.rfind(newline, 0, offset) + 1
+    return data.count(newline, 0, offset) + 1, offset - start + 1

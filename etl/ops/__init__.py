@@ -11,7 +11,8 @@ from etl.ops.target import TargetEncode
 
 REGISTRY: dict[str, type[Op]] = {
     cls.name: cls
-    for cls in (FillMissing, Clamp, Log1p, Normalize, Bucketize, Decode, Hash, Categorify, HashedCross, FirstX, DateParts, History, TargetEncode, Expr)
+    for cls in (FillMissing, Clamp, Log1p, Normalize, Bucketize, Decode, Hash, Categorify, HashedCross, FirstX, DateParts, History, TargetEncode,
+                Expr)
 }
 
 __all__ = ["REGISTRY", "InvalidRows", "Op"] + list(REGISTRY)

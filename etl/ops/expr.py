@@ -27,7 +27,7 @@ bit may differ as ``Log1p``'s does (``etl.backends.tensor``).
 from __future__ import annotations
 
 import ast
-from typing import Any, Union
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -37,7 +37,7 @@ from etl.ops.base import Op
 
 #: The tree evaluated: a number, a column (``("col", name)``) or a backend function applied to its arguments
 #: (``("add", a, b)``: ``xp.elementwise("add", a, b)``).
-Node = Union[float, tuple[Any, ...]]
+Node: TypeAlias = "float | tuple[Any, ...]"
 
 MAX_LENGTH = 2_000
 MAX_DEPTH = 64
@@ -123,7 +123,7 @@ class _Parser:
         if depth > MAX_DEPTH:
             raise self.fail(node, f"nested more than {MAX_DEPTH} levels")
         d = depth + 1
-        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
             return _finite(float(node.value), self.fail(node, "not a finite float64 number"))
         if isinstance(node, ast.Name):
             return self.column(node.id)
@@ -209,9 +209,10 @@ def _all(nodes: list[Node], op: str) -> Node:
 def _fold(fn: str, *args: Node, error: ValueError | None = None) -> Node:
     """``(fn, *args)``, or its value when every argument is a number (computed as the CPU backend computes it:
     ``error`` when it is not finite)."""
-    if not all(isinstance(a, float) for a in args):
+    numbers = [a for a in args if isinstance(a, float)]
+    if len(numbers) < len(args):
         return (fn, *args)
-    return _finite(float(cpu.elementwise(fn, *(np.float64(a) for a in args))), error or ValueError(f"Expr: {fn}{args} is not finite"))
+    return _finite(float(cpu.elementwise(fn, *(np.float64(a) for a in numbers))), error or ValueError(f"Expr: {fn}{args} is not finite"))
 
 
 def _finite(x: float, error: ValueError) -> float:

@@ -9,7 +9,7 @@ convention of ``etl.ids`` (0 padding, 1 null, then the op's own ids).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numba as nb
 import numpy as np
@@ -191,7 +191,7 @@ def as_float32(values: np.ndarray) -> np.ndarray:
 
 
 #: the functions of ``elementwise``
-_ELEMENTWISE = {
+_ELEMENTWISE: dict[str, Callable[..., np.ndarray]] = {
     "float64": lambda a: a.astype(np.float64), "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
     "neg": np.negative, "abs": np.abs, "sqrt": np.sqrt, "log1p": np.log1p, "lt": np.less, "le": np.less_equal,
     "gt": np.greater, "ge": np.greater_equal, "eq": np.equal, "ne": np.not_equal, "isnan": np.isnan,

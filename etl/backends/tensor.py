@@ -38,7 +38,7 @@ import contextvars
 import functools
 import operator
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import overload
 
@@ -219,7 +219,7 @@ def as_float32(values: torch.Tensor) -> torch.Tensor:
 
 
 #: the functions of ``elementwise`` on tensors (the arithmetic operators take a number on either side)
-_ELEMENTWISE = {
+_ELEMENTWISE: dict[str, Callable[..., torch.Tensor]] = {
     "float64": lambda a: a.to(torch.float64, copy=True), "add": operator.add, "sub": operator.sub, "mul": operator.mul,
     "div": operator.truediv, "neg": operator.neg, "abs": torch.abs, "sqrt": torch.sqrt, "log1p": torch.log1p,
     "lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": operator.ge, "eq": operator.eq, "ne": operator.ne,

@@ -23,9 +23,11 @@ CUSTOM_OPS_DOCS = "docs/custom-ops.md"
 
 
 def did_you_mean(name: str, known: list[str]) -> str:
-    """``"; did you mean 'X'?"`` for the name of ``known`` closest to ``name`` when one is close, else ``""``."""
-    close = get_close_matches(name, known, n=1, cutoff=0.6)
-    return f"; did you mean '{close[0]}'?" if close else ""
+    """``"; did you mean 'X'?"`` for the name of ``known`` closest to ``name`` when one is close (letter case
+    aside), else ``""``."""
+    folded = {k.lower(): k for k in reversed(known)}  # the first of names that differ only in case
+    close = get_close_matches(name.lower(), list(folded), n=1, cutoff=0.6)
+    return f"; did you mean '{folded[close[0]]}'?" if close else ""
 
 
 def op_class(name: Any, others: list[str], directory: Path | None) -> type[Op]:
@@ -42,9 +44,7 @@ def op_class(name: Any, others: list[str], directory: Path | None) -> type[Op]:
     cls = REGISTRY.get(name)
     if cls is None:
         known = sorted([*REGISTRY, *others])
-        folded = {k.lower(): k for k in known}
-        hint = f"; did you mean '{folded[name.lower()]}'?" if name.lower() in folded else did_you_mean(name, known)
-        raise ValueError(f"unknown op {name!r}{hint} (known: {', '.join(known)}, see {PIPELINE_DOCS}; "
+        raise ValueError(f"unknown op {name!r}{did_you_mean(name, known)} (known: {', '.join(known)}, see {PIPELINE_DOCS}; "
                          f"an op of your own: MODULE:CLASS, see {CUSTOM_OPS_DOCS})")  # fmt: skip
     return cls
 

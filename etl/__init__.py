@@ -16,6 +16,7 @@ _EXPORTS = {
     "LoaderBatch": "etl.loader",
     "LoaderError": "etl.errors",
     "LoaderStats": "etl.loader",
+    "Op": "etl.ops",
     "Pipeline": "etl.pipeline",
     "load_schema": "etl.schema",
     "raw_arrow_schema": "etl.io.text",

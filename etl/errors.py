@@ -22,6 +22,16 @@ class SpecError(EtlError, ValueError):
         super().__init__(f"{path}: field '{field}': {problem}")
 
 
+class YamlError(SpecError):
+    """A schema or pipeline file is not a YAML document: the message is one line, ``FILE:LINE:COLUMN: problem``
+    (1-based line and column of the place the parser stopped at, ``line`` and ``column``)."""
+
+    def __init__(self, path: str, line: int, column: int, problem: str):
+        super().__init__(path, "<file>", problem)
+        self.line, self.column = line, column
+        self.args = (f"{path}:{line}:{column}: {problem}",)
+
+
 class InputError(EtlError, ValueError):
     """An input shard cannot be used: missing, not Parquet, truncated, missing column, wrong type.
 

@@ -48,10 +48,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 from etl.errors import SpecError
-from etl.io.documents import parse_document
+from etl.io.documents import parse_yaml
 
 ROLES = ("label", "dense", "categorical", "list", "passthrough", "drop")
 DTYPES = ("int64", "float64", "string")
@@ -360,18 +358,16 @@ def parse_schema(doc: Any, path: str = "<memory>") -> Schema:
     return Schema(str(name), columns, text, path, text_columns, _parse_generate(doc.get("generate"), columns, path))
 
 
-#: ``yaml.safe_load``'s loader, in its C implementation (libyaml) when PyYAML has it: same documents, parsed faster
-_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
 def read_yaml(path: Path) -> Any:
-    """A YAML document; ``SpecError`` when the file is missing or not YAML (not UTF-8, nested too deeply)."""
+    """A YAML document; ``SpecError`` when the file is missing or unreadable, ``YamlError`` (one line naming the file,
+    line and column) when it is not YAML (``etl.io.documents.parse_yaml``)."""
     try:
-        return parse_document(path.read_text(), lambda text: yaml.load(text, Loader=_SAFE_LOADER))
+        data = path.read_bytes()
     except FileNotFoundError:
         raise SpecError(str(path), "<file>", "no such file") from None
-    except (yaml.YAMLError, ValueError) as e:  # ValueError: UnicodeDecodeError, nested too deeply
-        raise SpecError(str(path), "<file>", f"invalid YAML: {e}") from None
+    except OSError as e:
+        raise SpecError(str(path), "<file>", f"cannot read: {e.strerror}") from None
+    return parse_yaml(data, str(path))
 
 
 def load_schema(path: str | Path) -> Schema:

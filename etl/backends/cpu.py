@@ -9,7 +9,7 @@ convention of ``etl.ids`` (0 padding, 1 null, then the op's own ids).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numba as nb
 import numpy as np
@@ -188,6 +188,25 @@ def as_float32(values: np.ndarray) -> np.ndarray:
         return values
     with np.errstate(over="ignore"):
         return values.astype(np.float32)
+
+
+#: the functions of ``elementwise``
+_ELEMENTWISE: dict[str, Callable[..., np.ndarray]] = {
+    "float64": lambda a: a.astype(np.float64), "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
+    "neg": np.negative, "abs": np.abs, "sqrt": np.sqrt, "log1p": np.log1p, "lt": np.less, "le": np.less_equal,
+    "gt": np.greater, "ge": np.greater_equal, "eq": np.equal, "ne": np.not_equal, "isnan": np.isnan,
+    "and": np.logical_and, "or": np.logical_or, "not": np.logical_not, "where": np.where,
+}  # fmt: skip
+
+
+def elementwise(fn: str, *args: np.ndarray | float) -> np.ndarray:
+    """``fn`` applied value by value to ``args`` (arrays of one length, or numbers; at least one array but for the
+    arithmetic functions), for ``etl.ops.expr``: "float64" (a float64 copy), "add", "sub", "mul", "div", "neg",
+    "abs", "sqrt", "log1p" (float64 values), "lt", "le", "gt", "ge", "eq", "ne", "isnan" (bool), "and", "or", "not"
+    (of bool arrays), "where" (condition, a, b: a where it holds, else b). Float64 arithmetic as IEEE 754 rounds it
+    (±inf and NaN where it overflows or is undefined, without a warning)."""
+    with np.errstate(all="ignore"):
+        return _ELEMENTWISE[fn](*args)
 
 
 # ---------------------------------------------------------------- host data

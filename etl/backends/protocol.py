@@ -108,6 +108,14 @@ class Backend(Protocol):
         they are."""
         ...
 
+    def elementwise(self, fn: str, *args: Array | float) -> Array:
+        """``fn`` applied value by value to ``args`` (arrays of one length, or numbers; at least one array but for the
+        arithmetic functions), for ``etl.ops.expr``: "float64" (a float64 copy), "add", "sub", "mul", "div", "neg",
+        "abs", "sqrt", "log1p" (float64 values), "lt", "le", "gt", "ge", "eq", "ne", "isnan" (bool), "and", "or",
+        "not" (of bool arrays), "where" (condition, a, b: a where it holds, else b). Float64 arithmetic as IEEE 754
+        rounds it (±inf and NaN where it overflows or is undefined)."""
+        ...
+
     # ---- host data and lists
     def to_numpy(self, x: Array | Strings) -> Any:
         """The array as a numpy array on the host (``Strings`` as ``Strings`` of numpy arrays), dtype kept."""

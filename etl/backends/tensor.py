@@ -36,8 +36,9 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import functools
+import operator
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import overload
 
@@ -215,6 +216,24 @@ def as_float32(values: torch.Tensor) -> torch.Tensor:
     if not isinstance(values, torch.Tensor) or not values.is_floating_point():
         return values
     return values.to(torch.float32)
+
+
+#: the functions of ``elementwise`` on tensors (the arithmetic operators take a number on either side)
+_ELEMENTWISE: dict[str, Callable[..., torch.Tensor]] = {
+    "float64": lambda a: a.to(torch.float64, copy=True), "add": operator.add, "sub": operator.sub, "mul": operator.mul,
+    "div": operator.truediv, "neg": operator.neg, "abs": torch.abs, "sqrt": torch.sqrt, "log1p": torch.log1p,
+    "lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": operator.ge, "eq": operator.eq, "ne": operator.ne,
+    "isnan": torch.isnan, "and": torch.logical_and, "or": torch.logical_or, "not": torch.logical_not,
+}  # fmt: skip
+
+
+def elementwise(fn: str, *args: torch.Tensor | float) -> torch.Tensor:
+    """``etl.backends.cpu.elementwise`` on tensors: the same bits (IEEE 754 float64 arithmetic and square root),
+    but for ``log1p`` (see ``log1p``)."""
+    if fn == "where":  # a number as a float64 tensor: torch.where would make float32 of two numbers
+        cond, a, b = (x if isinstance(x, torch.Tensor) else torch.tensor(x, dtype=torch.float64) for x in args)
+        return torch.where(cond, a.to(cond.device), b.to(cond.device))
+    return _ELEMENTWISE[fn](*args)
 
 
 def first_nonfinite(columns: list[tuple[torch.Tensor, torch.Tensor | None]]) -> tuple[int, torch.Tensor] | None:

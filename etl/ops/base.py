@@ -115,10 +115,35 @@ class Op:
     #: names and lists of names
     crosses: ClassVar[bool] = False
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass that sets no ``name`` of its own is named after its class."""
+        super().__init_subclass__(**kwargs)
+        if "name" not in cls.__dict__:
+            cls.name = cls.__name__
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """Pickle as any object; but an op whose module ``etl.ops.user`` imported from a pipeline's directory pickles
+        with that directory, so that a process that has not imported the module (a Dask worker) imports it from
+        there (``etl.ops.user.rebuild``)."""
+        from etl.ops.user import directory_of, rebuild  # etl.ops.user imports this module
+
+        cls = type(self)
+        directory = directory_of(cls)
+        if directory is None or "." in cls.__qualname__:
+            return super().__reduce_ex__(protocol)
+        return rebuild, (str(directory), cls.__module__, cls.__qualname__), self.__getstate__()
+
     def __init__(self, columns: list[str], **params: Any):
         self.columns = list(columns)
         self.params = params
         self.specs: dict[str, ColumnSpec] = {}
+
+    @classmethod
+    def implied_columns(cls, params: dict[str, Any]) -> Any:
+        """The ``columns`` selector of a pipeline entry that names none, implied by the entry's other parameters
+        ``params``, or None: ``columns`` is required (the default). Expr: the columns its expression names. Raises
+        ``ValueError`` when ``params`` imply none."""
+        return None
 
     def bind(self, specs: dict[str, ColumnSpec]) -> None:
         """Attach the raw column specs of the columns this op reads (those that are schema columns)."""

@@ -4,8 +4,10 @@ An artifacts directory holds ``pipeline.json`` — format name and version, the 
 op's fitted JSON state, the output columns and their cardinalities — plus ``<op index>-<op>/<table>.parquet``
 for fitted tables (vocabularies), each with the record of the op, column and parameters that made it in its schema
 metadata (``etl.pipeline.made_by``), so that a table given to another column or op (two table paths of
-``pipeline.json`` swapped) is refused. Tables written before they carried a record load unchecked. Loading never
-unpickles anything.
+``pipeline.json`` swapped) is refused. A pipeline with ops of the user's own modules (``MODULE:CLASS``,
+``etl.ops.user``) also records ``op_directory``, the directory of the pipeline file it was read from, where loading
+looks for those modules after the Python path (loading imports them: it runs their code). Tables written before
+they carried a record load unchecked. Loading never unpickles anything.
 
 The state of a loader's streaming states (online vocabularies) is saved apart, in a directory of its own
 (``etl.pipeline.saved_streams``).
@@ -26,6 +28,7 @@ from etl.io.documents import parse_document
 from etl.io.files import atomic_write_bytes, atomic_write_parquet, check_no_linked_directories
 from etl.io.fs import Location, Url, arrow_source, is_within, location
 from etl.ops.base import InvalidState, made_by
+from etl.ops.user import is_user_op
 from etl.pipeline.made_by import check_record, stamped, table_record
 from etl.schema import parse_schema, schema_to_dict
 
@@ -70,6 +73,8 @@ def save(pipeline: Pipeline, directory: str | Location) -> None:
         "id_encoding": ID_ENCODING,
         "ops": ops_doc,
     }
+    if pipeline.op_directory is not None and any(is_user_op(str(entry["op"])) for entry in pipeline.doc["ops"]):
+        manifest["op_directory"] = str(pipeline.op_directory)
     try:
         text = json.dumps(manifest, indent=1, sort_keys=True, allow_nan=False)
     except ValueError as e:
@@ -90,7 +95,8 @@ def load(directory: str | Location, xp: Backend, build: type[Pipeline]) -> Pipel
     manifest = read_manifest(d)
     try:
         schema = parse_schema(_field(manifest, "schema", dict, path), str(path))
-        pipe = build(_field(manifest, "pipeline", dict, path), schema, str(path), xp)
+        op_directory = _field(manifest, "op_directory", str, path) if "op_directory" in manifest else None
+        pipe = build(_field(manifest, "pipeline", dict, path), schema, str(path), xp, op_directory=op_directory and Path(op_directory))
     except SpecError as e:
         raise ArtifactError(str(e)) from None
     entries = _field(manifest, "ops", list, path)

@@ -66,8 +66,9 @@ from etl.io.memory import SOURCE, arrow_table
 from etl.io.parquet import batch_from_arrow
 from etl.io.processed import StageRows
 from etl.io.text import raw_arrow_schema
-from etl.ops import REGISTRY, InvalidRows, Op
+from etl.ops import InvalidRows, Op
 from etl.pipeline import artifacts
+from etl.pipeline.entries import PIPELINE_DOCS, check_parameters, did_you_mean, op_class
 from etl.pipeline.fit import fit_shards
 from etl.pipeline.groupby import Groupby
 from etl.pipeline.split import Split, canonical, parse_split
@@ -122,10 +123,6 @@ class Transformed:
         """The rows the batch was made from: those read, before the stages, when it went through stages; else its
         rows and the rejected ones."""
         return self.stages[0].rows_in if self.stages else self.batch.num_rows + self.num_rejected
-
-
-#: Where ops and their parameters are documented (named in errors about unknown ops and parameters).
-PIPELINE_DOCS = "pipelines/README.md"
 
 
 def _resolve(selector: Any, schema: Schema, created: dict[str, ColumnSpec], path: str, where: str) -> list[str]:
@@ -192,10 +189,13 @@ class Pipeline:
     """An ordered list of ops over a schema, after optional reshaping stages (``stages``). Build with
     ``Pipeline.from_file`` or ``Pipeline.load``."""
 
-    def __init__(self, doc: dict[str, Any], schema: Schema, path: str = "<memory>", xp: Backend = cpu):
+    def __init__(self, doc: dict[str, Any], schema: Schema, path: str = "<memory>", xp: Backend = cpu, *, op_directory: Path | None = None):
+        """``op_directory``: where the modules of user ops (``MODULE:CLASS``) are looked for after the Python path
+        (``etl.ops.user``): the directory of the pipeline file, for ``from_file``."""
         if doc.get("split") is not None:  # dates YAML read from unquoted text kept as ISO text, as the artifacts' JSON holds them
             doc = {**doc, "split": canonical(doc["split"])}
         self.doc, self.schema, self.path, self.xp = doc, schema, path, xp
+        self.op_directory = op_directory
         self.name = str(doc.get("name", schema.name))
         self.stages: list[Stage] = parse_stages(doc.get("stages"), schema, path)
         #: which rows ``etl preprocess`` writes as train, valid and test rows (None: no split)
@@ -218,18 +218,25 @@ class Pipeline:
                     raise SpecError(path, f"{where} (Groupby)", problem)
                 self.groupby = Groupby.parse({k: v for k, v in raw.items() if k != "op"}, path, f"{where} (Groupby)")
                 continue
-            cls = REGISTRY.get(raw["op"])
-            if cls is None:
-                known = sorted([*REGISTRY, Groupby.name])
-                raise SpecError(path, f"{where}.op", f"unknown op {raw['op']!r}; known: {known} (see {PIPELINE_DOCS})")
+            try:
+                cls = op_class(raw["op"], [Groupby.name], op_directory)
+            except ValueError as e:
+                raise SpecError(path, f"{where}.op", str(e)) from None
             where = f"{where} ({raw['op']})"
-            if "columns" not in raw:
-                raise SpecError(path, f"{where}.columns", "missing")
             params = {k: v for k, v in raw.items() if k not in ("op", "columns")}
+            wrong = check_parameters(cls, params)
+            if wrong is not None:
+                raise SpecError(path, f"{where}.{wrong[0]}", wrong[1])
+            try:
+                selector = raw["columns"] if "columns" in raw else cls.implied_columns(params)
+            except ValueError as e:
+                raise SpecError(path, where, str(e)) from None
+            if selector is None:
+                raise SpecError(path, f"{where}.columns", "missing")
             if cls.crosses:
-                columns = _resolve_crosses(raw["columns"], schema, created, path, f"{where}.columns")
+                columns = _resolve_crosses(selector, schema, created, path, f"{where}.columns")
             else:
-                columns = _resolve(raw["columns"], schema, created, path, f"{where}.columns")
+                columns = _resolve(selector, schema, created, path, f"{where}.columns")
             try:
                 op = cls(columns, **params)
                 op.bind(specs | created)
@@ -261,7 +268,7 @@ class Pipeline:
         if not isinstance(doc, dict) or not isinstance(doc.get("schema"), str):
             raise SpecError(str(p), "schema", "expected the path of a schema file")
         schema = load_schema(p.parent / doc["schema"])
-        return cls(doc, schema, str(p), xp)
+        return cls(doc, schema, str(p), xp, op_directory=p.parent.resolve())
 
     @classmethod
     def load(cls, directory: str | Location, xp: Backend = cpu) -> Pipeline:
@@ -285,13 +292,11 @@ class Pipeline:
         for i, op in enumerate(self.ops):
             for c in op.source_columns():
                 if c not in self.schema.names:
-                    dropped = " (the schema drops it: role drop)" if c in self.schema.text_names else ""
-                    raise SpecError(self.path, f"ops[{i}] ({op.name})", f"no schema column named '{c}'{dropped}")
+                    raise SpecError(self.path, f"ops[{i}] ({op.name})", f"no schema column named '{c}'{self._unknown(c, self.schema.names)}")
             where = f"ops[{i}] ({op.name}).columns"
             for c in op.columns:
                 if c not in kind:
-                    dropped = " (the schema drops it: role drop)" if c in self.schema.text_names else ""
-                    raise SpecError(self.path, where, f"no column named '{c}'{dropped}")
+                    raise SpecError(self.path, where, f"no column named '{c}'{self._unknown(c, list(kind))}")
                 if kind[c] == "passthrough":
                     raise SpecError(self.path, where, f"column '{c}' is a passthrough column: copied to the output unchanged, never an op input")
                 if op.reads == "source":
@@ -317,6 +322,14 @@ class Pipeline:
                 problem = f"categorical column '{c}' is not turned into ids (add Decode, then Hash or Categorify)"
                 raise SpecError(self.path, "ops", problem)
         return order
+
+    def _unknown(self, c: str, known: list[str]) -> str:
+        """What to add to "no column named c": the schema drops it, or the nearest of the ``known`` columns, and
+        the columns there are (the first 50)."""
+        if c in self.schema.text_names:
+            return " (the schema drops it: role drop)"
+        shown = ", ".join(known[:50]) + (f", ... ({len(known)} in all)" if len(known) > 50 else "")
+        return f"{did_you_mean(c, known)} (columns: {shown})"
 
     @property
     def passthrough(self) -> list[str]:

@@ -27,6 +27,7 @@ from etl.ops import REGISTRY, InvalidRows, Op
 from etl.ops.categorical import Categorify, Decode, Hash, HashedCross
 from etl.ops.dates import DateParts
 from etl.ops.dense import Bucketize, Clamp, FillMissing, Log1p, Normalize
+from etl.ops.expr import Expr
 from etl.ops.history import History
 from etl.ops.lists import FirstX
 from etl.ops.target import TargetEncode
@@ -164,6 +165,36 @@ def test_dense_ops(device: str, n: int) -> None:
 def test_log1p_within_one_float32_ulp(device: str, n: int) -> None:
     x = np.abs(np.random.default_rng(3).standard_normal(n)) * np.random.default_rng(4).choice([1e-8, 1.0, 1e3, 1e9], n)
     assert_same(Log1p(["x"]), Batch({"x": Column(x)}, n), device, float32_ulps=1)
+
+
+#: expressions whose every function is exactly rounded (IEEE 754), or a choice between values: the same bits
+EXACT_EXPRESSIONS = [
+    "x / (y + 1)", "x * y - 2.5 * x", "-x", "x ** 3 - y ** -2", "abs(x) + sqrt(abs(y))", "min(x, y)", "max(x, 0)", "min(0.0, x)",
+    "where(x > 0 and not y == 0, x / y, -0.0)", "where(0 <= x < 1e4 or y != y, x, y)", "(x + y) / 0",
+]  # fmt: skip
+
+
+@covers(Expr)
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n", ROWS)
+@pytest.mark.parametrize("expr", EXACT_EXPRESSIONS)
+def test_expr_gives_the_same_bits(device: str, n: int, expr: str) -> None:
+    """Signed zeros, NaN and infinities included (compared as bits)."""
+    ints = [None if v is None else int(max(min(v, 2.0**52), -(2.0**52))) for v in dense_values(n, 7)]
+    batch = Batch({"x": dense_column(n, 6), "y": arrow_col(ints, spec("y", "dense", "int64", None), pa.int64())}, n)
+    op = Expr(Expr.implied_columns({"expr": expr}), out="e", expr=expr)
+    want, got = run(op, batch, None), run(op, on_backend(batch, device), device)
+    assert isinstance(want, dict) and isinstance(got, dict)
+    np.testing.assert_array_equal(want["e"].valid, got["e"].valid)
+    valid = np.ones(n, np.bool_) if want["e"].valid is None else want["e"].valid
+    np.testing.assert_array_equal(want["e"].values[valid].view(np.int64), got["e"].values[valid].view(np.int64))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("n", ROWS)
+def test_expr_log1p_within_one_float32_ulp(device: str, n: int) -> None:
+    x = np.abs(np.random.default_rng(3).standard_normal(n)) * np.random.default_rng(4).choice([1e-8, 1.0, 1e3, 1e9], n)
+    assert_same(Expr(["x"], out="x", expr="log1p(x)"), Batch({"x": Column(x)}, n), device, float32_ulps=1)
 
 
 @covers(Bucketize)

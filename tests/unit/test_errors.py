@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 
-from etl.errors import ArtifactError, ClusterError, ConfigError, FitError, InputError, LoaderError, OutputError, RowError, SpecError
+from etl.errors import ArtifactError, ClusterError, ConfigError, FitError, InputError, LoaderError, OutputError, RowError, SpecError, YamlError
 
 
 @pytest.mark.parametrize(
@@ -17,6 +17,7 @@ from etl.errors import ArtifactError, ClusterError, ConfigError, FitError, Input
         InputError("f.parquet", "column missing", row_group=3, column="C7"),
         InputError("f.parquet", "no such file"),
         SpecError("pipe.yaml", "ops[2].columns", "no column named 'x'"),
+        YamlError("pipe.yaml", 3, 1, "invalid YAML: did not find expected key"),
         FitError("Normalize", "I1", "no values to fit"),
         ConfigError("--partitions 0: expected an integer in [1, 2**31]"),
         ArtifactError("a: no pipeline.json"),

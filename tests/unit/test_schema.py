@@ -150,7 +150,7 @@ def test_invalid_yaml(tmp_path):
 def test_yaml_nested_too_deeply_is_invalid_yaml(tmp_path, monkeypatch, loader, text):
     """libyaml stops at its nesting limit; PyYAML's Python loader recurses once per level (RecursionError)."""
     if loader == "python":
-        monkeypatch.setattr("etl.schema._SAFE_LOADER", yaml.SafeLoader)
+        monkeypatch.setattr("etl.io.documents._SAFE_LOADER", yaml.SafeLoader)
     p = write(tmp_path, text)
     with pytest.raises(SpecError, match="invalid YAML") as ei:
         load_schema(p)

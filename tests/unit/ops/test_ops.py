@@ -90,7 +90,7 @@ def ref_hash_id(key: int, seed: int, n: int) -> int:
 
 def test_registry_has_every_op():
     assert set(REGISTRY) == {"FillMissing", "Clamp", "Log1p", "Normalize", "Bucketize", "Decode", "Hash",
-                             "Categorify", "HashedCross", "FirstX", "DateParts", "History", "TargetEncode"}  # fmt: skip
+                             "Categorify", "HashedCross", "FirstX", "DateParts", "History", "TargetEncode", "Expr"}  # fmt: skip
     for name, cls in REGISTRY.items():
         assert cls.name == name
 
@@ -713,5 +713,6 @@ def test_every_op_and_parameter_is_documented_with_a_valid_example():
     assert {yaml.safe_load(e)["op"] for e in examples} == set(REGISTRY)
     for e in examples:
         doc = yaml.safe_load(e)
-        cols = doc.pop("columns")
-        REGISTRY[doc.pop("op")](cols if isinstance(cols, list) else [cols], **doc)
+        cls = REGISTRY[doc.pop("op")]
+        cols = doc.pop("columns") if "columns" in doc else cls.implied_columns(doc)  # Expr: the expression's columns
+        cls(cols if isinstance(cols, list) else [cols], **doc)

@@ -99,7 +99,7 @@ SPEC_CASES = {
     "categorify before decode": (DLRM[:3] + [{"op": "Categorify", "columns": "@categorical"}], "ops[3] (Categorify).columns", "Decode"),
     "decode twice": (DLRM + [{"op": "Decode", "columns": ["C1"]}], "ops[5] (Decode).columns", "C1"),
     "clamp on categorical": (DLRM + [{"op": "Clamp", "columns": ["C2"], "min": 0}], "ops[5] (Clamp).columns", "C2"),
-    "unknown parameter": (with_op(1, {"op": "Clamp", "columns": "@dense", "minimum": 0}), "ops[1] (Clamp)", "minimum"),
+    "unknown parameter": (with_op(1, {"op": "Clamp", "columns": "@dense", "minimum": 0}), "ops[1] (Clamp).minimum", "did you mean 'min'?"),
     "bad parameter value": (with_op(4, {"op": "Hash", "columns": "@categorical", "num_buckets": 0}), "ops[4] (Hash)", "buckets"),
     "bad threshold": (with_op(4, {"op": "Categorify", "columns": "@categorical", "freq_threshold": 0}), "ops[4] (Categorify)", "freq_threshold"),
     "clamp min above max": (with_op(1, {"op": "Clamp", "columns": "@dense", "min": 5, "max": 1}), "ops[1] (Clamp)", "max"),

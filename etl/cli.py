@@ -82,7 +82,9 @@ def spread_values(args: list[str], flags: set[str]) -> list[str]:
     return out
 
 
-app = typer.Typer(cls=_Group, add_completion=False, no_args_is_help=True, help="Streaming ETL for recommender training data.",
+# rich_markup_mode=None: click's plain help, wrapped at the terminal width (80 columns at most) without cutting a
+# word short, and text such as "pip install 'etl[dali]'" shown as written (rich would read [dali] as markup)
+app = typer.Typer(cls=_Group, add_completion=False, no_args_is_help=True, rich_markup_mode=None, help="Streaming ETL for recommender training data.",
                   context_settings={"help_option_names": ["-h", "--help"]})  # fmt: skip
 err = Console(stderr=True)
 console = Console(soft_wrap=True)
@@ -184,7 +186,7 @@ def _total_rows(shards: list[Location]) -> int:
     return total
 
 
-@app.command()
+@app.command(short_help="Convert delimited text (CSV/TSV, .gz) into raw Parquet shards.")
 def convert(
     inputs: list[str] = typer.Argument(..., help="Delimited text files (optionally .gz); glob patterns are expanded."),
     schema: Path = typer.Option(..., help="Schema YAML describing the columns and the text layout."),
@@ -212,11 +214,11 @@ def convert(
     console.print(f"wrote {len(paths)} shard(s), {rows:,} rows, to {out}")
 
 
-schema_app = typer.Typer(no_args_is_help=True, help="Schemas: guess one from data.")
+schema_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Schemas: guess one from data.")
 app.add_typer(schema_app, name="schema")
 
 
-@schema_app.command("infer")
+@schema_app.command("infer", short_help="Guess a schema and a starter pipeline from a sample.")
 def schema_infer(
     inputs: list[Path] = typer.Argument(..., help="Delimited text (CSV/TSV, optionally .gz) or Parquet files of one layout."),
     out: Path | None = typer.Option(None, help="Write the schema here (default: print schema and pipeline)."),
@@ -243,7 +245,7 @@ def schema_infer(
     console.print(f"wrote {out} ({len(guess.columns)} columns) and {pipeline}", highlight=False)
 
 
-@app.command()
+@app.command(short_help="Generate synthetic raw shards shaped like a schema's data.")
 def generate(
     schema: Path = typer.Option(..., help="Schema YAML."),
     rows: int = typer.Option(..., min=1, help="Number of rows."),
@@ -266,10 +268,10 @@ def generate(
     console.print(f"wrote {len(paths)} shard(s), {rows:,} rows, to {out}")
 
 
-@app.command(cls=_SeveralValues)
+@app.command(cls=_SeveralValues, short_help="Fit a pipeline's statistics and vocabularies over raw shards.")
 def fit(
     pipeline: Path = typer.Option(..., help="Pipeline YAML."),
-    input: list[str] = typer.Option(..., help=f"Raw Parquet shards or directories of them ({SEVERAL})."),
+    input: list[str] = typer.Option(..., metavar="PATHS", help=f"Raw Parquet shards or directories of them ({SEVERAL})."),
     artifacts: str = typer.Option(..., help="Directory to write the fitted artifacts to."),
     workers: int = typer.Option(2, min=1, help="Worker threads (without --cluster)."),
     on_error: str = typer.Option("raise", help="raise | quarantine (skip invalid rows while fitting)."),
@@ -310,10 +312,10 @@ def fit(
     _print_warnings(p.fit_warnings)
 
 
-@app.command(cls=_SeveralValues)
+@app.command(cls=_SeveralValues, short_help="Fit and transform raw shards into processed shards.")
 def preprocess(
     pipeline: Path = typer.Option(..., help="Pipeline YAML."),
-    input: list[str] = typer.Option(..., help=f"Raw Parquet shards or directories of them ({SEVERAL})."),
+    input: list[str] = typer.Option(..., metavar="PATHS", help=f"Raw Parquet shards or directories of them ({SEVERAL})."),
     out: str = typer.Option(..., help="Output directory."),
     artifacts: str | None = typer.Option(None, help="Fitted artifacts to use (fits first when omitted)."),
     workers: int = typer.Option(2, min=1, help="Worker threads (without --cluster)."),
@@ -490,7 +492,7 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:,.1f} MiB"
 
 
-@app.command()
+@app.command(short_help="Generate, fit and preprocess a synthetic sample; show the next step.")
 def demo(
     pipeline: Path | None = typer.Option(None, help="Pipeline YAML; its schema shapes the data (default: etl's criteo.yaml)."),
     rows: int = typer.Option(1_000_000, min=1, help="Synthetic rows to generate."),
@@ -522,7 +524,7 @@ def demo(
     console.print(f"processed shards, manifest and artifacts → {processed}  (see: etl inspect {processed})")
 
 
-@app.command(cls=_SeveralValues)
+@app.command(cls=_SeveralValues, short_help="Measure every stage, the loader, data wait and baselines.")
 def bench(
     pipeline: list[Path] | None = typer.Option(
         None, help="Pipeline YAMLs, several values or glob patterns (default: the Criteo categorify and hash pipelines)."
@@ -676,7 +678,7 @@ def _print_report(report) -> None:
     console.print(f"peak memory: {report.peak_rss_mb:,.0f} MB")
 
 
-@app.command()
+@app.command(short_help="Show the schema, rows and vocabularies of a directory.")
 def inspect(path: str = typer.Argument(..., help="A raw or processed shard directory/file, or an artifacts directory.")) -> None:
     """Show the schema, row counts and vocabulary sizes of a raw, processed or artifacts directory."""
     from etl.tools.inspect import describe

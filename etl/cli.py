@@ -648,6 +648,8 @@ def _bench_sequences(input: str | None, rows: int, files: int, workers: int, bat
 def _print_report(report) -> None:
     from rich.table import Table
 
+    from etl.bench.report import speed_ratio
+
     console.print(f"{report.rows:,} rows in {report.files} shard(s), {report.input_mbytes:,.1f} MB of Parquet; "
                   f"workers {report.workers}, batch {report.batch_size:,}, device {report.device}")  # fmt: skip
     for rep in report.pipelines:
@@ -674,7 +676,7 @@ def _print_report(report) -> None:
             eq = {True: "output equal", False: "OUTPUT DIFFERS", None: "other hash, same work"}[b["output_equal"]]
             speedup = b["speedup_of_ours"]
             cpu = f"; CPU {b['cpu_seconds']:.2f} s" if "cpu_seconds" in b else ""
-            console.print(f"baseline {name}: {b['rows_per_second']:,.0f} rows/s{cpu}; ours ({b['versus']}) is {speedup:.2f}x faster ({eq})")
+            console.print(f"baseline {name}: {b['rows_per_second']:,.0f} rows/s{cpu}; ours ({b['versus']}) is {speed_ratio(speedup)} ({eq})")
     console.print(f"peak memory: {report.peak_rss_mb:,.0f} MB")
 
 

@@ -91,6 +91,8 @@ console = Console(soft_wrap=True)
 
 #: help text of the options that take several paths
 SEVERAL = "several values or glob patterns: --input a.parquet b.parquet, --input 'raw/*.parquet'"
+#: help text of --schema and --pipeline
+OR_SHIPPED = ", or the name of one that ships with etl (see etl list)"
 #: help text of --cluster
 CLUSTER = ("Run on Dask: local:N (N worker processes here) or a scheduler address such as tcp://HOST:PORT "
            "(default: $DASK_SCHEDULER_ADDRESS when set, else --workers threads).")  # fmt: skip
@@ -189,7 +191,7 @@ def _total_rows(shards: list[Location]) -> int:
 @app.command(short_help="Convert delimited text (CSV/TSV, .gz) into raw Parquet shards.")
 def convert(
     inputs: list[str] = typer.Argument(..., help="Delimited text files (optionally .gz); glob patterns are expanded."),
-    schema: Path = typer.Option(..., help="Schema YAML describing the columns and the text layout."),
+    schema: Path = typer.Option(..., help=f"Schema YAML describing the columns and the text layout{OR_SHIPPED}."),
     out: str = typer.Option(..., help="Output directory for Parquet shards."),
     rows_per_file: int = typer.Option(1_000_000, min=1, help="Rows per output shard."),
     join: Path | None = typer.Option(None, help="A side table (delimited text with a header) left-joined onto every row on --on."),
@@ -247,7 +249,7 @@ def schema_infer(
 
 @app.command(short_help="Generate synthetic raw shards shaped like a schema's data.")
 def generate(
-    schema: Path = typer.Option(..., help="Schema YAML."),
+    schema: Path = typer.Option(..., help=f"Schema YAML{OR_SHIPPED}."),
     rows: int = typer.Option(..., min=1, help="Number of rows."),
     files: int = typer.Option(1, min=1, help="Number of shards."),
     out: str = typer.Option(..., help="Output directory."),
@@ -270,7 +272,7 @@ def generate(
 
 @app.command(cls=_SeveralValues, short_help="Fit a pipeline's statistics and vocabularies over raw shards.")
 def fit(
-    pipeline: Path = typer.Option(..., help="Pipeline YAML."),
+    pipeline: Path = typer.Option(..., help=f"Pipeline YAML{OR_SHIPPED}."),
     input: list[str] = typer.Option(..., metavar="PATHS", help=f"Raw Parquet shards or directories of them ({SEVERAL})."),
     artifacts: str = typer.Option(..., help="Directory to write the fitted artifacts to."),
     workers: int = typer.Option(2, min=1, help="Worker threads (without --cluster)."),
@@ -314,7 +316,7 @@ def fit(
 
 @app.command(cls=_SeveralValues, short_help="Fit and transform raw shards into processed shards.")
 def preprocess(
-    pipeline: Path = typer.Option(..., help="Pipeline YAML."),
+    pipeline: Path = typer.Option(..., help=f"Pipeline YAML{OR_SHIPPED}."),
     input: list[str] = typer.Option(..., metavar="PATHS", help=f"Raw Parquet shards or directories of them ({SEVERAL})."),
     out: str = typer.Option(..., help="Output directory."),
     artifacts: str | None = typer.Option(None, help="Fitted artifacts to use (fits first when omitted)."),
@@ -494,7 +496,7 @@ def _mib(n: int) -> str:
 
 @app.command(short_help="Generate, fit and preprocess a synthetic sample; show the next step.")
 def demo(
-    pipeline: Path | None = typer.Option(None, help="Pipeline YAML; its schema shapes the data (default: etl's criteo.yaml)."),
+    pipeline: Path | None = typer.Option(None, help=f"Pipeline YAML{OR_SHIPPED}; its schema shapes the data (default: criteo)."),
     rows: int = typer.Option(1_000_000, min=1, help="Synthetic rows to generate."),
     files: int = typer.Option(4, min=1, help="Number of shards."),
     workdir: Path = typer.Option(Path("demo"), help="Where raw/ and processed/ are written."),
@@ -527,7 +529,7 @@ def demo(
 @app.command(cls=_SeveralValues, short_help="Measure every stage, the loader, data wait and baselines.")
 def bench(
     pipeline: list[Path] | None = typer.Option(
-        None, help="Pipeline YAMLs, several values or glob patterns (default: the Criteo categorify and hash pipelines)."
+        None, metavar="PATHS", help="Pipeline YAMLs or shipped names, several values or glob patterns (default: criteo and criteo_hash)."
     ),
     input: str | None = typer.Option(None, help="Raw shards to measure on (default: generate synthetic ones)."),
     rows: int | None = typer.Option(None, min=1, help="Synthetic rows to generate when no --input is given (default 2,000,000; "
@@ -570,7 +572,7 @@ def bench(
 
     from etl.bench.report import plot
     from etl.bench.run import run_bench
-    from etl.resources import resource_path
+    from etl.resources import resolve, resource_path
     from etl.runtime.cluster import connect
 
     if follow:
@@ -586,7 +588,7 @@ def bench(
     device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
     with user_errors(), err.status("benchmark") as status:
         defaults = [resource_path("pipelines", "criteo.yaml"), resource_path("pipelines", "criteo_hash.yaml")]
-        pipelines = cast("list[Path]", expand_globs(pipeline)) if pipeline else defaults
+        pipelines = [resolve("pipelines", str(p)) for p in expand_globs(pipeline)] if pipeline else defaults
         try:
             torch.device(device)
         except RuntimeError:
@@ -620,11 +622,11 @@ def bench(
 def _bench_follow(pipeline: list[Path] | None, settings: Any, json_out: Path | None) -> None:
     """``etl bench --follow``: the freshness bench (``etl.bench.freshness``) of ``pipeline`` (default criteo_hash)."""
     from etl.bench.freshness import run_freshness_bench
-    from etl.resources import resource_path
+    from etl.resources import resolve, resource_path
 
     with user_errors(), err.status("freshness benchmark") as status:
         settings.check()
-        pipelines = cast("list[Path]", expand_globs(pipeline)) if pipeline else [resource_path("pipelines", "criteo_hash.yaml")]
+        pipelines = [resolve("pipelines", str(p)) for p in expand_globs(pipeline)] if pipeline else [resource_path("pipelines", "criteo_hash.yaml")]
         report = run_freshness_bench(pipelines, settings, progress=lambda msg: status.update(msg))
     _print_report(report)
     if json_out:
@@ -688,6 +690,27 @@ def inspect(path: str = typer.Argument(..., help="A raw or processed shard direc
     with user_errors():
         text = describe(location(path))
     console.print(text, highlight=False)
+
+
+@app.command("list", short_help="List the schemas and pipelines that ship with etl.")
+def list_shipped() -> None:
+    """List the schemas and pipelines that ship with etl, each with one line on what it is. Name them anywhere a
+    file is taken: --schema criteo, --pipeline criteo_hash, etl.Loader(..., pipeline="criteo"), or schema: criteo
+    in a pipeline file."""
+    from rich.table import Table
+
+    from etl.resources import Kind, names, resource_path, summary
+
+    shown: tuple[tuple[Kind, str], ...] = (("schemas", "--schema"), ("pipelines", "--pipeline"))
+    for kind, flag in shown:
+        table = Table(box=None, show_header=False, pad_edge=False, padding=(0, 2, 0, 0))
+        table.add_column(no_wrap=True)
+        table.add_column()
+        for name in names(kind):
+            table.add_row(name, summary(kind, name))
+        console.print(f"{kind} ({flag} NAME; files in {resource_path(kind, names(kind)[0] + '.yaml').parent}):", highlight=False)
+        console.print(table, highlight=False, markup=False)
+        console.print()
 
 
 def _check_choice(flag: str, value: str, choices: tuple[str, ...]) -> None:

@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
-from etl.errors import ConfigError, EtlError
+from etl.errors import ConfigError, EtlError, InputError
 from etl.io.fs import Location, location
 from etl.io.paths import expand_globs
 from etl.runtime.allocator import tune_allocator
@@ -294,7 +294,7 @@ def fit(
     with user_errors():
         _check_choice("--on-error", on_error, ("raise", "quarantine"))
         p = Pipeline.from_file(pipeline)
-        shards = list_shards(list(input))
+        shards = list_shards(_parquet_inputs(expand_globs(input), p))
         art = location(artifacts)
         check_no_linked_directories(art)  # before the fit, not when it saves
         with connect(cluster) as client:
@@ -392,7 +392,7 @@ def preprocess(
         except ValueError as e:
             raise EtlError(f"--format: {e}") from None
         p = Pipeline.from_file(pipeline)
-        inputs, out_dir = expand_globs(input), location(out)
+        inputs, out_dir = _parquet_inputs(expand_globs(input), p), location(out)
         check_apart(out_dir, inputs)
         shards = list_shards(inputs)
         # --split, else the pipeline file's split (handed over as such: with --artifacts the run refuses it)
@@ -711,6 +711,20 @@ def list_shipped() -> None:
         console.print(f"{kind} ({flag} NAME; files in {resource_path(kind, names(kind)[0] + '.yaml').parent}):", highlight=False)
         console.print(table, highlight=False, markup=False)
         console.print()
+
+
+def _parquet_inputs(inputs: list[Location], pipeline: Any) -> list[Location]:
+    """``inputs``, checked not to be delimited text (InputError with the ``etl convert`` command that makes shards of
+    it, for the schema of ``pipeline``)."""
+    from etl.io.text_hints import convert_hint
+    from etl.resources import shipped_name
+
+    schema = shipped_name("schemas", pipeline.schema.path) or pipeline.schema.path
+    for path in inputs:
+        hint = convert_hint(path, schema)
+        if hint is not None:
+            raise InputError(str(path), hint)
+    return inputs
 
 
 def _check_choice(flag: str, value: str, choices: tuple[str, ...]) -> None:

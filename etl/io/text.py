@@ -40,7 +40,8 @@ import pyarrow.parquet as pq
 
 from etl.errors import InputError, OutputError
 from etl.io.files import ExclusiveParquetWriter, is_shard_name, is_temporary, shard_name, temporary_path
-from etl.io.fs import Location, Url, arrow_source, location, locations, replace
+from etl.io.fs import Location, arrow_source, location, locations, replace
+from etl.io.text_hints import delimiter_hint, line_text, open_text
 from etl.schema import ColumnSpec, Schema, TextLayout
 
 if TYPE_CHECKING:
@@ -233,17 +234,6 @@ def _missing_texts(c: ColumnSpec, text: TextLayout) -> list[str]:
     return sorted({"", *own, *([text.null_value] if c.null_values is None else [])})
 
 
-def _input_stream(path: Location) -> pa.NativeFile:
-    """``path`` opened for streaming, decompressed on the fly when its name ends in ``.gz``, ``.bz2``, ``.zst``, ..."""
-    if not isinstance(path, Url):
-        return pa.input_stream(str(path), compression="detect")
-    try:
-        codec = pa.Codec.detect(path.name).name
-    except (TypeError, ValueError):  # no compression extension
-        codec = None
-    return pa.input_stream(path.open("rb"), compression=codec)
-
-
 def _open_csv(path: Location, schema: Schema, header: bool, *, use_threads: bool) -> pacsv.CSVStreamingReader:
     t = schema.text
     read = pacsv.ReadOptions(
@@ -261,7 +251,7 @@ def _open_csv(path: Location, schema: Schema, header: bool, *, use_threads: bool
         include_columns=schema.names,  # dropped columns are never converted
     )
     # compression="detect": ".gz", ".bz2", ".zst", ... are decompressed while streaming.
-    return pacsv.open_csv(_input_stream(path), read_options=read,
+    return pacsv.open_csv(open_text(path), read_options=read,
                           parse_options=parse, convert_options=conv)
 
 
@@ -276,7 +266,7 @@ def _first_line(path: Location, schema: Schema) -> list[str] | None:
     or unreadable file."""
     try:
         r = pacsv.open_csv(
-            _input_stream(path),
+            open_text(path),
             read_options=pacsv.ReadOptions(use_threads=False, block_size=1 << 16),
             parse_options=pacsv.ParseOptions(delimiter=schema.text.delimiter),
             convert_options=pacsv.ConvertOptions(column_types={}, include_columns=[]),
@@ -313,8 +303,10 @@ def _check_header(path: Location, schema: Schema) -> None:
     i = next((i for i, (e, f) in enumerate(zip(expected, found)) if e != f), min(len(expected), len(found)))
     first = f"field {i + 1}: expected {expected[i]!r}, found {found[i]!r}" if i < min(len(expected), len(found)) else (
         f"the header ends after {len(found)} fields" if len(found) < len(expected) else f"field {i + 1}: {found[i]!r} is extra")
+    hint = delimiter_hint(path, schema, lambda fields: len(set(fields) & set(expected)) > len(set(found) & set(expected)),
+                           schema.text.delimiter.join(found))  # fmt: skip
     raise InputError(str(path), f"the header lacks column(s) {missing}: expected the schema's columns {expected}, found {found} "
-                                f"(first difference: {first})", column=missing[0])
+                                f"(first difference: {first}){hint}", column=missing[0])
 
 
 def _int64_hint(value: str) -> str:
@@ -352,6 +344,9 @@ def _explain(path: Location, schema: Schema, err: Exception, header: bool, *, si
     if m:
         text = m.group(3) if len(m.group(3)) <= 120 else m.group(3)[:120] + "..."
         msg = f"{msg[:m.start()]}wrong number of fields: expected {m.group(1)}, got {m.group(2)}: {text!r}"
+        shown = m.group(3).rstrip("\r\n")
+        line = line_text(path, int(r.group(1))) if r and shown.endswith(" ...") else shown  # pyarrow cuts a long line short
+        msg += delimiter_hint(path, schema, lambda fields: len(fields) == int(m.group(1)), line or "")
     elif len(msg) > 300:
         msg = msg[:300] + "..."
     big = _INT64_VALUE_RE.search(msg)

@@ -62,6 +62,12 @@ def shipped(kind: Kind, name: str) -> Path:
                       + did_you_mean(name, names(kind)))
 
 
+def shipped_name(kind: Kind, path: str | Path) -> str | None:
+    """The name of the shipped file of ``kind`` that ``path`` is, or None when it is none of them."""
+    where = Path(path).resolve()
+    return next((name for name in names(kind) if resource_path(kind, name + ".yaml").resolve() == where), None)
+
+
 def did_you_mean(word: str, choices: list[str]) -> str:
     """``"; did you mean 'x'?"`` for the choice closest to ``word`` (difflib), or nothing when none is close."""
     close = difflib.get_close_matches(word, choices, n=1)

@@ -91,8 +91,9 @@ def test_convert_hint_shows_the_command(tmp_path: Path) -> None:
     days.mkdir()
     for name in ("README.txt", "d1.tsv", "d0.tsv", ".hidden.tsv"):
         (days / name).write_text("a\tb\n")
-    assert convert_hint(days) == ("a directory of delimited text (2 *.tsv file(s): d0.tsv, d1.tsv), not Parquet shards: convert it first, "
-                                  f"then read the shards it writes: etl convert '{days}/*.tsv' --schema SCHEMA --out {tmp_path / 'days_raw'}")  # fmt: skip
+    assert convert_hint(days) == ("a directory of delimited text (2 *.tsv file(s): d0.tsv, d1.tsv), not Parquet shards: convert it "
+                                  f"first, then read the shards it writes: etl convert '{days}/*.tsv' --schema SCHEMA "
+                                  f"--out {tmp_path / 'days_raw'}")  # fmt: skip
 
 
 def test_convert_hint_is_none_for_parquet_and_anything_else(tmp_path: Path) -> None:

@@ -196,24 +196,36 @@ def convert(
     rows_per_file: int = typer.Option(1_000_000, min=1, help="Rows per output shard."),
     join: Path | None = typer.Option(None, help="A side table (delimited text with a header) left-joined onto every row on --on."),
     on: str | None = typer.Option(None, help="The join key: a schema column in the inputs and the side table."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the shards --out holds (they are removed once the new ones are written)."),
+    append: bool = typer.Option(False, "--append", help="Add the new shards after those --out holds, their numbers continuing (same schema)."),
 ) -> None:
-    """Convert delimited text (e.g. Criteo TSV) into Parquet shards in the raw layout."""
+    """Convert delimited text (e.g. Criteo TSV) into Parquet shards in the raw layout. An --out that holds shards
+    already is refused unless --overwrite (replace them) or --append (add the new ones after them: a new day of
+    data) is given."""
     from etl.errors import ConfigError
     from etl.io.join import SideTable
     from etl.io.parquet import read_footer
     from etl.io.text import convert as run
+    from etl.io.text import existing_shards
     from etl.schema import load_schema
 
     with user_errors():
         s = load_schema(schema)
         if (join is None) != (on is None):
             raise ConfigError("--join and --on go together: the side table and the key to join it on")
+        if overwrite and append:
+            raise ConfigError("--overwrite replaces the shards --out holds, --append keeps them: give one of them")
+        held = existing_shards(location(out))
+        if held and not (overwrite or append):
+            raise ConfigError(f"{out}: holds {len(held)} shard(s) already ({held[0].name} .. {held[-1].name}); --overwrite replaces "
+                              "them, --append adds the new shards after them")  # fmt: skip
         side = SideTable.read(join, on, s) if join is not None and on is not None else None
         files = expand_globs(inputs)
         with progress_bars(None) as report:
-            paths = run(files, s, location(out), rows_per_file=rows_per_file, progress=partial(report, "convert"), side=side)
+            paths = run(files, s, location(out), rows_per_file=rows_per_file, progress=partial(report, "convert"), side=side, append=append)
         rows = sum(read_footer(p).num_rows for p in paths)
-    console.print(f"wrote {len(paths)} shard(s), {rows:,} rows, to {out}")
+    after = f" after the {len(held)} it held" if append and held else ""
+    console.print(f"wrote {len(paths)} shard(s), {rows:,} rows, to {out}{after}")
 
 
 schema_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Schemas: guess one from data.")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CRITEO_8K, run_etl
+from tests.conftest import CRITEO_8K, run_etl, tree_bytes
 
 needs_criteo = pytest.mark.skipif(not CRITEO_8K.is_dir(), reason=f"real Criteo sample not at {CRITEO_8K}")
 
@@ -45,3 +45,33 @@ def test_text_given_as_raw_shards_shows_the_convert_command(tmp_path: Path, comm
         assert line.endswith(f"etl convert {source} --schema criteo --out {raw}"), line
     run_etl("convert", days / "day_0.tsv", "--schema", "criteo", "--out", days / "day_0_raw")  # the command shown works
     run_etl(command, "--pipeline", "criteo", "--input", days / "day_0_raw", *out)
+
+
+@needs_criteo
+def test_convert_into_a_directory_of_shards_refuses_overwrites_or_appends(tmp_path: Path) -> None:
+    raw = tmp_path / "raw"
+    run_etl("convert", CRITEO_8K / "train.csv", "--schema", "criteo", "--out", raw, "--rows-per-file", 3000)
+    day_0 = tree_bytes(raw)
+    assert sorted(day_0) == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
+    line = one_line_error(run_etl("convert", CRITEO_8K / "dev.csv", "--schema", "criteo", "--out", raw, check=False))
+    assert line == (f"error: {raw}: holds 3 shard(s) already (part-00000.parquet .. part-00002.parquet); --overwrite replaces them, "
+                    "--append adds the new shards after them")  # fmt: skip
+    assert tree_bytes(raw) == day_0
+    both = one_line_error(run_etl("convert", CRITEO_8K / "dev.csv", "--schema", "criteo", "--out", raw, "--overwrite", "--append", check=False))
+    assert "give one of them" in both and tree_bytes(raw) == day_0
+
+    appended = run_etl("convert", CRITEO_8K / "dev.csv", "--schema", "criteo", "--out", raw, "--append")
+    assert "wrote 1 shard(s), 409 rows, to" in appended.stdout and "after the 3 it held" in appended.stdout
+    assert {k: v for k, v in tree_bytes(raw).items() if k in day_0} == day_0 and "part-00003.parquet" in tree_bytes(raw)
+    fitted = run_etl("fit", "--pipeline", "criteo", "--input", raw, "--artifacts", tmp_path / "art")
+    assert "on 7,609 rows" in fitted.stdout  # both days
+    done = run_etl("preprocess", "--pipeline", "criteo", "--input", raw, "--artifacts", tmp_path / "art", "--out", tmp_path / "out")
+    assert "rows: 7,609 in = 7,609 out" in done.stdout
+
+    mismatch = one_line_error(run_etl("convert", CRITEO_8K / "dev.csv", "--schema", "criteo_sample", "--out", raw, "--append", check=False))
+    assert "which is not a shard of this schema's layout" in mismatch
+
+    replaced = tmp_path / "replaced"
+    run_etl("convert", CRITEO_8K / "dev.csv", "--schema", "criteo", "--out", replaced)
+    run_etl("convert", CRITEO_8K / "dev.csv", "--schema", "criteo", "--out", raw, "--overwrite")
+    assert tree_bytes(raw) == tree_bytes(replaced)  # the old shards gone, as a convert into a new directory

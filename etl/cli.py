@@ -10,9 +10,10 @@ may be a glob pattern, quoted so that the shell leaves it alone (``--input 'data
 from __future__ import annotations
 
 import errno
+import shlex
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -137,6 +138,17 @@ def user_errors() -> Iterator[None]:
         _fail(f"{e.filename}: {e.strerror}" if e.filename else f"{e.strerror or e}")
 
 
+@contextmanager
+def interruptible(kept: Callable[[], str], again: str) -> Iterator[None]:
+    """Ctrl-C (KeyboardInterrupt) inside: one line on stderr saying what is kept (``kept()``) and, after ``again``
+    (how a rerun goes on), the command as typed; then exit status 130 (128 + SIGINT), as a shell reports it."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        err.print(f"interrupted: {kept()}; {again}: etl {shlex.join(sys.argv[1:])}", highlight=False, markup=False, soft_wrap=True)
+        raise typer.Exit(130) from None
+
+
 def _fail(message: str) -> NoReturn:
     _print_error(message)
     raise typer.Exit(2) from None
@@ -209,7 +221,8 @@ def convert(
     from etl.io.text import existing_shards
     from etl.schema import load_schema
 
-    with user_errors():
+    nothing = f"nothing written to {out} (convert renames its shards into place once all are written)"
+    with interruptible(lambda: nothing, "the same command starts again"), user_errors():
         s = load_schema(schema)
         if (join is None) != (on is None):
             raise ConfigError("--join and --on go together: the side table and the key to join it on")
@@ -303,7 +316,8 @@ def fit(
     from etl.pipeline import Pipeline
     from etl.runtime.cluster import connect
 
-    with user_errors():
+    nothing = f"nothing saved to {artifacts} (a fit saves its artifacts when it ends)"
+    with interruptible(lambda: nothing, "the same command fits again"), user_errors():
         _check_choice("--on-error", on_error, ("raise", "quarantine"))
         p = Pipeline.from_file(pipeline)
         shards = list_shards(_parquet_inputs(expand_globs(input), p))
@@ -388,9 +402,12 @@ def preprocess(
             raise ConfigError("--poll-interval, --stop-after-idle and --arrivals go with --follow")
     from etl.runtime.cluster import connecting
 
+    shards: list[Location] = []
+    split_given: str | dict[str, Any] | None = None
+    kept = lambda: _written_by_preprocess(location(out), len(shards), split_given is not None)  # noqa: E731 - read when interrupted
     # a local cluster starts in the background while the pipeline is imported and read (or loaded from --artifacts)
     # and the shards listed
-    with user_errors(), connecting(cluster) as client:
+    with interruptible(kept, "the same command resumes"), user_errors(), connecting(cluster) as client:
         from etl.io.parquet import list_shards
         from etl.io.processed import describe_rows
         from etl.pipeline import Pipeline, check_match
@@ -408,7 +425,7 @@ def preprocess(
         check_apart(out_dir, inputs)
         shards = list_shards(inputs)
         # --split, else the pipeline file's split (handed over as such: with --artifacts the run refuses it)
-        split_given: str | dict[str, Any] | None = split if split is not None else p.doc.get("split")
+        split_given = split if split is not None else p.doc.get("split")
         if artifacts is not None:  # the fitted pipeline, handed to the run as such (nothing left to fit)
             saved = location(artifacts)
             p, spec = Pipeline.load(saved), p
@@ -433,6 +450,22 @@ def preprocess(
         c.print(f"transform: {summary.rows_processed:,} rows in {summary.transform_seconds:.2f} s ({summary.rows_per_second:,.0f} rows/s)")
     _print_warnings(summary.warnings)
     c.print(f"output: {out}")
+
+
+def _written_by_preprocess(out: Location, shards: int, split: bool) -> str:
+    """What an interrupted ``etl preprocess`` into ``out`` has written, as its manifests list it (of each split's
+    directory with a split): "N of M shards written to OUT" (M: ``shards``, unknown while 0)."""
+    from etl.io.processed import read_manifest
+
+    done = 0
+    for directory in [out / role for role in ("train", "valid", "test")] if split else [out]:
+        try:
+            done += len(read_manifest(directory).files)
+        except EtlError:  # no manifest yet, or one that the rerun will judge
+            continue
+    if split:
+        return f"{done} shard outputs written to {out}/train, valid and test"
+    return f"{done} of {shards or '?'} shards written to {out}"
 
 
 def _print_split_summary(summary: Any, out: str) -> None:

@@ -4,6 +4,8 @@ bars (the commands themselves run in a subprocess in tests/integration/test_cli.
 from __future__ import annotations
 
 import io
+import sys
+from pathlib import Path
 
 import click
 import pytest
@@ -73,3 +75,22 @@ def test_help_fits_80_columns_and_shows_every_word(args: tuple[str, ...]) -> Non
 def test_help_keeps_square_brackets() -> None:
     result = CliRunner().invoke(cli.app, ["bench", "--help"], env={"COLUMNS": "80"})
     assert "pip install 'etl[dali]'" in " ".join(result.output.split())
+
+
+def test_ctrl_c_in_fit_says_nothing_is_saved_and_exits_130(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from etl.pipeline import Pipeline
+    from etl.tools.synth import generate
+
+    generate(Pipeline.from_file("criteo").schema, 100, 1, tmp_path / "raw")
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Pipeline, "fit", interrupted)
+    args = ["fit", "--pipeline", "criteo", "--input", str(tmp_path / "raw"), "--artifacts", str(tmp_path / "art")]
+    monkeypatch.setattr(sys, "argv", ["etl", *args])
+    result = CliRunner().invoke(cli.app, args)
+    assert result.exit_code == 130
+    assert result.stderr == (f"interrupted: nothing saved to {tmp_path / 'art'} (a fit saves its artifacts when it ends); the same command "
+                             f"fits again: etl {' '.join(args)}\n")  # fmt: skip
+    assert not (tmp_path / "art").exists()

@@ -569,6 +569,32 @@ def demo(
     console.print("rows: " + describe_rows(summary.rows_in, summary.rows_out, summary.rows_quarantined, summary.stages))
     _print_cardinalities(Pipeline.load(processed / "artifacts").cardinalities())
     console.print(f"processed shards, manifest and artifacts → {processed}  (see: etl inspect {processed})")
+    console.print("next: train on them, e.g. with this loop (python):\n", highlight=False)
+    console.print(training_loop(str(processed), summary.rows_out), highlight=False, markup=False)
+
+
+def training_loop(processed: str, rows: int) -> str:
+    """A small training loop, as Python source, over the processed output in ``processed``: embedding tables for
+    the sparse columns (at most 2**20 rows each, hashed ids folded in), the dense columns beside them, one linear
+    layer, binary cross-entropy on the label, in batches of up to 4096 of its ``rows`` rows (``etl demo`` prints it as
+    the next step)."""
+    return f"""import etl
+import torch
+
+loader = etl.Loader({processed!r}, batch_size={min(4096, rows)}, shuffle=True, seed=0)
+sizes = loader.pipeline.cardinalities()
+tables = torch.nn.ModuleList(torch.nn.Embedding(min(sizes[c], 2**20), 16) for c in loader.layout.sparse)
+head = torch.nn.Linear(len(loader.layout.dense) + 16 * len(tables), 1)
+opt = torch.optim.Adam([*tables.parameters(), *head.parameters()], lr=1e-3)
+for batch in loader:  # batch.label [B], batch.dense [B, D], batch.sparse [B, S] ids
+    ids = [t(batch.sparse[:, i].long() % t.num_embeddings) for i, t in enumerate(tables)]
+    logits = head(torch.cat([batch.dense, *ids], 1)).squeeze(1)
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, batch.label)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+print(f"loss on the last batch: {{loss.item():.4f}}")
+"""
 
 
 @app.command(cls=_SeveralValues, short_help="Measure every stage, the loader, data wait and baselines.")

@@ -10,9 +10,10 @@ may be a glob pattern, quoted so that the shell leaves it alone (``--input 'data
 from __future__ import annotations
 
 import errno
+import shlex
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
@@ -23,7 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
-from etl.errors import ConfigError, EtlError
+from etl.errors import ConfigError, EtlError, InputError
 from etl.io.fs import Location, location
 from etl.io.paths import expand_globs
 from etl.runtime.allocator import tune_allocator
@@ -82,13 +83,17 @@ def spread_values(args: list[str], flags: set[str]) -> list[str]:
     return out
 
 
-app = typer.Typer(cls=_Group, add_completion=False, no_args_is_help=True, help="Streaming ETL for recommender training data.",
+# rich_markup_mode=None: click's plain help, wrapped at the terminal width (80 columns at most) without cutting a
+# word short, and text such as "pip install 'etl[dali]'" shown as written (rich would read [dali] as markup)
+app = typer.Typer(cls=_Group, add_completion=False, no_args_is_help=True, rich_markup_mode=None, help="Streaming ETL for recommender training data.",
                   context_settings={"help_option_names": ["-h", "--help"]})  # fmt: skip
 err = Console(stderr=True)
 console = Console(soft_wrap=True)
 
 #: help text of the options that take several paths
 SEVERAL = "several values or glob patterns: --input a.parquet b.parquet, --input 'raw/*.parquet'"
+#: help text of --schema and --pipeline
+OR_SHIPPED = ", or the name of one that ships with etl (see etl list)"
 #: help text of --cluster
 CLUSTER = ("Run on Dask: local:N (N worker processes here) or a scheduler address such as tcp://HOST:PORT "
            "(default: $DASK_SCHEDULER_ADDRESS when set, else --workers threads).")  # fmt: skip
@@ -131,6 +136,17 @@ def user_errors() -> Iterator[None]:
         if e.errno not in _USER_ERRNOS:
             raise
         _fail(f"{e.filename}: {e.strerror}" if e.filename else f"{e.strerror or e}")
+
+
+@contextmanager
+def interruptible(kept: Callable[[], str], again: str) -> Iterator[None]:
+    """Ctrl-C (KeyboardInterrupt) inside: one line on stderr saying what is kept (``kept()``) and, after ``again``
+    (how a rerun goes on), the command as typed; then exit status 130 (128 + SIGINT), as a shell reports it."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        err.print(f"interrupted: {kept()}; {again}: etl {shlex.join(sys.argv[1:])}", highlight=False, markup=False, soft_wrap=True)
+        raise typer.Exit(130) from None
 
 
 def _fail(message: str) -> NoReturn:
@@ -184,39 +200,52 @@ def _total_rows(shards: list[Location]) -> int:
     return total
 
 
-@app.command()
+@app.command(short_help="Convert delimited text (CSV/TSV, .gz) into raw Parquet shards.")
 def convert(
     inputs: list[str] = typer.Argument(..., help="Delimited text files (optionally .gz); glob patterns are expanded."),
-    schema: Path = typer.Option(..., help="Schema YAML describing the columns and the text layout."),
+    schema: Path = typer.Option(..., help=f"Schema YAML describing the columns and the text layout{OR_SHIPPED}."),
     out: str = typer.Option(..., help="Output directory for Parquet shards."),
     rows_per_file: int = typer.Option(1_000_000, min=1, help="Rows per output shard."),
     join: Path | None = typer.Option(None, help="A side table (delimited text with a header) left-joined onto every row on --on."),
     on: str | None = typer.Option(None, help="The join key: a schema column in the inputs and the side table."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the shards --out holds (they are removed once the new ones are written)."),
+    append: bool = typer.Option(False, "--append", help="Add the new shards after those --out holds, their numbers continuing (same schema)."),
 ) -> None:
-    """Convert delimited text (e.g. Criteo TSV) into Parquet shards in the raw layout."""
+    """Convert delimited text (e.g. Criteo TSV) into Parquet shards in the raw layout. An --out that holds shards
+    already is refused unless --overwrite (replace them) or --append (add the new ones after them: a new day of
+    data) is given."""
     from etl.errors import ConfigError
     from etl.io.join import SideTable
     from etl.io.parquet import read_footer
     from etl.io.text import convert as run
+    from etl.io.text import existing_shards
     from etl.schema import load_schema
 
-    with user_errors():
+    nothing = f"nothing written to {out} (convert renames its shards into place once all are written)"
+    with interruptible(lambda: nothing, "the same command starts again"), user_errors():
         s = load_schema(schema)
         if (join is None) != (on is None):
             raise ConfigError("--join and --on go together: the side table and the key to join it on")
+        if overwrite and append:
+            raise ConfigError("--overwrite replaces the shards --out holds, --append keeps them: give one of them")
+        held = existing_shards(location(out))
+        if held and not (overwrite or append):
+            raise ConfigError(f"{out}: holds {len(held)} shard(s) already ({held[0].name} .. {held[-1].name}); --overwrite replaces "
+                              "them, --append adds the new shards after them")  # fmt: skip
         side = SideTable.read(join, on, s) if join is not None and on is not None else None
         files = expand_globs(inputs)
         with progress_bars(None) as report:
-            paths = run(files, s, location(out), rows_per_file=rows_per_file, progress=partial(report, "convert"), side=side)
+            paths = run(files, s, location(out), rows_per_file=rows_per_file, progress=partial(report, "convert"), side=side, append=append)
         rows = sum(read_footer(p).num_rows for p in paths)
-    console.print(f"wrote {len(paths)} shard(s), {rows:,} rows, to {out}")
+    after = f" after the {len(held)} it held" if append and held else ""
+    console.print(f"wrote {len(paths)} shard(s), {rows:,} rows, to {out}{after}")
 
 
-schema_app = typer.Typer(no_args_is_help=True, help="Schemas: guess one from data.")
+schema_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None, help="Schemas: guess one from data.")
 app.add_typer(schema_app, name="schema")
 
 
-@schema_app.command("infer")
+@schema_app.command("infer", short_help="Guess a schema and a starter pipeline from a sample.")
 def schema_infer(
     inputs: list[Path] = typer.Argument(..., help="Delimited text (CSV/TSV, optionally .gz) or Parquet files of one layout."),
     out: Path | None = typer.Option(None, help="Write the schema here (default: print schema and pipeline)."),
@@ -243,9 +272,9 @@ def schema_infer(
     console.print(f"wrote {out} ({len(guess.columns)} columns) and {pipeline}", highlight=False)
 
 
-@app.command()
+@app.command(short_help="Generate synthetic raw shards shaped like a schema's data.")
 def generate(
-    schema: Path = typer.Option(..., help="Schema YAML."),
+    schema: Path = typer.Option(..., help=f"Schema YAML{OR_SHIPPED}."),
     rows: int = typer.Option(..., min=1, help="Number of rows."),
     files: int = typer.Option(1, min=1, help="Number of shards."),
     out: str = typer.Option(..., help="Output directory."),
@@ -266,10 +295,10 @@ def generate(
     console.print(f"wrote {len(paths)} shard(s), {rows:,} rows, to {out}")
 
 
-@app.command(cls=_SeveralValues)
+@app.command(cls=_SeveralValues, short_help="Fit a pipeline's statistics and vocabularies over raw shards.")
 def fit(
-    pipeline: Path = typer.Option(..., help="Pipeline YAML."),
-    input: list[str] = typer.Option(..., help=f"Raw Parquet shards or directories of them ({SEVERAL})."),
+    pipeline: Path = typer.Option(..., help=f"Pipeline YAML{OR_SHIPPED}."),
+    input: list[str] = typer.Option(..., metavar="PATHS", help=f"Raw Parquet shards or directories of them ({SEVERAL})."),
     artifacts: str = typer.Option(..., help="Directory to write the fitted artifacts to."),
     workers: int = typer.Option(2, min=1, help="Worker threads (without --cluster)."),
     on_error: str = typer.Option("raise", help="raise | quarantine (skip invalid rows while fitting)."),
@@ -287,10 +316,11 @@ def fit(
     from etl.pipeline import Pipeline
     from etl.runtime.cluster import connect
 
-    with user_errors():
+    nothing = f"nothing saved to {artifacts} (a fit saves its artifacts when it ends)"
+    with interruptible(lambda: nothing, "the same command fits again"), user_errors():
         _check_choice("--on-error", on_error, ("raise", "quarantine"))
         p = Pipeline.from_file(pipeline)
-        shards = list_shards(list(input))
+        shards = list_shards(_parquet_inputs(expand_globs(input), p))
         art = location(artifacts)
         check_no_linked_directories(art)  # before the fit, not when it saves
         with connect(cluster) as client:
@@ -310,10 +340,10 @@ def fit(
     _print_warnings(p.fit_warnings)
 
 
-@app.command(cls=_SeveralValues)
+@app.command(cls=_SeveralValues, short_help="Fit and transform raw shards into processed shards.")
 def preprocess(
-    pipeline: Path = typer.Option(..., help="Pipeline YAML."),
-    input: list[str] = typer.Option(..., help=f"Raw Parquet shards or directories of them ({SEVERAL})."),
+    pipeline: Path = typer.Option(..., help=f"Pipeline YAML{OR_SHIPPED}."),
+    input: list[str] = typer.Option(..., metavar="PATHS", help=f"Raw Parquet shards or directories of them ({SEVERAL})."),
     out: str = typer.Option(..., help="Output directory."),
     artifacts: str | None = typer.Option(None, help="Fitted artifacts to use (fits first when omitted)."),
     workers: int = typer.Option(2, min=1, help="Worker threads (without --cluster)."),
@@ -372,9 +402,12 @@ def preprocess(
             raise ConfigError("--poll-interval, --stop-after-idle and --arrivals go with --follow")
     from etl.runtime.cluster import connecting
 
+    shards: list[Location] = []
+    split_given: str | dict[str, Any] | None = None
+    kept = lambda: _written_by_preprocess(location(out), len(shards), split_given is not None)  # noqa: E731 - read when interrupted
     # a local cluster starts in the background while the pipeline is imported and read (or loaded from --artifacts)
     # and the shards listed
-    with user_errors(), connecting(cluster) as client:
+    with interruptible(kept, "the same command resumes"), user_errors(), connecting(cluster) as client:
         from etl.io.parquet import list_shards
         from etl.io.processed import describe_rows
         from etl.pipeline import Pipeline, check_match
@@ -388,11 +421,11 @@ def preprocess(
         except ValueError as e:
             raise EtlError(f"--format: {e}") from None
         p = Pipeline.from_file(pipeline)
-        inputs, out_dir = expand_globs(input), location(out)
+        inputs, out_dir = _parquet_inputs(expand_globs(input), p), location(out)
         check_apart(out_dir, inputs)
         shards = list_shards(inputs)
         # --split, else the pipeline file's split (handed over as such: with --artifacts the run refuses it)
-        split_given: str | dict[str, Any] | None = split if split is not None else p.doc.get("split")
+        split_given = split if split is not None else p.doc.get("split")
         if artifacts is not None:  # the fitted pipeline, handed to the run as such (nothing left to fit)
             saved = location(artifacts)
             p, spec = Pipeline.load(saved), p
@@ -417,6 +450,22 @@ def preprocess(
         c.print(f"transform: {summary.rows_processed:,} rows in {summary.transform_seconds:.2f} s ({summary.rows_per_second:,.0f} rows/s)")
     _print_warnings(summary.warnings)
     c.print(f"output: {out}")
+
+
+def _written_by_preprocess(out: Location, shards: int, split: bool) -> str:
+    """What an interrupted ``etl preprocess`` into ``out`` has written, as its manifests list it (of each split's
+    directory with a split): "N of M shards written to OUT" (M: ``shards``, unknown while 0)."""
+    from etl.io.processed import read_manifest
+
+    done = 0
+    for directory in [out / role for role in ("train", "valid", "test")] if split else [out]:
+        try:
+            done += len(read_manifest(directory).files)
+        except EtlError:  # no manifest yet, or one that the rerun will judge
+            continue
+    if split:
+        return f"{done} shard outputs written to {out}/train, valid and test"
+    return f"{done} of {shards or '?'} shards written to {out}"
 
 
 def _print_split_summary(summary: Any, out: str) -> None:
@@ -490,9 +539,9 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:,.1f} MiB"
 
 
-@app.command()
+@app.command(short_help="Generate, fit and preprocess a synthetic sample; show the next step.")
 def demo(
-    pipeline: Path | None = typer.Option(None, help="Pipeline YAML; its schema shapes the data (default: etl's criteo.yaml)."),
+    pipeline: Path | None = typer.Option(None, help=f"Pipeline YAML{OR_SHIPPED}; its schema shapes the data (default: criteo)."),
     rows: int = typer.Option(1_000_000, min=1, help="Synthetic rows to generate."),
     files: int = typer.Option(4, min=1, help="Number of shards."),
     workdir: Path = typer.Option(Path("demo"), help="Where raw/ and processed/ are written."),
@@ -520,12 +569,38 @@ def demo(
     console.print("rows: " + describe_rows(summary.rows_in, summary.rows_out, summary.rows_quarantined, summary.stages))
     _print_cardinalities(Pipeline.load(processed / "artifacts").cardinalities())
     console.print(f"processed shards, manifest and artifacts → {processed}  (see: etl inspect {processed})")
+    console.print("next: train on them, e.g. with this loop (python):\n", highlight=False)
+    console.print(training_loop(str(processed), summary.rows_out), highlight=False, markup=False)
 
 
-@app.command(cls=_SeveralValues)
+def training_loop(processed: str, rows: int) -> str:
+    """A small training loop, as Python source, over the processed output in ``processed``: embedding tables for
+    the sparse columns (at most 2**20 rows each, hashed ids folded in), the dense columns beside them, one linear
+    layer, binary cross-entropy on the label, in batches of up to 4096 of its ``rows`` rows (``etl demo`` prints it as
+    the next step)."""
+    return f"""import etl
+import torch
+
+loader = etl.Loader({processed!r}, batch_size={min(4096, rows)}, shuffle=True, seed=0)
+sizes = loader.pipeline.cardinalities()
+tables = torch.nn.ModuleList(torch.nn.Embedding(min(sizes[c], 2**20), 16) for c in loader.layout.sparse)
+head = torch.nn.Linear(len(loader.layout.dense) + 16 * len(tables), 1)
+opt = torch.optim.Adam([*tables.parameters(), *head.parameters()], lr=1e-3)
+for batch in loader:  # batch.label [B], batch.dense [B, D], batch.sparse [B, S] ids
+    ids = [t(batch.sparse[:, i].long() % t.num_embeddings) for i, t in enumerate(tables)]
+    logits = head(torch.cat([batch.dense, *ids], 1)).squeeze(1)
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, batch.label)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+print(f"loss on the last batch: {{loss.item():.4f}}")
+"""
+
+
+@app.command(cls=_SeveralValues, short_help="Measure every stage, the loader, data wait and baselines.")
 def bench(
     pipeline: list[Path] | None = typer.Option(
-        None, help="Pipeline YAMLs, several values or glob patterns (default: the Criteo categorify and hash pipelines)."
+        None, metavar="PATHS", help="Pipeline YAMLs or shipped names, several values or glob patterns (default: criteo and criteo_hash)."
     ),
     input: str | None = typer.Option(None, help="Raw shards to measure on (default: generate synthetic ones)."),
     rows: int | None = typer.Option(None, min=1, help="Synthetic rows to generate when no --input is given (default 2,000,000; "
@@ -568,7 +643,7 @@ def bench(
 
     from etl.bench.report import plot
     from etl.bench.run import run_bench
-    from etl.resources import resource_path
+    from etl.resources import resolve, resource_path
     from etl.runtime.cluster import connect
 
     if follow:
@@ -584,7 +659,7 @@ def bench(
     device = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
     with user_errors(), err.status("benchmark") as status:
         defaults = [resource_path("pipelines", "criteo.yaml"), resource_path("pipelines", "criteo_hash.yaml")]
-        pipelines = cast("list[Path]", expand_globs(pipeline)) if pipeline else defaults
+        pipelines = [resolve("pipelines", str(p)) for p in expand_globs(pipeline)] if pipeline else defaults
         try:
             torch.device(device)
         except RuntimeError:
@@ -618,11 +693,11 @@ def bench(
 def _bench_follow(pipeline: list[Path] | None, settings: Any, json_out: Path | None) -> None:
     """``etl bench --follow``: the freshness bench (``etl.bench.freshness``) of ``pipeline`` (default criteo_hash)."""
     from etl.bench.freshness import run_freshness_bench
-    from etl.resources import resource_path
+    from etl.resources import resolve, resource_path
 
     with user_errors(), err.status("freshness benchmark") as status:
         settings.check()
-        pipelines = cast("list[Path]", expand_globs(pipeline)) if pipeline else [resource_path("pipelines", "criteo_hash.yaml")]
+        pipelines = [resolve("pipelines", str(p)) for p in expand_globs(pipeline)] if pipeline else [resource_path("pipelines", "criteo_hash.yaml")]
         report = run_freshness_bench(pipelines, settings, progress=lambda msg: status.update(msg))
     _print_report(report)
     if json_out:
@@ -645,6 +720,8 @@ def _bench_sequences(input: str | None, rows: int, files: int, workers: int, bat
 
 def _print_report(report) -> None:
     from rich.table import Table
+
+    from etl.bench.report import speed_ratio
 
     console.print(f"{report.rows:,} rows in {report.files} shard(s), {report.input_mbytes:,.1f} MB of Parquet; "
                   f"workers {report.workers}, batch {report.batch_size:,}, device {report.device}")  # fmt: skip
@@ -672,11 +749,11 @@ def _print_report(report) -> None:
             eq = {True: "output equal", False: "OUTPUT DIFFERS", None: "other hash, same work"}[b["output_equal"]]
             speedup = b["speedup_of_ours"]
             cpu = f"; CPU {b['cpu_seconds']:.2f} s" if "cpu_seconds" in b else ""
-            console.print(f"baseline {name}: {b['rows_per_second']:,.0f} rows/s{cpu}; ours ({b['versus']}) is {speedup:.2f}x faster ({eq})")
+            console.print(f"baseline {name}: {b['rows_per_second']:,.0f} rows/s{cpu}; ours ({b['versus']}) is {speed_ratio(speedup)} ({eq})")
     console.print(f"peak memory: {report.peak_rss_mb:,.0f} MB")
 
 
-@app.command()
+@app.command(short_help="Show the schema, rows and vocabularies of a directory.")
 def inspect(path: str = typer.Argument(..., help="A raw or processed shard directory/file, or an artifacts directory.")) -> None:
     """Show the schema, row counts and vocabulary sizes of a raw, processed or artifacts directory."""
     from etl.tools.inspect import describe
@@ -684,6 +761,41 @@ def inspect(path: str = typer.Argument(..., help="A raw or processed shard direc
     with user_errors():
         text = describe(location(path))
     console.print(text, highlight=False)
+
+
+@app.command("list", short_help="List the schemas and pipelines that ship with etl.")
+def list_shipped() -> None:
+    """List the schemas and pipelines that ship with etl, each with one line on what it is. Name them anywhere a
+    file is taken: --schema criteo, --pipeline criteo_hash, etl.Loader(..., pipeline="criteo"), or schema: criteo
+    in a pipeline file."""
+    from rich.table import Table
+
+    from etl.resources import Kind, names, resource_path, summary
+
+    shown: tuple[tuple[Kind, str], ...] = (("schemas", "--schema"), ("pipelines", "--pipeline"))
+    for kind, flag in shown:
+        table = Table(box=None, show_header=False, pad_edge=False, padding=(0, 2, 0, 0))
+        table.add_column(no_wrap=True)
+        table.add_column()
+        for name in names(kind):
+            table.add_row(name, summary(kind, name))
+        console.print(f"{kind} ({flag} NAME; files in {resource_path(kind, names(kind)[0] + '.yaml').parent}):", highlight=False)
+        console.print(table, highlight=False, markup=False)
+        console.print()
+
+
+def _parquet_inputs(inputs: list[Location], pipeline: Any) -> list[Location]:
+    """``inputs``, checked not to be delimited text (InputError with the ``etl convert`` command that makes shards of
+    it, for the schema of ``pipeline``)."""
+    from etl.io.text_hints import convert_hint
+    from etl.resources import shipped_name
+
+    schema = shipped_name("schemas", pipeline.schema.path) or pipeline.schema.path
+    for path in inputs:
+        hint = convert_hint(path, schema)
+        if hint is not None:
+            raise InputError(str(path), hint)
+    return inputs
 
 
 def _check_choice(flag: str, value: str, choices: tuple[str, ...]) -> None:

@@ -371,8 +371,12 @@ def read_yaml(path: Path) -> Any:
 
 
 def load_schema(path: str | Path) -> Schema:
-    """Load and validate a schema YAML file."""
-    return parse_schema(read_yaml(Path(path)), str(path))
+    """Load and validate a schema YAML file: ``path``, or the name of a schema that ships with etl (``"criteo"``,
+    see ``etl.resources.resolve``)."""
+    from etl.resources import resolve
+
+    where = resolve("schemas", path)
+    return parse_schema(read_yaml(where), str(where))
 
 
 def schema_to_dict(schema: Schema) -> dict[str, Any]:

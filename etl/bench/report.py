@@ -99,6 +99,17 @@ class Report:
         return json.dumps(doc, indent=1)
 
 
+def speed_ratio(speedup: float) -> str:
+    """How much faster ours is, in words, from ``speedup`` (their time / ours, a baseline's ``speedup_of_ours``):
+    ``"1.37× faster"``, ``"1.37× slower"`` (for 0.73: their time is 0.73 of ours, ours takes 1.37 times theirs), or
+    ``"as fast"`` when the two agree to two decimals."""
+    if not speedup > 0 or not np.isfinite(speedup):
+        raise ValueError(f"a speedup is a positive finite ratio, got {speedup!r}")
+    if f"{speedup:.2f}" == "1.00" or f"{1 / speedup:.2f}" == "1.00":
+        return "as fast"
+    return f"{speedup:.2f}× faster" if speedup > 1 else f"{1 / speedup:.2f}× slower"
+
+
 def plot(report: Report, path: Path) -> None:
     """PNG: per-stage throughput of each pipeline (log scale) and the stall timeline (wait before each batch)."""
     import matplotlib

@@ -38,7 +38,7 @@ except ImportError:  # pragma: no cover - exercised by a test that hides polars
 from etl.batch import Batch, Column, InlineStrings, Strings
 from etl.errors import InputError
 from etl.io.files import is_shard_name, shard_index
-from etl.io.fs import Location, Url, open_file
+from etl.io.fs import Location, Url, location, open_file
 from etl.io.paths import expand_globs
 from etl.schema import UNIT_NANOS, ColumnSpec, Schema
 
@@ -58,11 +58,18 @@ def list_shards(inputs: str | Location | Sequence[str | Location], storage_optio
         if _is_dir(p):
             found = _in_order([q for q in p.glob("*.parquet") if not q.is_dir()])
             if not found:
-                raise InputError(str(p), "directory holds no .parquet files")
+                raise InputError(str(p), _not_parquet(p) or "directory holds no .parquet files")
             out.extend(_shard_file(q) for q in found)
         else:
             out.append(_shard_file(p))
     return out
+
+
+def _not_parquet(path: str | Location) -> str | None:
+    """What ``path``, expected to be Parquet, is when it is delimited text, with the command that converts it."""
+    from etl.io.text_hints import convert_hint  # an error path: the CSV machinery is not loaded with this module
+
+    return convert_hint(location(path))
 
 
 def _in_order(entries: list[Location]) -> list[Location]:
@@ -373,7 +380,7 @@ def read_footer(path: Location) -> pq.FileMetaData:
     try:
         return _parquet_file(path).metadata
     except (OSError, pa.ArrowException) as e:
-        raise InputError(str(path), f"not a readable Parquet file: {e}") from None
+        raise InputError(str(path), _not_parquet(path) or f"not a readable Parquet file: {e}") from None
 
 
 def open_shard(path: Location, schema: Schema) -> Shard:
@@ -383,7 +390,7 @@ def open_shard(path: Location, schema: Schema) -> Shard:
     except FileNotFoundError:
         raise InputError(str(path), "no such file") from None
     except (OSError, pa.ArrowException) as e:
-        raise InputError(str(path), f"not a readable Parquet file (truncated or another format?): {e}") from None
+        raise InputError(str(path), _not_parquet(path) or f"not a readable Parquet file (truncated or another format?): {e}") from None
     arrow_schema = f.schema_arrow
     for spec in schema.columns:
         if spec.name not in arrow_schema.names:

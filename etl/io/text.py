@@ -39,14 +39,15 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from etl.errors import InputError, OutputError
-from etl.io.files import ExclusiveParquetWriter, is_shard_name, is_temporary, shard_name, temporary_path
-from etl.io.fs import Location, Url, arrow_source, location, locations, replace
+from etl.io.files import ExclusiveParquetWriter, is_shard_name, is_temporary, shard_index, shard_name, temporary_path
+from etl.io.fs import Location, arrow_source, location, locations, replace
+from etl.io.text_hints import delimiter_hint, line_text, open_text
 from etl.schema import ColumnSpec, Schema, TextLayout
 
 if TYPE_CHECKING:
     from etl.io.join import SideTable
 
-__all__ = ["ROW_GROUP_ROWS", "ARROW_SCALAR", "raw_arrow_schema", "convert", "read_text", "header_names", "ShardSetWriter"]
+__all__ = ["ROW_GROUP_ROWS", "ARROW_SCALAR", "raw_arrow_schema", "convert", "read_text", "header_names", "ShardSetWriter", "existing_shards"]
 
 #: Largest row group written by ``convert`` and ``etl.tools.synth.generate``.
 ROW_GROUP_ROWS = 131_072
@@ -70,23 +71,29 @@ def raw_arrow_schema(schema: Schema) -> pa.Schema:
 
 
 class ShardSetWriter:
-    """Writes a set of raw-layout shards so that a data set is replaced all at once.
+    """Writes a set of raw-layout shards so that a data set is replaced (or, with ``append``, extended) all at once.
 
     Each shard is written under a hidden temporary name (``etl.io.files.temporary_path``). ``commit()`` renames them all
     to their final names and then removes any other ``part-NNNNN.parquet`` in ``out_dir`` (left by an earlier, larger
     run), so ``out_dir`` never mixes two data sets. ``abort()`` removes the temporaries and leaves ``out_dir`` as it
     was. Use it as a context manager: an exception aborts, a normal exit does not commit by itself.
 
+    With ``append``, the shards already in ``out_dir`` stay: the new ones are numbered after the last of them
+    (``part-00004.parquet`` then ``part-00005.parquet``...), so that readers list the old rows first, then the new.
+
     Only files provably of an earlier set are ever removed: an existing ``out_dir`` must hold nothing but
     temporaries and regular files with shard names whose Parquet schema is ``arrow_schema``; anything else (a text
     input, a processed output's manifest, another layout's shards...) raises OutputError before anything is written.
     """
 
-    def __init__(self, out_dir: str | Location, arrow_schema: pa.Schema):
+    def __init__(self, out_dir: str | Location, arrow_schema: pa.Schema, *, append: bool = False):
         self.out_dir = location(out_dir)
         self.arrow_schema = arrow_schema
+        self.append = append
         if self.out_dir.is_dir():
             self._check_only_own_shards()
+        held = existing_shards(self.out_dir)
+        self._first = shard_index(held[-1].name) + 1 if append and held else 0  # the index of the first new shard
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self._tmp: dict[int, Location] = {}
 
@@ -95,6 +102,9 @@ class ShardSetWriter:
         for p in self.out_dir.iterdir():
             if is_temporary(p.name) or (is_shard_name(p.name) and not p.is_symlink() and self._same_layout(p)):
                 continue
+            if self.append:
+                raise OutputError(f"{self.out_dir}: holds {p.name}, which is not a shard of this schema's layout (other columns or "
+                                  "types, or not a shard at all); new shards are appended only beside shards of the same schema")  # fmt: skip
             raise OutputError(f"{self.out_dir}: holds {p.name}, which is not a shard of this layout; convert replaces "
                               "only its own shards: choose a new or empty output directory")
 
@@ -116,18 +126,19 @@ class ShardSetWriter:
 
         Safe to call from several threads for distinct indices.
         """
-        tmp = temporary_path(self.out_dir / shard_name(index))
+        tmp = temporary_path(self.out_dir / shard_name(self._first + index))
         self._tmp[index] = tmp
         return ExclusiveParquetWriter(tmp, self.arrow_schema, compression="snappy", use_dictionary=True)
 
     def commit(self) -> list[Location]:
-        """Rename every shard to its final name, remove stale shards; return the final paths by index."""
+        """Rename every shard to its final name, remove stale shards (none with ``append``); return the final paths by
+        index."""
         final = []
         for index in sorted(self._tmp):
-            final.append(self.out_dir / shard_name(index))
+            final.append(self.out_dir / shard_name(self._first + index))
             replace(self._tmp[index], final[-1])
         keep = {p.name for p in final}
-        for p in self.out_dir.iterdir():
+        for p in [] if self.append else self.out_dir.iterdir():
             if is_shard_name(p.name) and p.name not in keep:
                 p.unlink()
         self._tmp = {}
@@ -145,6 +156,15 @@ class ShardSetWriter:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is not None:
             self.abort()
+
+
+def existing_shards(out_dir: str | Location) -> list[Location]:
+    """The files with shard names (``part-NNNNN.parquet``) in ``out_dir``, in index order; none when it is no
+    directory."""
+    directory = location(out_dir)
+    if not directory.is_dir():
+        return []
+    return sorted((p for p in directory.iterdir() if is_shard_name(p.name)), key=lambda p: shard_index(p.name))
 
 
 class _Sharder:
@@ -233,17 +253,6 @@ def _missing_texts(c: ColumnSpec, text: TextLayout) -> list[str]:
     return sorted({"", *own, *([text.null_value] if c.null_values is None else [])})
 
 
-def _input_stream(path: Location) -> pa.NativeFile:
-    """``path`` opened for streaming, decompressed on the fly when its name ends in ``.gz``, ``.bz2``, ``.zst``, ..."""
-    if not isinstance(path, Url):
-        return pa.input_stream(str(path), compression="detect")
-    try:
-        codec = pa.Codec.detect(path.name).name
-    except (TypeError, ValueError):  # no compression extension
-        codec = None
-    return pa.input_stream(path.open("rb"), compression=codec)
-
-
 def _open_csv(path: Location, schema: Schema, header: bool, *, use_threads: bool) -> pacsv.CSVStreamingReader:
     t = schema.text
     read = pacsv.ReadOptions(
@@ -261,7 +270,7 @@ def _open_csv(path: Location, schema: Schema, header: bool, *, use_threads: bool
         include_columns=schema.names,  # dropped columns are never converted
     )
     # compression="detect": ".gz", ".bz2", ".zst", ... are decompressed while streaming.
-    return pacsv.open_csv(_input_stream(path), read_options=read,
+    return pacsv.open_csv(open_text(path), read_options=read,
                           parse_options=parse, convert_options=conv)
 
 
@@ -276,7 +285,7 @@ def _first_line(path: Location, schema: Schema) -> list[str] | None:
     or unreadable file."""
     try:
         r = pacsv.open_csv(
-            _input_stream(path),
+            open_text(path),
             read_options=pacsv.ReadOptions(use_threads=False, block_size=1 << 16),
             parse_options=pacsv.ParseOptions(delimiter=schema.text.delimiter),
             convert_options=pacsv.ConvertOptions(column_types={}, include_columns=[]),
@@ -313,8 +322,10 @@ def _check_header(path: Location, schema: Schema) -> None:
     i = next((i for i, (e, f) in enumerate(zip(expected, found)) if e != f), min(len(expected), len(found)))
     first = f"field {i + 1}: expected {expected[i]!r}, found {found[i]!r}" if i < min(len(expected), len(found)) else (
         f"the header ends after {len(found)} fields" if len(found) < len(expected) else f"field {i + 1}: {found[i]!r} is extra")
+    hint = delimiter_hint(path, schema, lambda fields: len(set(fields) & set(expected)) > len(set(found) & set(expected)),
+                           schema.text.delimiter.join(found))  # fmt: skip
     raise InputError(str(path), f"the header lacks column(s) {missing}: expected the schema's columns {expected}, found {found} "
-                                f"(first difference: {first})", column=missing[0])
+                                f"(first difference: {first}){hint}", column=missing[0])
 
 
 def _int64_hint(value: str) -> str:
@@ -352,6 +363,9 @@ def _explain(path: Location, schema: Schema, err: Exception, header: bool, *, si
     if m:
         text = m.group(3) if len(m.group(3)) <= 120 else m.group(3)[:120] + "..."
         msg = f"{msg[:m.start()]}wrong number of fields: expected {m.group(1)}, got {m.group(2)}: {text!r}"
+        shown = m.group(3).rstrip("\r\n")
+        line = line_text(path, int(r.group(1))) if r and shown.endswith(" ...") else shown  # pyarrow cuts a long line short
+        msg += delimiter_hint(path, schema, lambda fields: len(fields) == int(m.group(1)), line or "")
     elif len(msg) > 300:
         msg = msg[:300] + "..."
     big = _INT64_VALUE_RE.search(msg)
@@ -496,8 +510,11 @@ def convert(
     rows_per_file: int = 1_000_000,
     progress: Callable[[int], None] | None = None,
     side: SideTable | None = None,
+    *,
+    append: bool = False,
 ) -> list[Location]:
-    """Convert delimited text files to raw-layout Parquet shards in ``out_dir``; return the shard paths in order.
+    """Convert delimited text files to raw-layout Parquet shards in ``out_dir``; return the shard paths in order
+    (the new ones only, with ``append``).
 
     Reading follows ``schema.text``: ``delimiter``; ``header``: true (the first line names the columns; every
     column of the raw layout must be among them, other columns are left out and the order may differ; a header
@@ -519,8 +536,9 @@ def convert(
     the input size. Rows go to ``part-00000.parquet``, ``part-00001.parquet``, ... with at most ``rows_per_file`` rows
     each, rows of consecutive inputs sharing a shard; row groups hold ``min(rows_per_file, 131072)`` rows. Zero rows
     in all give one empty shard. Shards are written under temporary names and renamed when all are complete; other
-    ``part-*.parquet`` files already in ``out_dir`` are then removed (the data set is replaced). On error nothing in
-    ``out_dir`` changes.
+    ``part-*.parquet`` files already in ``out_dir`` are then removed (the data set is replaced), unless ``append``:
+    then they stay, and the new shards are numbered after the last of them (``ShardSetWriter``); they must have the
+    layout of this schema (OutputError otherwise). On error nothing in ``out_dir`` changes.
 
     ``progress`` (optional) is called with the number of rows of each row group written.
 
@@ -543,7 +561,7 @@ def convert(
     if side is not None:
         for path in paths:
             side.check_input(path)
-    with ShardSetWriter(out_dir, raw_arrow_schema(schema)) as shards:
+    with ShardSetWriter(out_dir, raw_arrow_schema(schema), append=append) as shards:
         sharder = _Sharder(shards, rows_per_file, progress)
         try:
             for path in paths:

@@ -74,6 +74,7 @@ from etl.pipeline.groupby import Groupby
 from etl.pipeline.split import Split, canonical, parse_split
 from etl.pipeline.split_rows import SplitStage
 from etl.pipeline.stages import Stage, parse_stages
+from etl.resources import resolve, resolve_schema_of
 from etl.runtime.progress import Progress
 from etl.schema import ColumnSpec, Schema, load_schema, read_yaml
 
@@ -262,12 +263,18 @@ class Pipeline:
     # ------------------------------------------------------------------ construction
     @classmethod
     def from_file(cls, path: str | Path, xp: Backend = cpu) -> Pipeline:
-        """Read a pipeline file (YAML; its ``schema`` is a path relative to the file)."""
-        p = Path(path)
+        """Read a pipeline file (YAML): ``path``, or the name of a pipeline that ships with etl (``"criteo_hash"``).
+        Its ``schema`` is a path relative to the file or a shipped schema's name (``etl.resources.resolve_schema_of``:
+        a relative path that is gone falls back to the shipped schema of its file name)."""
+        p = resolve("pipelines", path)
         doc = read_yaml(p)
         if not isinstance(doc, dict) or not isinstance(doc.get("schema"), str):
-            raise SpecError(str(p), "schema", "expected the path of a schema file")
-        schema = load_schema(p.parent / doc["schema"])
+            raise SpecError(str(p), "schema", "expected the path of a schema file, or a shipped schema's name")
+        try:
+            schema_file = resolve_schema_of(p, doc["schema"])
+        except ConfigError as e:
+            raise SpecError(str(p), "schema", str(e)) from None
+        schema = load_schema(schema_file)
         return cls(doc, schema, str(p), xp, op_directory=p.parent.resolve())
 
     @classmethod

@@ -12,8 +12,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from etl.errors import InputError
-from etl.io.text import ROW_GROUP_ROWS, convert, raw_arrow_schema
+from etl.errors import InputError, OutputError
+from etl.io.text import ROW_GROUP_ROWS, convert, existing_shards, raw_arrow_schema
 from etl.schema import Schema, load_schema, parse_schema
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -485,3 +485,50 @@ def test_a_quoted_field_over_two_lines_is_refused_and_lines_count_past_many_bloc
     src.write_text("\n".join(rows) + "\n")
     convert([src], _label_dense_text(), tmp_path / "out")
     assert _rows(sorted((tmp_path / "out").glob("*.parquet"))).column("c")[50_000].as_py() == "one, line"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# append: a new day after the shards a directory holds
+
+
+def _day(tmp_path: Path, name: str, rows: range) -> Path:
+    path = tmp_path / name
+    path.write_text("".join(f"{i}\n" for i in rows))
+    return path
+
+
+ONE_INT = [{"name": "x", "role": "dense", "dtype": "int64"}]
+
+
+def test_append_numbers_new_shards_after_the_held_ones_and_keeps_them(tmp_path: Path) -> None:
+    schema, out = _schema(ONE_INT), tmp_path / "raw"
+    first = convert([_day(tmp_path, "d0.txt", range(5))], schema, out, rows_per_file=2)
+    before = {p.name: p.read_bytes() for p in first}
+    added = convert([_day(tmp_path, "d1.txt", range(5, 8))], schema, out, rows_per_file=2, append=True)
+    assert [p.name for p in added] == ["part-00003.parquet", "part-00004.parquet"]
+    assert {p.name: p.read_bytes() for p in first} == before
+    assert [p.name for p in existing_shards(out)] == [f"part-0000{i}.parquet" for i in range(5)]
+    assert _rows(existing_shards(out)).column("x").to_pylist() == list(range(8))
+
+
+def test_append_of_no_rows_writes_one_empty_shard_after_the_others(tmp_path: Path) -> None:
+    schema, out = _schema(ONE_INT), tmp_path / "raw"
+    convert([_day(tmp_path, "d0.txt", range(3))], schema, out)
+    (tmp_path / "empty.txt").write_text("")
+    assert [p.name for p in convert([tmp_path / "empty.txt"], schema, out, append=True)] == ["part-00001.parquet"]
+    assert pq.read_metadata(out / "part-00001.parquet").num_rows == 0
+
+
+def test_append_into_a_new_directory_starts_at_zero(tmp_path: Path) -> None:
+    paths = convert([_day(tmp_path, "d0.txt", range(3))], _schema(ONE_INT), tmp_path / "new", append=True)
+    assert [p.name for p in paths] == ["part-00000.parquet"] and existing_shards(tmp_path / "missing") == []
+
+
+def test_append_refuses_shards_of_another_schema(tmp_path: Path) -> None:
+    out = tmp_path / "raw"
+    convert([_day(tmp_path, "d0.txt", range(3))], _schema(ONE_INT), out)
+    other = _schema([{"name": "x", "role": "dense", "dtype": "float64"}])
+    with pytest.raises(OutputError, match=r"raw: holds part-00000.parquet, which is not a shard of this schema's layout .* appended only "
+                                          "beside shards of the same schema"):  # fmt: skip
+        convert([_day(tmp_path, "d1.txt", range(3))], other, out, append=True)
+    assert [p.name for p in out.iterdir()] == ["part-00000.parquet"]

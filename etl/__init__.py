@@ -5,10 +5,11 @@
 - ``Loader``: stream Parquet shards as transformed batches into a training loop;
 - ``load_schema``: read a schema file; ``raw_arrow_schema``: the Arrow schema of a schema's raw rows.
 
-Names are imported on first use, so the command line does not pay for importing torch.
+Names are imported on first use, so the command line does not pay for importing torch; ``dir(etl)`` lists them.
 """
 
 from importlib import import_module
+from types import ModuleType
 from typing import Any
 
 _EXPORTS = {
@@ -29,3 +30,8 @@ def __getattr__(name: str) -> Any:
     if name not in _EXPORTS:
         raise AttributeError(f"module 'etl' has no attribute {name!r}")
     return getattr(import_module(_EXPORTS[name]), name)
+
+
+def __dir__() -> list[str]:
+    """The public names, the module's dunder attributes and the submodules imported so far."""
+    return sorted({*__all__, *(n for n, v in globals().items() if n.startswith("__") or isinstance(v, ModuleType))})

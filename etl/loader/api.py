@@ -85,8 +85,17 @@ class Engine(Protocol):
         ...
 
 
-class Loader:
+class Loader(torch.utils.data.IterableDataset[LoaderBatch]):
     """Iterate over Parquet shards as transformed batches on ``device``. See the module docstring.
+
+    A ``torch.utils.data.IterableDataset`` whose items are whole batches. ``DataLoader(loader, batch_size=None)``
+    (no batching, no collate) hands each on as a plain dict of its tensors (torch's ``default_convert`` rebuilds a
+    mapping as a dict: a ``LoaderBatch``'s keys and views), in the process that iterates it, where this loader's
+    own ``num_workers`` threads read; iterate the loader itself to get ``LoaderBatch``es (``vocab_events``,
+    ``to_kjt``). A DataLoader with worker processes (its ``num_workers > 0``) is refused (``ConfigError`` when a
+    worker starts iterating): each worker would iterate a copy of the loader, repeating its rows, and the copies'
+    positions would not reach this loader's ``state_dict``. Ranks of a distributed job split the rows by
+    ``rank``/``world_size``, not by DataLoader worker.
 
     ``source``: raw shards (a directory or files; needs ``pipeline``, and ``artifacts`` unless every op is
     fit-free) or the output directory of ``etl preprocess`` (detected by its manifest.json; read as is).
@@ -324,7 +333,15 @@ class Loader:
 
         Once a pass has handed all its pieces to the workers, the next epoch's pass starts in the background (its
         batches enter the ring only after this pass's last one), so that its first batches are ready when the
-        training loop calls ``set_epoch(epoch + 1)`` and iterates again (any other next pass discards it)."""
+        training loop calls ``set_epoch(epoch + 1)`` and iterates again (any other next pass discards it).
+
+        ``ConfigError`` in a worker process of a ``torch.utils.data.DataLoader`` (see the class docstring)."""
+        worker = torch.utils.data.get_worker_info()
+        if worker is not None:
+            raise ConfigError(f"a Loader does not run in a DataLoader worker process (here worker {worker.id} of {worker.num_workers}): "
+                              "each would iterate a copy of it, repeating its rows in every worker, and the copies' positions would not "
+                              "reach its state_dict; use DataLoader(loader, batch_size=None) with num_workers=0 (the default): "
+                              f"the Loader reads with threads of its own (Loader(..., num_workers=N), here {self.num_workers})")  # fmt: skip
         return self._engine.iterate(self)
 
     def close(self) -> None:

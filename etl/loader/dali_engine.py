@@ -202,7 +202,7 @@ class _DaliPass:
         now = time.perf_counter()
         loader.stats.add_batch(n, now - t0, now - self.last)
         self.last = now
-        return LoaderBatch(taken["label"], taken["dense"], taken["sparse"], {}, loader.layout.sparse)
+        return LoaderBatch(taken["label"], taken["dense"], taken["sparse"], {}, loader.layout.sparse, dense_names=loader.layout.dense)
 
     def _read_window(self) -> None:
         """Read the next window from DALI: its chunks in one tensor per field, and the order its rows are handed out

@@ -175,7 +175,7 @@ class Iteration:
             epoch_pass.release()
         return LoaderBatch(tensors["label"], tensors["dense"], tensors["sparse"], lists, loader.layout.sparse, item.events,
                            lengths={c: tensors["lengths"][:, k] for k, c in enumerate(loader.layout.lengths)},
-                           padded={p.column: tensors[p.field] for p in loader.batching.padding})  # fmt: skip
+                           padded={p.column: tensors[p.field] for p in loader.batching.padding}, dense_names=loader.layout.dense)  # fmt: skip
 
     def _is_active(self) -> bool:
         """Whether this is the engine's current iteration (not superseded by a later ``iter``)."""

@@ -221,3 +221,29 @@ def test_transform_selects_what_the_older_pair_selected(raw: Path) -> None:
         Loader(raw, transform="device", transform_on="device", **settings)
     with pytest.raises(ConfigError, match="transform must be one of"):
         Loader(raw, transform="gpu", **settings)
+
+
+def test_a_loader_is_an_iterable_dataset_a_data_loader_hands_on_as_is(raw: Path) -> None:
+    from torch.utils.data import DataLoader, IterableDataset
+
+    settings = dict(pipeline=REPO / "pipelines/criteo_hash.yaml", batch_size=700, shuffle=True, seed=4)
+    loader = Loader(raw, **settings)
+    assert isinstance(loader, IterableDataset)
+    wrapped = DataLoader(loader, batch_size=None)
+    assert len(wrapped) == len(loader) == 5
+    got = [(b["label"].clone(), b["dense"].clone(), b["sparse"].clone()) for b in wrapped]
+    assert _equal(got, _batches(Loader(raw, **settings)))
+    first = next(iter(wrapped))
+    assert type(first) is dict and list(first) == list(next(iter(Loader(raw, **settings))))  # torch rebuilds a mapping as a dict
+    assert torch.equal(first["C3"], first["sparse"][:, 2]) and torch.equal(first["I13"], first["dense"][:, 12])
+    assert loader.state_dict()["position"] == 1  # the DataLoader iterated this very loader
+
+
+def test_a_data_loader_with_worker_processes_is_refused_with_the_way_out(raw: Path) -> None:
+    from torch.utils.data import DataLoader
+
+    loader = Loader(raw, pipeline=REPO / "pipelines/criteo_hash.yaml", batch_size=700, num_workers=1)
+    wrapped = DataLoader(loader, batch_size=None, num_workers=2, multiprocessing_context="fork")
+    with pytest.raises(ConfigError, match=r"worker \d of 2\).*DataLoader\(loader, batch_size=None\) with num_workers=0.*here 1\)"):
+        next(iter(wrapped))
+    assert sum(len(b) for b in loader) == 3000  # the loader itself is untouched

@@ -155,7 +155,7 @@ def test_avazu_unsigned_ids_as_categorical_keys(deepctr: Path, tmp_path: Path) -
     assert got[-4] == got[-2] and got[-3] == got[-1]  # 2**64 - 1 is the key of -1, 2**63 that of -2**63
 
     text.write_text("".join(base[:3]) + "18446744073709551616" + base[1][base[1].index(","):])
-    run_etl("convert", text, "--schema", schema, "--out", raw)
+    run_etl("convert", text, "--schema", schema, "--out", raw, "--overwrite")
     proc = run_etl("preprocess", "--pipeline", pipeline, "--input", raw, "--out", tmp_path / "out2", check=False)
     assert proc.returncode == 2
     assert "row 2, column 'id'" in proc.stderr and "[-2**63, 2**64 - 1]" in proc.stderr and "18446744073709551616" in proc.stderr

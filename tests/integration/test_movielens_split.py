@@ -37,7 +37,7 @@ def readme_run(movielens: Path, tmp_path_factory: pytest.TempPathFactory) -> tup
 
 def run_readme(movielens: Path, tmp_path: Path) -> list[list[str]]:
     convert = section_commands("MovieLens")[0]
-    commands = section_commands("Honest evaluation")
+    commands = section_commands("A split on MovieLens")
     assert [c[:2] for c in commands] == [["etl", "preprocess"], ["etl", "inspect"], ["etl", "preprocess"]]
     printed = []
     for command in (convert, *commands):

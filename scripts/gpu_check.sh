@@ -8,7 +8,7 @@
 #      fitted on them;
 #   3. parity: the backend contract tests, the torch backend's unit tests and the CUDA loader/ring tests, on CUDA
 #      (set ETL_SHARED_DATA to a folder holding criteo-kaggle-8k/ to include the real Criteo sample; without it
-#      those tests are skipped, and pytest says so);
+#      those tests are skipped, and pytest says so; GPU_CHECK_PARITY_TESTS replaces the list of test paths);
 #   4. no host synchronisation (scripts/gpu_sync_check.py): one loader epoch with device placement under
 #      torch.cuda.set_sync_debug_mode("error"); fails naming the operation and the line that synchronised
 #      (skipped on CPU, which it says);
@@ -67,11 +67,11 @@ log "2/7 data: $ROWS rows"
     >"$OUT/data.log" 2>&1 || { cat "$OUT/data.log"; exit 1; }
 
 log "3/7 parity tests"
-"$PY" -m pytest -q -p no:cacheprovider -rs --junitxml="$OUT/parity.xml" \
-    tests/contract/test_backends.py tests/unit/backends/test_tensor.py tests/unit/loader/test_ring.py \
-    tests/unit/loader/test_device_stage.py tests/integration/test_loader_device.py \
-    tests/integration/test_loader.py::test_cuda_batches_equal_the_cpu_batches \
-    >"$OUT/parity.log" 2>&1
+PARITY_TESTS=${GPU_CHECK_PARITY_TESTS:-tests/contract/test_backends.py tests/unit/backends/test_tensor.py \
+tests/unit/loader/test_ring.py tests/unit/loader/test_device_stage.py tests/integration/test_loader_device.py \
+tests/integration/test_loader.py::test_cuda_batches_equal_the_cpu_batches}
+# shellcheck disable=SC2086 # PARITY_TESTS is a list of test paths
+"$PY" -m pytest -q -p no:cacheprovider -rs --junitxml="$OUT/parity.xml" $PARITY_TESTS >"$OUT/parity.log" 2>&1
 PARITY_RC=$?
 tail -n 15 "$OUT/parity.log"
 

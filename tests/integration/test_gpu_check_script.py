@@ -56,7 +56,9 @@ def test_the_former_first_step_fails_on_the_gpu_machine(tmp_path: Path) -> None:
 
 
 def test_gpu_check_runs_on_cpu_as_on_the_gpu_machine(tmp_path: Path) -> None:
-    env = gpu_machine_env(tmp_path, GPU_CHECK_ALLOW_CPU="1", GPU_CHECK_ROWS="8192", GPU_CHECK_WORKERS="2", GPU_CHECK_BATCHES="4096")
+    parity = "tests/unit/backends/test_tensor.py tests/unit/loader/test_device_stage.py"  # the others run in this suite already
+    env = gpu_machine_env(tmp_path, GPU_CHECK_ALLOW_CPU="1", GPU_CHECK_ROWS="8192", GPU_CHECK_WORKERS="2", GPU_CHECK_BATCHES="4096",
+                          GPU_CHECK_PARITY_TESTS=parity)
     out = tmp_path / "out"
     proc = subprocess.run(["bash", str(REPO / "scripts/gpu_check.sh"), str(out)], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -1,6 +1,6 @@
 """The example of docs/custom-ops.md as a user runs it: examples/pipeline.yaml, whose ops come from
 examples/my_ops.py beside it (on no Python path) and an Expr, through `etl fit` and `etl preprocess` with one and
-two workers and a local Dask cluster of two worker processes (the same bytes), `Pipeline.load` and the Loader on
+two workers and a local Dask cluster of two worker processes (the same bytes), `etl fit` (the same artifacts), `Pipeline.load` and the Loader on
 raw shards."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def test_user_ops_give_the_same_bytes_with_threads_and_a_cluster(tmp_path: Path)
         run_etl("preprocess", "--pipeline", PIPELINE, "--input", tmp_path / "raw", "--out", out, *how, cwd=tmp_path)
         trees.append(tree_bytes(out))
     assert trees[0] == trees[1] == trees[2]
-    run_etl("fit", "--pipeline", PIPELINE, "--input", tmp_path / "raw", "--artifacts", tmp_path / "fitted", "--cluster", "local:2", cwd=tmp_path)
+    run_etl("fit", "--pipeline", PIPELINE, "--input", tmp_path / "raw", "--artifacts", tmp_path / "fitted", cwd=tmp_path)
     assert (tmp_path / "fitted/pipeline.json").read_bytes() == trees[0]["artifacts/pipeline.json"]
     out = pq.read_table(tmp_path / "1" / "part-00000.parquet")
     assert out.column_names[-1] == "clicks_per_view" and out.schema.field("I5").type.bit_width == 32

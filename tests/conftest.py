@@ -188,9 +188,9 @@ def etl_threads() -> list[str]:
     return sorted(t.name for t in threading.enumerate() if t.name.startswith("etl-"))
 
 
-def wait_for_threads(baseline: int, timeout: float = 5.0) -> list[str]:
+def wait_for_threads(baseline: int, timeout: float = 60.0) -> list[str]:
     """The etl- threads still alive once they are down to ``baseline`` or ``timeout`` passed (pool threads exit
-    asynchronously after ``shutdown(wait=False)``)."""
+    asynchronously after ``shutdown(wait=False)``, once what they are doing ends: on a busy machine, seconds)."""
     deadline = time.monotonic() + timeout
     while len(etl_threads()) > baseline and time.monotonic() < deadline:
         time.sleep(0.02)

@@ -236,7 +236,9 @@ def test_close_break_and_drop_stop_every_thread(stream: Path) -> None:
         break
     del ld, it
     gc.collect()
-    deadline = time.monotonic() + 5
+    # a thread ends once what it is doing ends (a first numba compile on a busy machine takes seconds): no speed
+    # is asserted here, only that every thread stops
+    deadline = time.monotonic() + 60
     while _follow_threads() and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not _follow_threads()

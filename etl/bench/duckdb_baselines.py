@@ -1,14 +1,19 @@
-"""The plain DuckDB SQL versions of the two sequence pipelines of the synthetic events, beside the polars ones of
-``etl.bench.polars_baselines`` (same outputs; compared to ours by ``etl.bench.sequences``).
+"""The plain DuckDB SQL versions of the two Criteo pipelines (``pipelines/criteo.yaml``, ``criteo_hash.yaml``;
+compared to ours by ``etl bench``) and of the two sequence pipelines of the synthetic events, beside the polars ones
+of ``etl.bench.polars_baselines`` (same outputs; compared to ours by ``etl.bench.sequences``).
 
-DuckDB is no dependency of etl: these run where it is importable (``HAS_DUCKDB``), e.g. from a directory of their
-own put on PYTHONPATH (``pip install --target /tmp/duckdb-pkgs duckdb``), and also as a process::
+DuckDB is an optional dependency of etl (the ``bench`` extra: ``pip install 'etl[bench]'``): these run where it is
+importable (``HAS_DUCKDB``), also as a process::
 
-    PYTHONPATH=/tmp/duckdb-pkgs python -m etl.bench.duckdb_baselines history OUT_DIR SHARD [SHARD ...]
-    PYTHONPATH=/tmp/duckdb-pkgs python -m etl.bench.duckdb_baselines sessions OUT_DIR SHARD [SHARD ...]
+    python -m etl.bench.duckdb_baselines categorify OUT_DIR SHARD [SHARD ...]
+    python -m etl.bench.duckdb_baselines hash OUT_DIR SHARD [SHARD ...]
+    python -m etl.bench.duckdb_baselines history OUT_DIR SHARD [SHARD ...]
+    python -m etl.bench.duckdb_baselines sessions OUT_DIR SHARD [SHARD ...]
 
-The shards are read in the order given (a row's input position: its shard's place in that order, then its row
-number in the file); the output is ``OUT_DIR/part-00000.parquet``. DuckDB uses ``threads`` threads (default 2).
+The shards are read in the order given. The Criteo scripts write one file per shard, ``OUT_DIR/part-00000.parquet``,
+... with the layout of ``etl.bench.baselines``; the sequence ones one file, ``OUT_DIR/part-00000.parquet`` (a row's
+input position: its shard's place in that order, then its row number in the file). DuckDB uses ``threads``
+threads (default 2).
 """
 
 from __future__ import annotations
@@ -17,7 +22,24 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from etl.bench.polars_baselines import CATEGORY, CLICK, FIRST_VOCAB_ID, ITEM, MAX_LEN, MISSING, PRICE, SESSION, TIME, USER, PathLike
+from etl.backends.hashing import C1, C2, check_buckets, seed_word
+from etl.bench.polars_baselines import (
+    CATEGORY,
+    CATS,
+    CLICK,
+    DENSE,
+    FIRST_VOCAB_ID,
+    ITEM,
+    LABEL,
+    MAX_LEN,
+    MISSING,
+    OOV_ID,
+    PRICE,
+    SESSION,
+    TIME,
+    USER,
+    PathLike,
+)
 
 try:
     import duckdb
@@ -83,6 +105,68 @@ def duckdb_sessions(files: Sequence[PathLike], out_dir: PathLike, max_len: int =
     _copy(sql, out / "part-00000.parquet", threads)
 
 
+_MASK64 = (1 << 64) - 1
+#: SQL macros of etl's documented hash (``etl.backends.hashing``) in DuckDB's unsigned integers: a product modulo 2**64
+#: is the low 64 bits of the 128-bit (UHUGEINT) product; ``hex8`` decodes an 8-hex-digit string to its key.
+_MACROS = [
+    "CREATE MACRO xs33(k) AS xor(k, k >> 33)",
+    f"CREATE MACRO mul64(k, c) AS ((k::UHUGEINT * c::UHUGEINT) & {_MASK64}::UHUGEINT)::UBIGINT",
+    f"CREATE MACRO fmix64(k) AS xs33(mul64(xs33(mul64(xs33(k), {C1})), {C2}))",
+    "CREATE MACRO hex8(s) AS ('0x' || s)::UBIGINT",
+]
+
+
+def _criteo_dense() -> str:
+    """The label and dense columns of the Criteo pipelines: float32, ``ln(1 + max(fill0(x), 0))`` in double."""
+    dense = ", ".join(f"ln(1 + greatest(coalesce({c}, 0), 0))::FLOAT AS {c}" for c in DENSE)
+    return f"{LABEL}::FLOAT AS {LABEL}, {dense}"
+
+
+def duckdb_categorify(files: Sequence[PathLike], out_dir: PathLike, freq_threshold: int = 3, threads: int = 2) -> None:
+    """``pipelines/criteo.yaml`` in DuckDB SQL, as ``polars_baselines.polars_categorify`` (same output).
+
+    Fit: per categorical column, a ``GROUP BY`` of the raw strings over all files; the strings seen at least
+    ``freq_threshold`` times, ordered by count descending then by their hexadecimal value ascending, get ids 3, 4, ...
+    (a temporary table per column). Transform, file by file: a ``LEFT JOIN`` of each column on its vocabulary;
+    missing → 1, out of vocabulary → 2; rows in file order (``ORDER BY`` the file's row number: a join does not
+    keep it). Like the polars script it matches the raw strings, so it equals etl's output as long as every key is
+    written in one case (as in Criteo's lowercase hex)."""
+    if not isinstance(freq_threshold, int) or freq_threshold < 1:
+        raise ValueError(f"freq_threshold must be an integer >= 1, got {freq_threshold!r}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    every = "[" + ", ".join(_quoted(f) for f in files) + "]"
+    fit = [f"CREATE TEMP TABLE v_{c} AS SELECT s, (row_number() OVER (ORDER BY n DESC, hex8(s)) + {FIRST_VOCAB_ID - 1})::INTEGER AS id "
+           f"FROM (SELECT {c} AS s, count(*) AS n FROM read_parquet({every}) WHERE {c} IS NOT NULL GROUP BY {c}) WHERE n >= {freq_threshold}"
+           for c in CATS]  # fmt: skip
+    ids = ", ".join(f"(CASE WHEN r.{c} IS NULL THEN {MISSING} ELSE coalesce(v_{c}.id, {OOV_ID}) END)::INTEGER AS {c}" for c in CATS)
+    joins = " ".join(f"LEFT JOIN v_{c} ON r.{c} = v_{c}.s" for c in CATS)
+    transform = [f"COPY (SELECT {_criteo_dense()}, {ids} FROM read_parquet({_quoted(f)}, file_row_number=true) r {joins} "
+                 f"ORDER BY r.file_row_number) TO {_quoted(out / _part_name(i))} (FORMAT parquet)" for i, f in enumerate(files)]  # fmt: skip
+    _execute([*_MACROS, *fit, *transform], threads)
+
+
+def duckdb_hash(files: Sequence[PathLike], out_dir: PathLike, num_buckets: int = 40_000_000, seed: int = 0, threads: int = 2) -> None:
+    """``pipelines/criteo_hash.yaml`` in DuckDB SQL: decode the 8-hex-digit keys, then etl's documented hash
+    (``fmix64(key XOR seed_word(seed))``, ``reduce(h, n) = ((h >> 32) * n) >> 32``, id = 2 + bucket, missing → 1) in
+    SQL macros; output equal to etl's bit for bit (40 M buckets, seed 0), one file per shard."""
+    check_buckets(num_buckets)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    word = seed_word(seed)
+    # a missing key's NULL goes through the arithmetic to coalesce (a CASE would keep DuckDB from computing the
+    # macros' repeated subexpressions once)
+    ids = ", ".join(f"coalesce(({OOV_ID} + ((fmix64(xor(hex8({c}), {word}::UBIGINT)) >> 32) * {num_buckets}::UBIGINT >> 32))::INTEGER, "
+                    f"{MISSING}) AS {c}" for c in CATS)  # fmt: skip
+    transform = [f"COPY (SELECT {_criteo_dense()}, {ids} FROM read_parquet({_quoted(f)})) TO {_quoted(out / _part_name(i))} (FORMAT parquet)"
+                 for i, f in enumerate(files)]  # fmt: skip
+    _execute([*_MACROS, *transform], threads)
+
+
+def _part_name(i: int) -> str:
+    return f"part-{i:05d}.parquet"  # the shard names of etl.io.files.shard_name
+
+
 def _quoted(path: PathLike) -> str:
     """``path`` as an SQL string literal."""
     return "'" + str(Path(path)).replace("'", "''") + "'"
@@ -95,21 +179,27 @@ def _positive(n: int) -> int:
 
 
 def _copy(sql: str, path: Path, threads: int) -> None:
+    _execute([f"COPY ({sql}) TO {_quoted(path)} (FORMAT parquet)"], threads)
+
+
+def _execute(statements: list[str], threads: int) -> None:
+    """Run ``statements`` in order on a fresh in-memory DuckDB database with ``threads`` threads."""
     if duckdb is None:
-        raise RuntimeError("the DuckDB baselines need duckdb (pip install --target DIR duckdb, then DIR on PYTHONPATH)")
+        raise RuntimeError("the DuckDB baselines need duckdb (pip install 'etl[bench]')")
     con = duckdb.connect()
     try:
         con.execute(f"SET threads = {int(threads)}")
-        con.execute(f"COPY ({sql}) TO {_quoted(path)} (FORMAT parquet)")
+        for sql in statements:
+            con.execute(sql)
     finally:
         con.close()
 
 
-SCRIPTS = {"history": duckdb_history, "sessions": duckdb_sessions}
+SCRIPTS = {"categorify": duckdb_categorify, "hash": duckdb_hash, "history": duckdb_history, "sessions": duckdb_sessions}
 
 
 def main(argv: list[str]) -> int:
-    """``history|sessions OUT_DIR SHARD...``: run that baseline; exit status 2 with a usage line otherwise."""
+    """``categorify|hash|history|sessions OUT_DIR SHARD...``: run that baseline; exit status 2 with a usage line otherwise."""
     if len(argv) < 3 or argv[0] not in SCRIPTS:
         print(f"usage: python -m etl.bench.duckdb_baselines {{{'|'.join(SCRIPTS)}}} OUT_DIR SHARD [SHARD ...]", file=sys.stderr)
         return 2

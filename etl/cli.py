@@ -634,7 +634,12 @@ def bench(
     sequences: bool = typer.Option(False, "--sequences", help="Instead: History and Groupby on synthetic events (schemas/events.yaml; "
                                    "--rows events, default 1,000,000), offline and streaming, beside polars and DuckDB scripts "
                                    "(etl.bench.sequences)."),  # fmt: skip
-    repeat: int = typer.Option(3, min=1, help="--sequences: runs per figure (the median is reported)."),
+    repeat: int = typer.Option(3, min=1, help="--sequences, --processes: runs per figure (the median is reported)."),
+    processes: bool = typer.Option(False, "--processes", help="Instead: etl preprocess, the DuckDB and the polars scripts as whole "
+                                   "processes side by side (wall, CPU s, peak RSS) at each of --sizes, and the fixed and per-row "
+                                   "costs (etl.bench.processes)."),  # fmt: skip
+    sizes: str = typer.Option("2000000,8000000", help="--processes: synthetic Criteo row counts, comma-separated (two or more for "
+                              "the fixed and marginal costs)."),  # fmt: skip
 ) -> None:
     """Measure read floor, every stage, fit, preprocess (also as a whole process), the loader, data wait and baselines
     in one run; with --follow, the lag, rows/s and stall of a following loader instead; with --sequences, History and
@@ -651,6 +656,9 @@ def bench(
 
         settings = FreshnessSettings(rate, shard_rows, duration, poll_interval, batch_size, workers, step_factor, arrivals=arrivals)
         _bench_follow(pipeline, settings, json_out)
+        return
+    if processes:
+        _bench_processes(pipeline, sizes, workers, repeat, json_out)
         return
     if sequences:
         _bench_sequences(input, rows or 1_000_000, files, workers, batch_size, repeat, baselines, json_out)
@@ -714,6 +722,52 @@ def _bench_sequences(input: str | None, rows: int, files: int, workers: int, bat
                                      batch_size=batch_size, repeat=repeat, run_baselines=baselines,
                                      progress=lambda msg: status.update(msg))  # fmt: skip
     _print_report(report)
+    if json_out:
+        json_out.write_text(report.to_json())
+
+
+def _bench_processes(pipeline: list[Path] | None, sizes: str, workers: int, repeat: int, json_out: Path | None) -> None:
+    """``etl bench --processes``: whole processes side by side (``etl.bench.processes``)."""
+    from rich.table import Table
+
+    from etl.bench.processes import run_process_bench
+    from etl.resources import resolve, resource_path
+
+    with user_errors(), err.status("process benchmark") as status:
+        try:
+            counts = [int(n.replace("_", "")) for n in sizes.split(",") if n.strip()]
+        except ValueError:
+            raise EtlError(f"--sizes {sizes!r}: row counts separated by commas, e.g. 2000000,8000000") from None
+        if not counts or min(counts) < 1:
+            raise EtlError(f"--sizes {sizes!r}: row counts >= 1")
+        defaults = [resource_path("pipelines", "criteo.yaml"), resource_path("pipelines", "criteo_hash.yaml")]
+        pipelines = [resolve("pipelines", str(p)) for p in expand_globs(pipeline)] if pipeline else defaults
+        report = run_process_bench(pipelines, counts, workers=workers, repeat=repeat, progress=lambda msg: status.update(msg))
+    console.print(f"whole processes, median of {report.repeat}; workers {report.workers}, {report.cores} core(s); "
+                  "CPU = user + sys seconds, util = CPU / wall / cores")  # fmt: skip
+    for rep in report.pipelines:
+        t = Table(title=rep.pipeline)
+        for col in ("rows", "process", "wall s", "CPU s", "util", "peak RSS MB", "output"):
+            t.add_column(col, justify="left" if col in ("process", "output") else "right")
+        for f in rep.figures:
+            eq = {True: "equal", False: "DIFFERS", None: "other hash"}[f.output_equal] if f.tool != "etl" else ""
+            t.add_row(f"{f.rows:,}", f.tool, f"{f.wall:.2f}", f"{f.cpu:.2f}", f"{100 * f.cpu_utilisation:.0f} %", f"{f.peak_rss_mb:,.0f}", eq)
+        console.print(t)
+        if rep.lines:
+            lines = Table(title="fixed (intercept) and marginal (per million rows) costs")
+            for col in ("process", "wall s fixed", "wall s / M rows", "CPU s fixed", "CPU s / M rows", "RSS MB fixed", "RSS MB / M rows"):
+                lines.add_column(col, justify="left" if col == "process" else "right")
+            for tool, ln in rep.lines.items():
+                lines.add_row(tool, *(f"{v:.2f}" for w in ("wall", "cpu") for v in (ln[w].fixed, ln[w].marginal)),
+                              f"{ln['peak_rss_mb'].fixed:,.0f}", f"{ln['peak_rss_mb'].marginal:,.0f}")  # fmt: skip
+            console.print(lines)
+        for rows in report.sizes:
+            ours, duck = rep.figure("etl", rows), rep.figure("duckdb", rows)
+            if ours is not None and duck is not None:
+                console.print(f"{rows:,} rows, ours / DuckDB: wall {ours.wall / duck.wall:.2f}, CPU {ours.cpu / duck.cpu:.2f}, "
+                              f"peak RSS {ours.peak_rss_mb / duck.peak_rss_mb:.2f}")  # fmt: skip
+        for tool, why in rep.skipped.items():
+            console.print(f"{tool} skipped: {why}")
     if json_out:
         json_out.write_text(report.to_json())
 

@@ -11,7 +11,9 @@
   (``python -m etl preprocess``: start-up, fit, transform, write), wall time, best of two; its output must equal
   the in-process ``preprocess``'s. With the baselines, the naive polars script runs as a process the same way
   (``python -m etl.bench.polars_baselines``), best of two, its output compared to ours where it computes the same
-  ids: the ``polars:process`` baseline, whose ``speedup_of_ours`` is the ratio of the two processes' times;
+  ids: the ``polars:process`` baseline, whose ``speedup_of_ours`` is the ratio of the two processes' times; and so
+  does the DuckDB SQL script (``etl.bench.duckdb_baselines``, output equal to ours), ``duckdb:process``, where duckdb
+  is importable (the stage's note says when it is skipped);
 - given a Dask client (``--cluster``), ``preprocess:cluster``: the same preprocess with its shards on the cluster's
   workers, best of two, beside the threaded figure (its note gives the ratio); its output must equal the threaded
   one;
@@ -48,7 +50,7 @@ from typing import TYPE_CHECKING
 import torch
 
 import etl
-from etl.bench import baselines, polars_baselines
+from etl.bench import baselines, duckdb_baselines, polars_baselines
 from etl.bench.device import measure_device_stages
 from etl.bench.dlrm import DLRM
 from etl.bench.report import PipelineReport, Report, Stage
@@ -73,7 +75,11 @@ BASELINES: dict[str, dict[str, Callable[[list[Path], Path], None]]] = {  # the p
 }
 if not polars_baselines.HAS_POLARS:
     BASELINES = {kind: {k: f for k, f in fns.items() if k != "polars"} for kind, fns in BASELINES.items()}
-EXACT = {"Categorify": ("polars", "numpy"), "Hash": ("numpy",)}  # baselines whose output must equal ours
+EXACT = {"Categorify": ("polars", "numpy", "duckdb"), "Hash": ("numpy", "duckdb")}  # baselines whose output must equal ours
+#: the scripts run as whole processes beside ``etl preprocess``: polars where installed, DuckDB where importable
+PROCESS_SCRIPTS = ({"polars": "etl.bench.polars_baselines"} if polars_baselines.HAS_POLARS else {}) | (
+    {"duckdb": "etl.bench.duckdb_baselines"} if duckdb_baselines.HAS_DUCKDB else {})  # fmt: skip
+NO_DUCKDB = "the DuckDB script is skipped: duckdb is not importable (pip install 'etl[bench]')"
 
 
 def _timed(fn: Callable[[], object]) -> float:
@@ -144,27 +150,30 @@ def preprocess_command(pipeline: Path, input_dir: Location, out: Path, workers: 
 
 def measure_processes(
     pipeline: Path, name: str, kind: str, input_dir: Location, local: list[Path] | None, work: Path, workers: int, ours: Path
-) -> tuple[float, float | None, bool | None]:
-    """(seconds of ``etl preprocess`` as a process; seconds of the polars script's process, None when it does not
-    run; whether its output equals ours, None when it computes other ids), as the module docstring says.
+) -> tuple[float, dict[str, tuple[float, bool | None]]]:
+    """(seconds of ``etl preprocess`` as a process; per script, polars and DuckDB where importable: the seconds of
+    its process and whether its output equals ours, None when it computes other ids), as the module docstring says.
 
-    ``kind`` is the pipeline's fitted op (``_fitted_op``), ``local`` the shards for the polars script (None: no
-    polars run), ``ours`` the output of the in-process preprocess. The process's output must equal ``ours``, and
-    so must the polars script's where it computes the same ids: RuntimeError otherwise."""
+    ``kind`` is the pipeline's fitted op (``_fitted_op``), ``local`` the shards for the scripts (None: no script
+    runs), ``ours`` the output of the in-process preprocess. The process's output must equal ``ours``, and so must
+    each script's where it computes the same ids: RuntimeError otherwise."""
     out = work / f"process-{name}"
     seconds = measure_process(preprocess_command(pipeline, input_dir, out, workers), out)
     if (out / MANIFEST).read_bytes() != (ours / MANIFEST).read_bytes():
         raise RuntimeError(f"etl preprocess as a process wrote other files than the in-process run ({out}, {ours})")
     shutil.rmtree(out, ignore_errors=True)
-    if local is None or "polars" not in BASELINES.get(kind, {}):
-        return seconds, None, None
-    script = work / f"polars-process-{name}"
-    theirs = measure_process([sys.executable, "-m", "etl.bench.polars_baselines", kind.lower(), str(script), *map(str, local)], script)
-    equal = baselines.same_output(script, ours) if "polars" in EXACT[kind] else None
-    if equal is False:
-        raise RuntimeError(f"the polars script's output differs from ours for {pipeline}: {baselines.first_difference(script, ours)}")
-    shutil.rmtree(script, ignore_errors=True)
-    return seconds, theirs, equal
+    scripts: dict[str, tuple[float, bool | None]] = {}
+    if local is None or kind not in EXACT:
+        return seconds, scripts
+    for engine, module in PROCESS_SCRIPTS.items():
+        script = work / f"{engine}-process-{name}"
+        theirs = measure_process([sys.executable, "-m", module, kind.lower(), str(script), *map(str, local)], script)
+        equal = baselines.same_output(script, ours) if engine in EXACT[kind] else None
+        if equal is False:
+            raise RuntimeError(f"the {engine} script's output differs from ours for {pipeline}: {baselines.first_difference(script, ours)}")
+        shutil.rmtree(script, ignore_errors=True)
+        scripts[engine] = (theirs, equal)
+    return seconds, scripts
 
 
 def measure_stages(pipeline: Pipeline, tables: list, batch_size: int, device: torch.device) -> list[Stage]:
@@ -377,13 +386,15 @@ def run_bench(
             kind = _fitted_op(p)
             local = [s for s in shards if isinstance(s, Path)]
             progress(f"{p.name}: preprocess as a process")
-            with_polars = local if run_baselines and len(local) == len(shards) else None  # the baselines read local files
-            secs, theirs, equal = measure_processes(path, p.name, kind, input_dir, with_polars, work, workers, work / f"ours-{p.name}")
+            with_scripts = local if run_baselines and len(local) == len(shards) else None  # the baselines read local files
+            secs, scripts = measure_processes(path, p.name, kind, input_dir, with_scripts, work, workers, work / f"ours-{p.name}")
             note = "etl preprocess, the whole process (start-up, fit, transform, write); best of two"
-            if theirs is not None:
-                note += f"; the polars script's process takes {theirs / secs:.2f}x as long"
-                rep.baselines["polars:process"] = {"seconds": theirs, "rows_per_second": total / theirs, "speedup_of_ours": theirs / secs,
-                                                   "output_equal": equal, "versus": "etl preprocess process"}  # fmt: skip
+            for engine, (theirs, equal) in scripts.items():
+                note += f"; the {engine} script's process takes {theirs / secs:.2f}x as long"
+                rep.baselines[f"{engine}:process"] = {"seconds": theirs, "rows_per_second": total / theirs, "speedup_of_ours": theirs / secs,
+                                                      "output_equal": equal, "versus": "etl preprocess process"}  # fmt: skip
+            if with_scripts is not None and kind in EXACT and not duckdb_baselines.HAS_DUCKDB:
+                note += "; " + NO_DUCKDB
             rep.stages.append(Stage("preprocess:process", secs, total, mbytes, note))
             progress(f"{p.name}: loader and stall")
             loader = Loader(input_dir, **loader_args)

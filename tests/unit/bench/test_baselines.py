@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from etl.backends import hashing
-from etl.bench import baselines, polars_baselines
+from etl.bench import baselines, duckdb_baselines, polars_baselines
 from etl.io.parquet import list_shards
 from etl.pipeline import Pipeline
 from etl.preprocess import preprocess
@@ -146,3 +146,31 @@ def test_hex8_keys() -> None:
     for bad in (["1234567"], ["123456789"], ["1234567g"]):
         with pytest.raises(ValueError):
             baselines.hex8_keys(pa.array(bad))
+
+
+needs_duckdb = pytest.mark.skipif(not duckdb_baselines.HAS_DUCKDB, reason="duckdb is not installed (pip install 'etl[bench]')")
+
+
+@needs_duckdb
+def test_duckdb_categorify_equals_ours(work: Path) -> None:
+    duckdb_baselines.duckdb_categorify(files_of(work), work / "duckdb_cat", freq_threshold=3)
+    assert baselines.first_difference(work / "ours_cat", work / "duckdb_cat") is None
+
+
+@needs_duckdb
+def test_duckdb_hash_equals_ours_bit_for_bit(work: Path) -> None:
+    duckdb_baselines.duckdb_hash(files_of(work), work / "duckdb_hash", num_buckets=BUCKETS)
+    assert baselines.first_difference(work / "ours_hash", work / "duckdb_hash") is None
+
+
+@needs_duckdb
+@pytest.mark.parametrize("seed, n", [(0, 1), (7, 3), (123, 2**31)])
+def test_duckdb_hash_matches_reference(seed: int, n: int, tmp_path: Path) -> None:
+    """Keys over the whole 32-bit range, other seeds and bucket counts: the SQL macros equal etl's hash."""
+    keys = np.array([0, 1, 0xFFFFFFFF, 0x80000000, 0xDEADBEEF, 12345], np.uint64)
+    cols = {"label": pa.array(np.zeros(len(keys), np.int64))} | {c: pa.array(np.zeros(len(keys), np.int64)) for c in baselines.DENSE}
+    cols |= {c: pa.array([f"{int(k):08x}" for k in keys]) for c in baselines.CATS}
+    pq.write_table(pa.table(cols), tmp_path / "raw.parquet")
+    duckdb_baselines.duckdb_hash([tmp_path / "raw.parquet"], tmp_path / "out", num_buckets=n, seed=seed)
+    got = pq.read_table(tmp_path / "out" / "part-00000.parquet").column("C1").to_numpy()
+    assert got.tolist() == baselines.numpy_hash_ids(keys, None, n, seed).tolist()

@@ -1,0 +1,76 @@
+"""etl.bench.processes: one process's accounting, the fixed and marginal costs, the output checks."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from etl.bench import processes
+from etl.io.parquet import list_shards
+from etl.pipeline import Pipeline
+from etl.preprocess import preprocess
+from etl.schema import load_schema
+from etl.tools.synth import generate
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_fit_line_through_two_sizes_splits_fixed_and_marginal() -> None:
+    line = processes.fit_line([2_000_000, 8_000_000], [3.0, 9.0])
+    assert line.fixed == pytest.approx(1.0) and line.marginal == pytest.approx(1.0)  # 1 s + 1 s per million rows
+    line = processes.fit_line([1_000_000, 2_000_000, 3_000_000], [1.0, 3.0, 2.0])  # least squares over three
+    assert line.marginal == pytest.approx(0.5) and line.fixed == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("rows, values", [([2_000_000], [3.0]), ([5, 5], [1.0, 2.0]), ([1, 2], [1.0])])
+def test_fit_line_needs_two_distinct_sizes(rows: list[int], values: list[float]) -> None:
+    with pytest.raises(ValueError, match="two sizes"):
+        processes.fit_line(rows, values)
+
+
+def test_run_process_accounts_for_that_process_alone(tmp_path: Path) -> None:
+    """A child that touches 200 MB and burns CPU: its peak RSS is its own (not the bench's, whose pages a forked
+    child would otherwise count), its CPU seconds are its own."""
+    burn = "import time\nb = bytearray(200 * 2**20)\nb[::4096] = b'x' * len(b[::4096])\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass"
+    ballast = bytearray(400 * 2**20)  # this process: well over the child's peak
+    ballast[::4096] = b"y" * len(ballast[::4096])
+    run = processes.run_process([sys.executable, "-c", burn], tmp_path / "out")
+    assert 200 <= run.peak_rss_mb < 400 and run.cpu >= 0.3 and run.wall >= run.cpu / 4 and run.cpu == run.user + run.sys
+
+
+def test_run_process_reports_a_failing_command(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match=r"exit status 3.*boom"):
+        processes.run_process([sys.executable, "-c", "import sys; sys.stderr.write('boom'); sys.exit(3)"], tmp_path / "out")
+
+
+@pytest.fixture(scope="module")
+def outputs(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("processes")
+    generate(load_schema(REPO / "schemas/criteo.yaml"), 2_000, 2, d / "raw", seed=0)
+    preprocess(Pipeline.from_file(REPO / "pipelines/criteo.yaml"), list_shards(d / "raw"), d / "ours", workers=1)
+    return d
+
+
+def test_compare_fails_loudly_on_one_changed_value(outputs: Path, tmp_path: Path) -> None:
+    theirs = tmp_path / "theirs"
+    shutil.copytree(outputs / "ours", theirs)
+    assert processes._compare("duckdb", "categorify", outputs / "ours", theirs, "criteo") is True
+    part = theirs / "part-00001.parquet"
+    t = pq.read_table(part)
+    c5 = t.column("C5").to_pylist()
+    c5[17] += 1
+    pq.write_table(t.set_column(t.schema.get_field_index("C5"), "C5", pa.array(c5, pa.int32())), part)
+    with pytest.raises(RuntimeError, match=r"duckdb script's output differs.*part-00001.parquet: column 'C5' row 17"):
+        processes._compare("duckdb", "categorify", outputs / "ours", theirs, "criteo")
+    assert processes._compare("polars", "hash", outputs / "ours", theirs, "criteo") is None  # polars' own hash: not compared
+
+
+def test_median_figures_and_utilisation() -> None:
+    runs = [processes.ProcessRun(2.0, 1.5, 0.5, 100.0), processes.ProcessRun(4.0, 3.0, 1.0, 300.0), processes.ProcessRun(3.0, 2.0, 1.0, 200.0)]
+    f = processes._median_figures("etl", 1000, runs, 2, True)
+    assert (f.wall, f.cpu, f.peak_rss_mb) == (3.0, 3.0, 200.0) and f.cpu_utilisation == pytest.approx(0.5)

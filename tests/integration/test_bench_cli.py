@@ -67,3 +67,26 @@ def test_bench_follow_reports_lags_of_every_shard_listed_in_a_producer_manifest(
     assert len(f["lags"]) == 6 and all(lag >= 0 for lag in f["lags"]) and f["lag_p50"] <= f["lag_p99"] <= f["lag_max"]
     assert f["arrivals"] == "manifest"
     assert f["bound"] == 2 * 0.05 + f["shard_transform_seconds"] and f["holds"] == (f["lag_p99"] < f["bound"])
+
+
+def test_bench_processes_at_two_sizes_reports_every_whole_process_and_the_fixed_and_marginal_costs(tmp_path: Path) -> None:
+    import importlib.util
+
+    js = tmp_path / "proc.json"
+    proc = run_etl("bench", "--processes", "--sizes", "3000,6000", "--repeat", 1, "--json", js)
+    doc = json.loads(js.read_text())
+    assert doc["sizes"] == [3000, 6000] and doc["repeat"] == 1 and doc["cores"] >= 1
+    tools = ["etl", "duckdb", "polars"] if importlib.util.find_spec("duckdb") is not None else ["etl", "polars"]
+    for rep, kind in zip(doc["pipelines"], ("categorify", "hash")):
+        assert [(f["rows"], f["tool"]) for f in rep["figures"]] == [(n, t) for n in (3000, 6000) for t in tools]
+        for f in rep["figures"]:
+            assert f["wall"] > 0 and f["cpu"] > 0 and f["peak_rss_mb"] > 0 and f["cpu_utilisation"] > 0 and len(f["runs"]) == 1
+            want = None if (f["tool"], kind) == ("polars", "hash") else True
+            assert f["output_equal"] is want
+        assert set(rep["lines"]) == set(tools)
+        assert all(set(line) == {"wall", "cpu", "peak_rss_mb"} for line in rep["lines"].values())
+        if "duckdb" not in tools:
+            assert "duckdb is not importable" in rep["skipped"]["duckdb"]
+    assert "fixed (intercept) and marginal" in proc.stdout
+    if "duckdb" in tools:
+        assert "6,000 rows, ours / DuckDB: wall" in proc.stdout

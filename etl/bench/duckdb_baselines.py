@@ -19,7 +19,7 @@ threads (default 2).
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from etl.backends.hashing import C1, C2, check_buckets, seed_word
@@ -44,7 +44,7 @@ from etl.bench.polars_baselines import (
 try:
     import duckdb
 except ImportError:  # these baselines are then unavailable
-    duckdb = None
+    duckdb = None  # type: ignore[assignment]
 HAS_DUCKDB = duckdb is not None
 
 
@@ -195,7 +195,9 @@ def _execute(statements: list[str], threads: int) -> None:
         con.close()
 
 
-SCRIPTS = {"categorify": duckdb_categorify, "hash": duckdb_hash, "history": duckdb_history, "sessions": duckdb_sessions}
+SCRIPTS: dict[str, Callable[[Sequence[PathLike], PathLike], None]] = {
+    "categorify": duckdb_categorify, "hash": duckdb_hash, "history": duckdb_history, "sessions": duckdb_sessions,
+}  # fmt: skip
 
 
 def main(argv: list[str]) -> int:

@@ -36,7 +36,8 @@ def test_fit_line_needs_two_distinct_sizes(rows: list[int], values: list[float])
 def test_run_process_accounts_for_that_process_alone(tmp_path: Path) -> None:
     """A child that touches 200 MB and burns CPU: its peak RSS is its own (not the bench's, whose pages a forked
     child would otherwise count), its CPU seconds are its own."""
-    burn = "import time\nb = bytearray(200 * 2**20)\nb[::4096] = b'x' * len(b[::4096])\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass"
+    burn = "import time\nb = bytearray(200 * 2**20)\nb[::4096] = b'x' * len(b[::4096])\n"
+    burn += "t = time.process_time()\nwhile time.process_time() - t < 0.3: pass"
     ballast = bytearray(400 * 2**20)  # this process: well over the child's peak
     ballast[::4096] = b"y" * len(ballast[::4096])
     run = processes.run_process([sys.executable, "-c", burn], tmp_path / "out")

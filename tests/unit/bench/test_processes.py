@@ -75,3 +75,13 @@ def test_median_figures_and_utilisation() -> None:
     runs = [processes.ProcessRun(2.0, 1.5, 0.5, 100.0), processes.ProcessRun(4.0, 3.0, 1.0, 300.0), processes.ProcessRun(3.0, 2.0, 1.0, 200.0)]
     f = processes._median_figures("etl", 1000, runs, 2, True)
     assert (f.wall, f.cpu, f.peak_rss_mb) == (3.0, 3.0, 200.0) and f.cpu_utilisation == pytest.approx(0.5)
+
+
+def test_without_duckdb_its_rows_are_skipped_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One size: figures of the processes that ran, no lines (a line needs two sizes), DuckDB skipped and why."""
+    monkeypatch.setattr(processes.duckdb_baselines, "HAS_DUCKDB", False)
+    report = processes.run_process_bench([REPO / "pipelines/criteo_hash.yaml"], [2_000], repeat=1)
+    (rep,) = report.pipelines
+    assert [f.tool for f in rep.figures] == ["etl", "polars"] and rep.lines == {}
+    assert rep.skipped == {"duckdb": "duckdb is not importable (pip install 'etl[bench]')"}
+    assert [f.output_equal for f in rep.figures] == [True, None] and all(len(f.runs) == 1 for f in rep.figures)

@@ -907,7 +907,7 @@ class KeyCounter:
     doublings it was to spare); the counts are the same."""
 
     def __init__(self, rows: int | None = None) -> None:
-        self.table = np.zeros(1024, np.uint64)
+        self.table: np.ndarray = np.zeros(1024, np.uint64)  # narrow: (capacity,); wide: (capacity, 2)
         self.size = 0
         self._rows = rows  # the keys to count in all, until the first batch is counted
         self._given = 0  # the keys given so far (missing ones included): a bound on every count

@@ -13,9 +13,10 @@ arrays as they are; ``get`` and ``pop`` give back the batch that was put (the sa
 For a Criteo row group that is about 155 bytes a row instead of 364: fewer fresh pages to fault in while fitting,
 and a budget that holds twice the rows.
 
-Entries stay in memory while the bytes they hold stay within a budget (``--memory-budget``, default
-``DEFAULT_BUDGET_FRACTION`` of the machine's memory, or of the container's limit when lower); an entry that would
-exceed it is written to a spill directory instead, as an Arrow IPC file, and memory-mapped when it is read back.
+Entries stay in memory while the bytes they hold stay within a budget (``--memory-budget``; by default
+``default_stash_budget()``, 64 MiB: what the stash holds in memory is held until the fit ends, where a run's memory
+peaks, while spilling a packed entry and mapping it back costs little time); an entry that would exceed it is
+written to a spill directory instead, as an Arrow IPC file, and memory-mapped when it is read back.
 The spill directory is made on the first spill, under a temporary name (``etl.io.files.temporary_path``) inside the directory the stash is given,
 so that a run killed before ``close`` leaves a name the next run removes (``etl.io.files.remove_temporaries``);
 ``close`` removes it with all it holds, and refuses later entries.
@@ -63,6 +64,17 @@ def parse_budget(text: str | int) -> int:
     if m is None:
         raise ConfigError(f"--memory-budget {text!r}: expected a number of bytes, e.g. 512M or 2G")
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+#: The stash's default budget (``default_stash_budget``).
+DEFAULT_STASH_BUDGET = 64 << 20
+
+
+def default_stash_budget() -> int:
+    """The budget of a stash when none is given: ``DEFAULT_STASH_BUDGET``, or ``default_budget()`` when lower.
+    Every entry held in memory is held until the fit ends, where a single pass's memory peaks; one spilled (packed)
+    costs a write and a read of the page cache, little time beside the read and decoding of its row group."""
+    return min(DEFAULT_STASH_BUDGET, default_budget())
 
 
 def default_budget() -> int:

@@ -13,7 +13,19 @@ from etl.batch import Batch, Column, InlineStrings, Strings
 from etl.errors import ConfigError
 from etl.io.files import is_temporary
 from etl.pipeline import stash as stash_module
-from etl.pipeline.stash import DEFAULT_BUDGET_FRACTION, RawRows, Stash, StashClosed, _parts, default_budget, entry_bytes, pack, parse_budget
+from etl.pipeline.stash import (
+    DEFAULT_BUDGET_FRACTION,
+    DEFAULT_STASH_BUDGET,
+    RawRows,
+    Stash,
+    StashClosed,
+    _parts,
+    default_budget,
+    default_stash_budget,
+    entry_bytes,
+    pack,
+    parse_budget,
+)
 
 
 def batch(n: int = 5) -> Batch:
@@ -196,3 +208,13 @@ def test_the_default_budget_is_a_quarter_of_the_memory_or_of_a_lower_container_l
     total = stash_module._meminfo_total()
     assert total is not None and total > 1 << 28
     assert default_budget() == (expected if expected is not None else int(total * DEFAULT_BUDGET_FRACTION))
+
+
+@pytest.mark.parametrize(("limit", "expected"), [("134217728\n", 32 << 20), ("max\n", DEFAULT_STASH_BUDGET)])
+def test_the_default_stash_budget_is_64_mib_or_the_default_budget_when_lower(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, limit: str, expected: int
+) -> None:
+    (tmp_path / "memory.max").write_text(limit)
+    monkeypatch.setattr(stash_module, "_CGROUP_LIMITS", (str(tmp_path / "memory.max"),))
+    assert DEFAULT_STASH_BUDGET == 64 << 20
+    assert default_stash_budget() == expected

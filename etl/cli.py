@@ -356,8 +356,8 @@ def preprocess(
     partitions: int | None = typer.Option(None, min=1, max=2**31, help=PARTITIONS),
     memory_budget: str | None = typer.Option(
         None,
-        help="Bytes the single pass may hold in memory between fit and transform, e.g. 512M or 2G (default: a quarter of the "
-        "machine's memory); beyond it, row groups wait in a temporary directory inside --out.",
+        help="Bytes the single pass may hold in memory between fit and transform, e.g. 512M or 2G (default: 64M; keyed steps: a "
+        "quarter of the machine's memory); beyond it, row groups wait in a temporary directory inside --out.",
     ),
     follow: bool = typer.Option(
         False,

@@ -809,24 +809,119 @@ def _at_least(tab, threshold, size):
     return keys[:m], counts[:m]
 
 
-class KeyCounter:
-    """Counts occurrences of uint64 keys in memory proportional to the number of distinct keys (16-byte slots, load
-    factor at most 1/2, at least 1/4 as it grows), whatever the number of rows.
+# A narrow count table is one uint64 array of ``key << 32 | count`` words (8 bytes a slot), for keys below 2**32
+# (decoded 8-hex-digit keys, small ints) and counts below 2**32; 0 is an empty slot (a counted key has count >= 1).
 
-    The table doubles when it is half full. Given ``rows``, the number of keys it will be given in all (missing
-    ones included), it is sized once the first batch is counted for the distinct keys those rows are expected to
-    hold (``projected_distinct``), so that it does not double again and again while it fills: each doubling
-    writes a new table, twice the size of the last, in fresh memory. A wrong guess only costs memory (a table
-    larger than needed, at most ``PROJECTION_LIMIT`` times the first batch's distinct keys) or time (the doublings
-    it was to spare); the counts are the same."""
+_LOW = np.uint64(0xFFFFFFFF)
+_HIGH = np.uint64(0xFFFFFFFF00000000)
+_S32 = np.uint64(32)
+
+
+@_jit
+def _count_narrow(tab, keys, valid, start, size):
+    """``_count`` into a narrow table; returns (position reached, number of keys in the table, whether it stopped
+    at a key of 2**32 or more, which the narrow table cannot hold)."""
+    mask = np.uint64(len(tab) - 1)
+    limit = len(tab) // 2
+    n = len(keys)
+    far = len(tab) > 2 * _NEAR
+    for i in range(start, n):
+        if size >= limit:
+            return i, size, False
+        if far and i + _PREFETCH < n:
+            prefetch(tab, _slot(np.uint64(keys[i + _PREFETCH]), mask))
+        if valid is not None and not valid[i]:
+            continue
+        k = np.uint64(keys[i])
+        if k > _LOW:
+            return i, size, True
+        tag = k << _S32
+        j = _slot(k, mask)
+        while True:
+            e = tab[j]
+            if e == 0:
+                tab[j] = tag | np.uint64(1)
+                size += 1
+                break
+            if (e & _HIGH) == tag:
+                tab[j] = e + np.uint64(1)
+                break
+            j = (j + 1) & np.int64(mask)
+    return n, size, False
+
+
+@_jit
+def _rehash_narrow(old, new):
+    """``_rehash`` of narrow tables."""
+    mask = np.uint64(len(new) - 1)
+    for i in range(len(old)):
+        e = old[i]
+        if e != 0:
+            j = _slot(e >> _S32, mask)
+            while new[j] != 0:
+                j = (j + 1) & np.int64(mask)
+            new[j] = e
+
+
+@_jit
+def _widen(old, new):
+    """Insert every used slot of the narrow table ``old`` into the empty (wide) table ``new``."""
+    mask = np.uint64(len(new) - 1)
+    for i in range(len(old)):
+        e = old[i]
+        if e != 0:
+            k = e >> _S32
+            j = _slot(k, mask)
+            while new[j, 1] != 0:
+                j = (j + 1) & np.int64(mask)
+            new[j, 0] = k
+            new[j, 1] = e & _LOW
+
+
+@_jit
+def _at_least_narrow(tab, threshold, size):
+    keys = np.empty(size, np.uint64)
+    counts = np.empty(size, np.int64)
+    m = 0
+    for i in range(len(tab)):
+        e = tab[i]
+        if e != 0 and (e & _LOW) >= threshold:
+            keys[m] = e >> _S32
+            counts[m] = np.int64(e & _LOW)
+            m += 1
+    return keys[:m], counts[:m]
+
+
+class KeyCounter:
+    """Counts occurrences of uint64 keys in memory proportional to the number of distinct keys (load factor at most
+    1/2, at least 1/4 as it grows), whatever the number of rows.
+
+    The table is *narrow* (8 bytes a slot: key and count in one word) while every key counted is below 2**32 and
+    fewer than 2**32 keys were given; the first key or batch beyond that makes it *wide* (16 bytes a slot: a uint64
+    key and a uint64 count). Decoded 8-hex-digit keys (Criteo's) stay narrow: half the memory, half the pages to
+    fault in. The table doubles when it is half full. Given ``rows``, the number of keys it will be given in all
+    (missing ones included), it is sized once the first batch is counted for the distinct keys those rows are
+    expected to hold (``projected_distinct``), so that it does not double again and again while it fills: each
+    doubling writes a new table, twice the size of the last, in fresh memory. A wrong guess only costs memory (a
+    table larger than needed, at most ``PROJECTION_LIMIT`` times the first batch's distinct keys) or time (the
+    doublings it was to spare); the counts are the same."""
 
     def __init__(self, rows: int | None = None) -> None:
-        self.table = np.zeros((1024, 2), np.uint64)
+        self.table: np.ndarray = np.zeros(1024, np.uint64)  # narrow: (capacity,); wide: (capacity, 2)
         self.size = 0
         self._rows = rows  # the keys to count in all, until the first batch is counted
+        self._given = 0  # the keys given so far (missing ones included): a bound on every count
+
+    @property
+    def wide(self) -> bool:
+        """Whether the table holds 16-byte slots (a key of 2**32 or more was counted, or 2**32 keys were given)."""
+        return self.table.ndim == 2
 
     def add(self, keys: np.ndarray, valid: np.ndarray | None) -> None:
         """Count each present key once."""
+        self._given += len(keys)
+        if self._given > _NARROW_COUNTS and not self.wide:
+            self._widen()
         rows, self._rows = self._rows, None
         if rows is None or len(keys) < 2 or rows <= len(keys):
             self._add_keys(keys, valid)
@@ -840,7 +935,13 @@ class KeyCounter:
     def _add_keys(self, keys: np.ndarray, valid: np.ndarray | None) -> None:
         i = 0
         while i < len(keys):
-            i, self.size = _count(self.table, keys, valid, i, self.size)
+            if self.wide:
+                i, self.size = _count(self.table, keys, valid, i, self.size)
+            else:
+                i, self.size, beyond = _count_narrow(self.table, keys, valid, i, self.size)
+                if beyond:
+                    self._widen()
+                    continue
             if i < len(keys):
                 self._grow(self.size + 1)
 
@@ -850,17 +951,27 @@ class KeyCounter:
         while cap < 2 * need:
             cap *= 2
         if cap != len(self.table):
-            new = np.zeros((cap, 2), np.uint64)
-            _rehash(self.table, new)
+            new = np.zeros((cap, 2) if self.wide else cap, np.uint64)
+            (_rehash if self.wide else _rehash_narrow)(self.table, new)
             self.table = new
+
+    def _widen(self) -> None:
+        """Make the table wide (as many slots, 16 bytes each)."""
+        new = np.zeros((len(self.table), 2), np.uint64)
+        _widen(self.table, new)
+        self.table = new
 
     def at_least(self, threshold: int) -> tuple[np.ndarray, np.ndarray]:
         """(keys, counts) of the keys counted at least ``threshold`` times, ascending by key (so that a stable
         sort by count, as a vocabulary needs, has half the work left)."""
-        keys, counts = _at_least(self.table, np.uint64(max(threshold, 1)), self.size)
+        at_least = _at_least if self.wide else _at_least_narrow
+        keys, counts = at_least(self.table, np.uint64(max(threshold, 1)), self.size)
         order = np.argsort(keys)
         return keys[order], counts[order]
 
+
+#: The most keys a narrow table is given (a bound on its counts, which it holds in 32 bits).
+_NARROW_COUNTS = (1 << 32) - 1
 
 #: ``projected_distinct`` expects at most this many times the distinct keys of the first batch.
 PROJECTION_LIMIT = 16

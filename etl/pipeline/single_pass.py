@@ -6,6 +6,9 @@ feed the stage (``fit_plan``: Decode...), and puts the result in a ``Stash`` (``
 - the prepared batch (those ops applied, every other column as read), when no row was rejected and running those
   ops first is the same as running every op in pipeline order (``runs_first``: no earlier op reads or writes what
   they write, nor writes what they read);
+  When the shard is a local file, only the columns some fitting stage reads are read and stashed; the
+  transform reads the others (``Plan.reread``: in Criteo's pipeline, the dense columns) from the shard again,
+  which costs less time than holding them costs memory;
 - otherwise the row group as read (``RawRows``): later stages and the transform then treat it exactly as a
   two-pass run treats the source. A pipeline with reshaping stages (``etl.pipeline.stages``) stashes every row
   group this way: the fit and the transform each run the stages on it, as a two-pass run does, and the transform
@@ -27,12 +30,13 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 
 from etl.batch import Batch
-from etl.io.fs import Location
+from etl.errors import InputError
+from etl.io.fs import Location, Url, fingerprint
 from etl.io.parquet import Shard, open_shard
 from etl.io.processed import StageRows
 from etl.ops import Op
@@ -47,10 +51,15 @@ from etl.runtime.progress import Progress
 @dataclass(frozen=True)
 class Plan:
     """What the transform of stashed row groups runs: the ops the first fitting stage ran before its statistics
-    (``first``; prepared batches hold their output), the others in pipeline order (``rest``)."""
+    (``first``; prepared batches hold their output), the others in pipeline order (``rest``). ``reread``: the
+    schema columns a prepared batch of a shard in ``versions`` lacks, which the transform reads from the shard
+    again; ``versions``: those shards (by path) with their ``fingerprint`` when the fit read them (a shard
+    changed since is refused rather than mixed with what the fit read)."""
 
     first: list[Op]
     rest: list[Op]
+    reread: tuple[str, ...] = ()
+    versions: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 def runs_first(ops: list[Op], first: list[Op]) -> bool:
@@ -89,6 +98,11 @@ def fit_stashing(
     first, columns = fit_plan(pipeline, stages[0])
     exact = runs_first(pipeline.ops, first)
     keys: list[Key] = []
+    # a prepared batch holds the columns some stage reads; the transform reads the others from the shard again
+    read = {c for stage in stages for c in fit_plan(pipeline, stage)[1]}
+    kept = [c for c in pipeline.schema.names if c in read]
+    reread = tuple(c for c in pipeline.schema.names if c not in read) if exact and not pipeline.stages else ()
+    versions: dict[str, tuple[int, int]] = {}
 
     def prepare_first(item: tuple[int, Location], emit: Callable[[Transformed], None], stop: threading.Event) -> None:
         index, path = item
@@ -96,14 +110,23 @@ def fit_stashing(
             emit_prepared(pipeline, path, columns, first, on_error, emit, stop)
             return
         shard = open_shard(path, pipeline.schema)
+        partial = bool(reread) and not isinstance(path, Url)  # a re-read from object storage costs requests
+        if partial:
+            with lock:
+                versions[str(path)] = fingerprint(path)
         for i in range(shard.num_row_groups):
             if stop.is_set():
                 return
-            raw = RawRows(shard.read_table(i), str(path), i, shard.row_group_starts[i])
-            batch, staged = _staged(pipeline, raw)
+            raw = RawRows(shard.read_table(i, kept if partial else None), str(path), i, shard.row_group_starts[i])
+            batch, staged = _staged(pipeline, raw, kept if partial else None)
             t = pipeline.run_ops(batch, first, on_error, labels=True, output=False)
             t.stages = staged
-            stash.put((index, i), raw if t.rejected or not exact or pipeline.stages else t.batch)
+            if t.rejected or not exact or pipeline.stages:
+                if partial:  # rows were rejected: the transform takes the row group whole, as read
+                    raw = RawRows(shard.read_table(i), raw.source, i, raw.first_row)
+                stash.put((index, i), raw)
+            else:
+                stash.put((index, i), t.batch)
             with lock:
                 keys.append((index, i))
             emit(t)
@@ -117,7 +140,7 @@ def fit_stashing(
     for k, stage in enumerate(stages[1:], 1):
         report = None if progress is None else functools.partial(progress, stage_name(k, len(stages)))
         _fit_from_stash(pipeline, stage, first, stash, [*keys, *unstashed], workers, on_error, report, lock, rows)
-    return Plan(first, [op for op in pipeline.ops if op not in first])
+    return Plan(first, [op for op in pipeline.ops if op not in first], reread, versions)
 
 
 def _fit_from_stash(
@@ -162,11 +185,30 @@ def transform_stashed(
     rejected is transformed again from the source."""
     if isinstance(entry, RawRows):
         return entry.table.num_rows, _transform_raw(pipeline, entry, on_error, training), entry.table
+    entry = _completed(plan, entry, shard)
     t = pipeline.run_ops(entry, plan.rest, "quarantine", labels=False, output=True, training=training)
     if not t.rejected:
         return entry.num_rows, t, None
     raw = RawRows(shard.read_table(entry.row_group), entry.source, entry.row_group, shard.row_group_starts[entry.row_group])
     return raw.table.num_rows, _transform_raw(pipeline, raw, on_error, training), raw.table
+
+
+def _completed(plan: Plan, entry: Batch, shard: Shard) -> Batch:
+    """The prepared batch ``entry`` of ``shard`` with the columns the fit did not stash (``plan.reread``) read
+    from the shard again, in the columns' order of a batch prepared from the whole row group. ``InputError`` when
+    the shard changed since the fit read it."""
+    if entry.source not in plan.versions:
+        return entry
+    if fingerprint(shard.path) != plan.versions[entry.source]:
+        raise InputError(entry.source, "the file changed while it was preprocessed (after the fit read it); run again", row_group=entry.row_group)
+    more = shard.read(entry.row_group, list(plan.reread))
+    if more.num_rows != entry.num_rows:
+        raise InputError(entry.source, f"row group {entry.row_group} holds {more.num_rows} rows, the fit read {entry.num_rows}; "
+                         "was the file replaced while it was preprocessed?", row_group=entry.row_group)  # fmt: skip
+    names = shard.schema.names
+    columns = {c: entry.columns[c] if c in entry.columns else more.columns[c] for c in names}
+    columns.update((c, col) for c, col in entry.columns.items() if c not in columns)
+    return Batch(columns, entry.num_rows, entry.source, entry.row_group, entry.row_ids)
 
 
 def _staged(pipeline: Pipeline, raw: RawRows, columns: list[str] | None = None) -> tuple[Batch, tuple[StageRows, ...]]:

@@ -13,16 +13,19 @@ arrays as they are; ``get`` and ``pop`` give back the batch that was put (the sa
 For a Criteo row group that is about 155 bytes a row instead of 364: fewer fresh pages to fault in while fitting,
 and a budget that holds twice the rows.
 
-Entries stay in memory while the bytes they hold stay within a budget (``--memory-budget``, default
-``DEFAULT_BUDGET_FRACTION`` of the machine's memory, or of the container's limit when lower); an entry that would
-exceed it is written to a spill directory instead, as an Arrow IPC file, and memory-mapped when it is read back.
+Entries stay in memory while the bytes they hold stay within a budget (``--memory-budget``; by default
+``default_stash_budget()``, 64 MiB: what the stash holds in memory is held until the fit ends, where a run's memory
+peaks, while spilling a packed entry and mapping it back costs little time); an entry that would exceed it is
+written to a spill directory instead, as an Arrow IPC file, and memory-mapped when it is read back.
 The spill directory is made on the first spill, under a temporary name (``etl.io.files.temporary_path``) inside the directory the stash is given,
 so that a run killed before ``close`` leaves a name the next run removes (``etl.io.files.remove_temporaries``);
 ``close`` removes it with all it holds, and refuses later entries.
 
-A prepared batch is spilled as a one-row table with one ``large_list`` column per array (``<column>:<part>``:
-``values``, ``valid``, ``offsets``, ``raw``; text as ``data``/``starts``/``ends`` or ``views``), read back as
-arrays that view the mapped file; the batch's source, row group and row numbers come back with it.
+A prepared batch is spilled packed, as it is held in memory: a one-row table with one ``large_list`` column per
+array (``<column>:<part>``: ``values``, ``valid``, ``offsets``, ``raw``; text as ``data``/``starts``/``ends`` or
+``views``), the dtype, length and form of each narrowed or bitmap array in the file's metadata; it is read back
+unpacked (arrays held as they were view the mapped file); the batch's source, row group and row numbers come back
+with it.
 """
 
 from __future__ import annotations
@@ -61,6 +64,17 @@ def parse_budget(text: str | int) -> int:
     if m is None:
         raise ConfigError(f"--memory-budget {text!r}: expected a number of bytes, e.g. 512M or 2G")
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+#: The stash's default budget (``default_stash_budget``).
+DEFAULT_STASH_BUDGET = 64 << 20
+
+
+def default_stash_budget() -> int:
+    """The budget of a stash when none is given: ``DEFAULT_STASH_BUDGET``, or ``default_budget()`` when lower.
+    Every entry held in memory is held until the fit ends, where a single pass's memory peaks; one spilled (packed)
+    costs a write and a read of the page cache, little time beside the read and decoding of its row group."""
+    return min(DEFAULT_STASH_BUDGET, default_budget())
 
 
 def default_budget() -> int:
@@ -162,7 +176,7 @@ class Stash:
                 self._dir = temporary_path(self.directory / "stash")
                 self._dir.mkdir()
             path = self._dir / f"{key[0]}-{key[1]}.arrow"
-        written = _write(path, entry)  # outside the lock: threads spill at once
+        written = _write(path, held)  # outside the lock: threads spill at once
         with self._lock:
             if self._closed:  # closed while it was written: the directory is gone or going
                 path.unlink(missing_ok=True)
@@ -319,19 +333,34 @@ def _parts(col: Column) -> list[tuple[str, np.ndarray]]:
     return out
 
 
-def _write(path: Path, entry: Entry) -> int:
-    """Write ``entry`` to a new Arrow IPC file at ``path``; returns its size in bytes."""
+def _write(path: Path, entry: RawRows | Packed) -> int:
+    """Write ``entry`` (a prepared batch as held, packed) to a new Arrow IPC file at ``path``; returns its size in
+    bytes."""
     if isinstance(entry, RawRows):
         where = {"source": entry.source, "row_group": entry.row_group, "first_row": entry.first_row}
         table = entry.table.replace_schema_metadata({"kind": "raw", "where": json.dumps(where)})
     else:
-        arrays, names = [from_numpy(entry.row_ids)], ["row_ids"]
+        arrays: list[np.ndarray] = []
+        names: list[str] = []
+        held: dict[str, tuple[str, int, bool]] = {}  # the arrays held narrowed or as bitmaps: (dtype, count, bitmap)
+
+        def add(name: str, h: _Held) -> None:
+            arrays.append(h.data.view(np.uint8) if h.data.dtype == np.bool_ else h.data)
+            names.append(name)
+            held[name] = (h.dtype.str, h.count, h.bitmap)
+
+        add("row_ids", entry.row_ids)
         for c, col in entry.columns.items():
-            for part, a in _parts(col):
-                arrays.append(from_numpy(a))
-                names.append(f"{c}:{part}")
-        lists = [pa.LargeListArray.from_arrays(from_numpy(np.array([0, len(a)], np.int64)), a) for a in arrays]
-        where = {"source": entry.source, "row_group": entry.row_group, "num_rows": entry.num_rows}
+            if isinstance(col, Column):
+                for part, a in _parts(col):
+                    arrays.append(a)
+                    names.append(f"{c}:{part}")
+            else:
+                add(f"{c}:values", col[0])
+                if col[1] is not None:
+                    add(f"{c}:valid", col[1])
+        lists = [pa.LargeListArray.from_arrays(from_numpy(np.array([0, len(a)], np.int64)), from_numpy(a)) for a in arrays]
+        where = {"source": entry.source, "row_group": entry.row_group, "num_rows": entry.num_rows, "held": held}
         table = pa.Table.from_arrays(lists, names=names).replace_schema_metadata({"kind": "batch", "where": json.dumps(where)})
     with ipc.new_file(str(path), table.schema) as w:
         w.write_table(table)
@@ -339,20 +368,29 @@ def _write(path: Path, entry: Entry) -> int:
 
 
 def _read(path: Path) -> Entry:
-    """An entry written by ``_write``, its arrays viewing the memory-mapped file."""
+    """An entry written by ``_write``: raw rows viewing the memory-mapped file, a prepared batch unpacked (its
+    arrays held as they are view the file)."""
     table = ipc.open_file(pa.memory_map(str(path))).read_all()
     meta = table.schema.metadata or {}
     where: dict[str, Any] = json.loads(meta[b"where"])
     if meta[b"kind"] == b"raw":
         return RawRows(table.replace_schema_metadata(None), where["source"], where["row_group"], where["first_row"])
-    arrays = {name: _array(table.column(name)) for name in table.column_names}
-    row_ids = arrays.pop("row_ids")
+    held = {}
+    for name, (dtype, count, bitmap) in where["held"].items():
+        data = _array(table.column(name))
+        held[name] = _Held(data.view(np.bool_) if np.dtype(dtype) == np.bool_ and not bitmap else data, np.dtype(dtype), count, bitmap)
     parts: dict[str, dict[str, np.ndarray]] = {}
-    for name, a in arrays.items():
-        c, part = name.split(":", 1)
-        parts.setdefault(c, {})[part] = a
-    columns = {c: _column(p) for c, p in parts.items()}
-    return Batch(columns, where["num_rows"], where["source"], where["row_group"], row_ids)
+    for name in table.column_names:
+        if name not in held:
+            c, part = name.split(":", 1)
+            parts.setdefault(c, {})[part] = _array(table.column(name))
+    columns: dict[str, tuple[_Held, _Held | None] | Column] = {}
+    for name in table.column_names:
+        c = name.split(":", 1)[0]
+        if c in columns or name == "row_ids":
+            continue
+        columns[c] = (held[f"{c}:values"], held.get(f"{c}:valid")) if f"{c}:values" in held else _column(parts[c])
+    return Packed(columns, held["row_ids"], where["num_rows"], where["source"], where["row_group"]).batch()
 
 
 def _array(col: pa.ChunkedArray) -> np.ndarray:

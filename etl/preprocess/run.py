@@ -41,7 +41,7 @@ from etl.ops.stream import describe_specs, stream_specs
 from etl.pipeline import ON_ERROR, OnError, Pipeline, Transformed, check_match
 from etl.pipeline.single_pass import Plan, fit_stashing, transform_stashed
 from etl.pipeline.split_rows import SplitStage
-from etl.pipeline.stash import Stash, default_budget, parse_budget
+from etl.pipeline.stash import Stash, default_budget, default_stash_budget, parse_budget
 from etl.preprocess.output import check_apart, is_complete, previous_run, remove_stale, save_artifacts
 from etl.preprocess.shard import Formats, RowGroupTransform, WrittenShard, commit_shard, discard_shard, fixed_columns, process_shard
 from etl.runtime.cluster_tasks import run_tasks
@@ -133,7 +133,8 @@ def preprocess(
 
     In threads, a fit reads each shard once: what the transform needs is stashed while fitting
     (``etl.pipeline.single_pass``), in memory up to ``memory_budget`` bytes (an int, or text such as ``"512M"``,
-    ``"2G"``; default ``etl.pipeline.stash.default_budget()``, a quarter of the memory), beyond it in a
+    ``"2G"``; default ``etl.pipeline.stash.default_stash_budget()``, 64 MiB; the keyed steps' default is
+    ``default_budget()``, a quarter of the memory), beyond it in a
     temporary directory inside ``out_dir`` (the system's temporary directory when ``out_dir`` is in object
     storage), removed when the run ends, however it ends. A fit on a Dask cluster reads the shards twice (fit,
     then transform); with artifacts, or a pipeline with nothing to fit, there is one pass anyway.
@@ -174,7 +175,8 @@ def preprocess(
     if streamed:
         raise ConfigError(f"{describe_specs(streamed)}: such values are given by etl.Loader as it "
                           "streams rows, not by etl preprocess")  # fmt: skip
-    run = RunSettings(shards, out_dir, workers, on_error, compression, progress, client, partitions, training)
+    stash_budget = default_stash_budget() if memory_budget is None else None
+    run = RunSettings(shards, out_dir, workers, on_error, compression, progress, client, partitions, training, stash_budget=stash_budget)
     if split is not None or pipeline.split_spec is not None:
         from etl.preprocess.split import preprocess_split  # it imports this module
 
@@ -221,6 +223,8 @@ class RunSettings:
     partitions: int | None
     training: bool | None = None
     split_stage: SplitStage | None = None
+    #: the budget of the single pass's stash when it is not the memory budget (None: it is)
+    stash_budget: int | None = None
 
     @property
     def outputs(self) -> list[Location]:
@@ -250,6 +254,8 @@ def _preprocess(run: RunSettings, pipeline: Pipeline, artifacts: Location | None
             e = previous.get(out.name)
             if e is not None and is_complete(e, src, out, on_error, parquet, npy):
                 complete.add(i)
+    if run.stash_budget is not None:
+        memory_budget = run.stash_budget
     with Stash(memory_budget, out_dir if isinstance(out_dir, Path) else Path(tempfile.gettempdir())) as stash, \
             ThreadPoolExecutor(1, thread_name_prefix="etl-save") as saver:  # fmt: skip
         pipeline, plan, fit_seconds = _fitted(run, pipeline, artifacts, stash, complete)

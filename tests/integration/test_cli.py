@@ -67,9 +67,9 @@ def test_the_summary_prints_only_what_ran(raw: Path, tmp_path: Path) -> None:
 
 
 def test_a_small_memory_budget_writes_the_bytes_of_a_run_that_held_everything_in_memory(raw: Path, tmp_path: Path) -> None:
-    small = run_etl("preprocess", "--pipeline", CRITEO, "--input", raw, "--out", tmp_path / "small", "--memory-budget", "1M")
+    small = run_etl("preprocess", "--pipeline", CRITEO, "--input", raw, "--out", tmp_path / "small", "--memory-budget", "512K")
     stash = [line for line in small.stdout.splitlines() if line.startswith("stash:")]
-    assert len(stash) == 1 and "(budget 1.0 MiB)" in stash[0] and not stash[0].endswith(" 0.0 MiB on disk"), small.stdout
+    assert len(stash) == 1 and "(budget 0.5 MiB)" in stash[0] and not stash[0].endswith(" 0.0 MiB on disk"), small.stdout
     big = run_etl("preprocess", "--pipeline", CRITEO, "--input", raw, "--out", tmp_path / "big")
     assert "0.0 MiB on disk" in big.stdout
     assert tree_bytes(tmp_path / "small") == tree_bytes(tmp_path / "big")

@@ -395,6 +395,53 @@ def test_key_counter_given_its_rows_is_sized_after_its_first_batch_and_counts_th
         assert np.array_equal(got, want)
 
 
+def test_key_counter_holds_32_bit_keys_in_8_byte_slots_and_counts_exactly():
+    """Keys below 2**32 (decoded 8-hex-digit keys) stay in the narrow table through growth, sized by a hint."""
+    rng = np.random.default_rng(8)
+    pool = rng.integers(0, 2**32, 40_000, dtype=np.uint64)
+    pool[:3] = [0, 1, 2**32 - 1]
+    kc = cpu.KeyCounter(rows=8 * 10_000)
+    seen = []
+    for b in range(8):
+        batch = pool[rng.zipf(1.3, 10_000) % len(pool)] if b % 2 else pool[rng.integers(0, len(pool), 10_000)]
+        valid = rng.random(len(batch)) > 0.2 if b % 3 else None
+        kc.add(batch, valid)
+        seen.append(batch if valid is None else batch[valid])
+    assert not kc.wide and kc.table.nbytes == 8 * len(kc.table) and len(kc.table) >= 2 * kc.size
+    ref_keys, ref_counts = np.unique(np.concatenate(seen), return_counts=True)
+    keys, counts = kc.at_least(1)
+    assert keys.dtype == np.uint64 and counts.dtype == np.int64
+    assert np.array_equal(keys, ref_keys) and np.array_equal(counts, ref_counts)
+    keys, counts = kc.at_least(3)
+    assert np.array_equal(keys, ref_keys[ref_counts >= 3]) and np.array_equal(counts, ref_counts[ref_counts >= 3])
+
+
+def test_key_counter_widens_at_the_first_key_of_2_pow_32_mid_batch():
+    kc = cpu.KeyCounter()
+    small = np.arange(3000, dtype=np.uint64)
+    kc.add(small, None)
+    assert not kc.wide
+    batch = np.array([5, 2**32, 5, 2**64 - 1, 7, 2**32], np.uint64)
+    kc.add(batch, np.array([True, True, True, True, False, True]))
+    assert kc.wide and kc.table.shape[1] == 2
+    ref = {int(k): 1 for k in small}
+    ref[5] += 2
+    ref.update({2**32: 2, 2**64 - 1: 1})
+    keys, counts = sorted_counts(kc)
+    assert keys.tolist() == sorted(ref) and counts.tolist() == [ref[k] for k in sorted(ref)]
+
+
+def test_key_counter_widens_before_its_counts_could_pass_32_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cpu, "_NARROW_COUNTS", 10)
+    kc = cpu.KeyCounter()
+    kc.add(np.full(6, 4, np.uint64), None)
+    assert not kc.wide
+    kc.add(np.full(6, 4, np.uint64), np.array([True] * 5 + [False]))  # 12 keys given: beyond the bound
+    assert kc.wide
+    keys, counts = kc.at_least(1)
+    assert keys.tolist() == [4] and counts.tolist() == [11]
+
+
 def test_key_counter_rows_hint_no_larger_than_the_first_batch_sizes_nothing():
     keys = np.arange(5000, dtype=np.uint64)
     kc, plain = cpu.KeyCounter(rows=5000), cpu.KeyCounter()

@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from etl.batch import Batch
+from etl.errors import InputError
 from etl.io.parquet import open_shard
 from etl.pipeline import Pipeline
 from etl.pipeline.plan import fit_plan, fit_stages
@@ -100,3 +101,51 @@ def test_only_the_shards_asked_for_are_stashed(criteo, tmp_path: Path) -> None:
     with Stash(1 << 30, tmp_path) as stash:
         fit_stashing(Pipeline.from_file(PIPELINES / "criteo.yaml"), paths, stash, {1}, workers=2)
         assert (1, 0) in stash and all((k, 0) not in stash for k in (0, 2, 3))
+
+
+def test_a_prepared_batch_holds_the_columns_the_fit_reads_and_the_transform_reads_the_others_again(criteo, tmp_path: Path) -> None:
+    """Criteo: the fit reads the label and the categorical columns; the dense ones are read again by the
+    transform. Two stages of Normalize then hashed keys: both stages read the dense columns, none the keys."""
+    paths = criteo[0]
+    p = Pipeline.from_file(PIPELINES / "criteo.yaml")
+    dense = tuple(p.schema.by_role("dense"))
+    with Stash(1 << 30, tmp_path) as stash:
+        plan = fit_stashing(p, paths, stash, set(range(len(paths))), workers=2)
+        assert plan.reread == dense and set(plan.versions) == {str(q) for q in paths}
+        entry = stash.get((0, 0))
+        assert isinstance(entry, Batch) and list(entry.columns) == [c for c in p.schema.names if c not in dense]
+    ops = [DLRM[0], {"op": "Normalize", "columns": "@dense"}, {"op": "Normalize", "columns": "@dense"}, *DLRM[3:]]
+    two = Pipeline.from_file(write_pipeline(tmp_path, ops))
+    with Stash(1 << 30, tmp_path) as stash:
+        plan = fit_stashing(two, paths, stash, set(range(len(paths))), workers=2)
+        assert plan.reread == tuple(two.schema.by_role("categorical"))
+        entry = stash.get((0, 0))
+        assert isinstance(entry, Batch) and list(entry.columns) == ["label", *dense]
+
+
+def test_a_shard_changed_after_the_fit_read_it_is_refused_by_the_transform(criteo, tmp_path: Path) -> None:
+    path = tmp_path / "shard.parquet"
+    table = pq.read_table(criteo[0][0])
+    pq.write_table(table, path, row_group_size=table.num_rows)
+    p = Pipeline.from_file(PIPELINES / "criteo.yaml")
+    with Stash(1 << 30, tmp_path) as stash:
+        plan = fit_stashing(p, [path], stash, {0})
+        pq.write_table(table.slice(1), path, row_group_size=table.num_rows)  # another file, one row shorter
+        with pytest.raises(InputError, match="changed while it was preprocessed"):
+            transform_stashed(p, plan, stash.pop((0, 0)), open_shard(path, p.schema), "raise")
+
+
+def test_a_row_group_with_rows_rejected_by_the_fit_is_stashed_whole(criteo, tmp_path: Path) -> None:
+    path = tmp_path / "shard.parquet"
+    table = pq.read_table(criteo[0][0])
+    labels = table.column("label").to_pylist()
+    labels[3] = None
+    table = table.set_column(table.column_names.index("label"), "label", pa.array(labels, pa.int64()))
+    pq.write_table(table, path, row_group_size=table.num_rows)
+    p = Pipeline.from_file(PIPELINES / "criteo.yaml")
+    with Stash(1 << 30, tmp_path) as stash:
+        plan = fit_stashing(p, [path], stash, {0}, on_error="quarantine")
+        entry = stash.pop((0, 0))
+        assert isinstance(entry, RawRows) and entry.table.column_names == p.schema.names
+        n, t, raw = transform_stashed(p, plan, entry, open_shard(path, p.schema), "quarantine")
+        assert n == table.num_rows and t.batch.num_rows == table.num_rows - 1 and raw is not None

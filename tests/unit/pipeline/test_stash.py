@@ -13,7 +13,19 @@ from etl.batch import Batch, Column, InlineStrings, Strings
 from etl.errors import ConfigError
 from etl.io.files import is_temporary
 from etl.pipeline import stash as stash_module
-from etl.pipeline.stash import DEFAULT_BUDGET_FRACTION, RawRows, Stash, StashClosed, default_budget, entry_bytes, pack, parse_budget
+from etl.pipeline.stash import (
+    DEFAULT_BUDGET_FRACTION,
+    DEFAULT_STASH_BUDGET,
+    RawRows,
+    Stash,
+    StashClosed,
+    _parts,
+    default_budget,
+    default_stash_budget,
+    entry_bytes,
+    pack,
+    parse_budget,
+)
 
 
 def batch(n: int = 5) -> Batch:
@@ -141,6 +153,20 @@ def test_a_packed_batch_holds_fewer_bytes_than_its_arrays(tmp_path: Path) -> Non
         assert_same(stash.pop((0, 0)), b)
 
 
+def test_a_spilled_batch_is_written_packed_and_read_back_equal(tmp_path: Path) -> None:
+    """Narrowed integers, validity bitmaps and bool values go to disk as they are held in memory."""
+    n = 4000
+    valid = np.arange(n) % 5 != 0
+    b = Batch({"n": Column(np.arange(n, dtype=np.int64) % 100, valid), "flag": Column(np.arange(n) % 3 == 0),
+               "key": Column(np.arange(n, dtype=np.uint64) * 1_000_000), **batch(n).columns}, n, "s.parquet", 1,
+              np.arange(n, dtype=np.int64))  # fmt: skip
+    unpacked = sum(a.nbytes for c in b.columns.values() for _, a in _parts(c)) + b.row_ids.nbytes
+    with Stash(0, tmp_path) as stash:
+        stash.put((0, 0), b)
+        assert 0 < stash.spilled_bytes < unpacked - 15 * n  # int64 -> int8, uint64 -> uint32, row ids -> int16, bitmaps
+        assert_same(stash.pop((0, 0)), b)
+
+
 def test_an_empty_batch_round_trips(tmp_path: Path) -> None:
     b = batch(0)
     with Stash(0, tmp_path) as stash:
@@ -182,3 +208,13 @@ def test_the_default_budget_is_a_quarter_of_the_memory_or_of_a_lower_container_l
     total = stash_module._meminfo_total()
     assert total is not None and total > 1 << 28
     assert default_budget() == (expected if expected is not None else int(total * DEFAULT_BUDGET_FRACTION))
+
+
+@pytest.mark.parametrize(("limit", "expected"), [("134217728\n", 32 << 20), ("max\n", DEFAULT_STASH_BUDGET)])
+def test_the_default_stash_budget_is_64_mib_or_the_default_budget_when_lower(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, limit: str, expected: int
+) -> None:
+    (tmp_path / "memory.max").write_text(limit)
+    monkeypatch.setattr(stash_module, "_CGROUP_LIMITS", (str(tmp_path / "memory.max"),))
+    assert DEFAULT_STASH_BUDGET == 64 << 20
+    assert default_stash_budget() == expected

@@ -18,6 +18,7 @@ from etl.io import parquet
 from etl.io.files import is_temporary, sha256_file, temporary_path
 from etl.io.processed import MANIFEST, read_manifest
 from etl.pipeline import Pipeline
+from etl.pipeline.stash import default_stash_budget
 from etl.preprocess import Summary, preprocess
 from etl.preprocess import run as preprocess_module
 from tests.conftest import REPO, criteo_table, tree_bytes
@@ -340,6 +341,7 @@ def test_single_pass_writes_the_bytes_of_two_passes(shards: list[Path], tmp_path
     assert tree_bytes(tmp_path / "one") == two_pass(pipeline, shards, tmp_path / "two")
     assert (s.stash_peak_bytes == 0) == (budget == 1 or ops == "criteo_hash")
     assert (s.stash_spilled_bytes > 0) == (budget == 1 and ops != "criteo_hash")
+    assert s.memory_budget == (default_stash_budget() if budget is None else budget)
 
 
 @pytest.mark.parametrize("budget", BUDGETS)
@@ -369,18 +371,19 @@ def test_single_pass_raises_the_row_error_of_the_transform(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("ops", ["criteo", "two stages"])
-def test_single_pass_reads_each_row_group_once(shards: list[Path], tmp_path: Path, ops: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    reads: list[tuple[str, int]] = []
+def test_single_pass_reads_each_column_of_each_row_group_once(shards: list[Path], tmp_path: Path, ops: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Criteo: the fit reads the label and the keys, the transform the dense columns (not stashed)."""
+    reads: list[tuple[str, int, str]] = []
     read_rows = parquet.read_rows
 
     def counted(path, columns, first_row, num_rows, row_group, metadata=None):
-        reads.append((str(path), row_group))
+        reads.extend((str(path), row_group, c) for c in columns)
         return read_rows(path, columns, first_row, num_rows, row_group, metadata)
 
     monkeypatch.setattr(parquet, "read_rows", counted)
-    pipeline = REPO / "pipelines/criteo.yaml" if ops == "criteo" else pipeline_file(tmp_path, TWO_STAGES)
-    preprocess(Pipeline.from_file(pipeline), shards, tmp_path / "out", workers=2, memory_budget=1)
-    groups = [(str(p), i) for p in shards for i in range(pq.ParquetFile(p).num_row_groups)]
+    pipeline = Pipeline.from_file(REPO / "pipelines/criteo.yaml" if ops == "criteo" else pipeline_file(tmp_path, TWO_STAGES))
+    preprocess(pipeline, shards, tmp_path / "out", workers=2, memory_budget=1)
+    groups = [(str(p), i, c) for p in shards for i in range(pq.ParquetFile(p).num_row_groups) for c in pipeline.schema.names]
     assert sorted(reads) == sorted(groups)
 
 

@@ -4,8 +4,8 @@
 The expression is parsed with Python's ``ast`` module and checked against a short list of node types; nothing of
 it is ever compiled or run as Python. What it may hold:
 
-- column names (number columns: label, dense, and those ops create), or ``col("a name")`` for a name that is no
-  Python identifier; numbers (``2``, ``0.5``, ``1e-3``);
+- column names (number columns: label, dense, and those ops create; the label only when ``out`` is the label), or
+  ``col("a name")`` for a name that is no Python identifier; numbers (``2``, ``0.5``, ``1e-3``);
 - ``+ - * /``, unary ``-``, parentheses; ``x ** n`` with ``n`` an integer from -16 to 16 (``x * x * ...``, the
   same bits on every backend; ``sqrt(x)`` for ``x ** 0.5``);
 - functions ``abs(x)``, ``sqrt(x)``, ``log1p(x)``, ``min(a, b)``, ``max(a, b)`` (NaN when either is NaN) and
@@ -34,6 +34,7 @@ import numpy as np
 from etl.backends import Array, Backend, cpu
 from etl.batch import Batch, Column
 from etl.ops.base import Op
+from etl.schema import ColumnSpec
 
 #: The tree evaluated: a number, a column (``("col", name)``) or a backend function applied to its arguments
 #: (``("add", a, b)``: ``xp.elementwise("add", a, b)``).
@@ -67,6 +68,16 @@ class Expr(Op):
     def implied_columns(cls, params: dict[str, Any]) -> Any:
         """The columns ``expr`` names, in the order it first names them."""
         return parse(params.get("expr"))[1]
+
+    def bind(self, specs: dict[str, ColumnSpec]) -> None:
+        """Also refuse an expression that reads the label into another column: that column would be a feature made
+        of the row's own target (a leak), and absent at serving time. The label itself may be rewritten
+        (``out: label``, e.g. ``where(label >= 4, 1, 0)``)."""
+        super().bind(specs)
+        labels = [c for c, spec in self.specs.items() if spec.role == "label"]
+        if labels and self.out not in labels:
+            raise ValueError(f"Expr reads the label '{labels[0]}' into '{self.out}': a feature made of the row's own target; "
+                             f"only the label itself may be rewritten from it (out: {labels[0]})")
 
     @property
     def outputs(self) -> list[str]:

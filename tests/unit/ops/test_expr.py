@@ -111,9 +111,17 @@ def test_a_row_divided_by_zero_is_an_invalid_row(tmp_path: Path) -> None:
         ({"out": "", "expr": "I1 + 1"}, "ops[5] (Expr)", "Expr.out must be the name of the output column"),
         ({"out": "r", "expr": "I1 +* 1"}, "ops[5] (Expr)", "is not an expression"),
         ({"out": "r"}, "ops[5] (Expr).expr", "missing (Expr takes columns, out, expr; see pipelines/README.md)"),
+        ({"out": "r", "expr": "I1 + label"}, "ops[5] (Expr)", "Expr reads the label 'label' into 'r': a feature made of the row's own target"),
     ],
 )  # fmt: skip
 def test_expr_entries_that_cannot_work_are_spec_errors(tmp_path: Path, entry: dict, field: str, problem: str) -> None:
     with pytest.raises(SpecError) as e:
         Pipeline.from_file(write_pipeline(tmp_path, [*DLRM, {"op": "Expr", **entry}]))
     assert e.value.field == field and problem in e.value.problem, str(e.value)
+
+
+def test_the_label_may_be_rewritten_in_place(tmp_path: Path) -> None:
+    """A rating made a 0/1 target: the label read into the label itself (no feature is made of it)."""
+    p = Pipeline.from_file(write_pipeline(tmp_path, [*DLRM, {"op": "Expr", "out": "label", "expr": "where(label >= 1, 1, 0)"}]))
+    raw = {"label": [1, 0], **{f"I{i}": [3, None] for i in range(1, 14)}, **{f"C{i}": ["0a0b0c0d", None] for i in range(1, 27)}}
+    assert p.transform_table(raw).column("label").to_pylist() == [1.0, 0.0]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from difflib import get_close_matches
+
 
 class EtlError(Exception):
     """Base class of errors caused by the user's input or configuration (the CLI exits 2 on them).
@@ -103,3 +105,11 @@ class ClusterError(EtlError):
     """Work on a Dask cluster cannot complete: the worker processes holding one of its tasks, or its inputs, died
     (killed, out of memory) more often than the cluster allows, or none was left to run it; or a local cluster
     failed to start. The message names the task's item (a shard, a piece of one), or the cluster."""
+
+
+def did_you_mean(name: str, known: list[str]) -> str:
+    """``"; did you mean 'X'?"`` for the name of ``known`` closest to ``name`` (difflib) when one is close, letter case
+    aside, else ``""``: the hint an error about an unknown name ends with."""
+    folded = {k.lower(): k for k in reversed(known)}  # the first of names that differ only in case
+    close = get_close_matches(name.lower(), list(folded), n=1, cutoff=0.6)
+    return f"; did you mean '{folded[close[0]]}'?" if close else ""

@@ -26,10 +26,10 @@ import inspect
 import re
 import sys
 import traceback
-from difflib import get_close_matches
 from pathlib import Path
 from typing import Any
 
+from etl.errors import did_you_mean
 from etl.ops.base import Op
 
 #: ``MODULE:CLASS``: a dotted module name, a colon, a class name
@@ -63,9 +63,7 @@ def find_op(name: str, directory: Path | None) -> type[Op]:
     where = f"module '{module_name}' ({getattr(module, '__file__', None) or 'built in'})"
     if cls is None:
         ops = sorted(k for k, v in vars(module).items() if inspect.isclass(v) and issubclass(v, Op) and v.__module__ == module.__name__)
-        close = get_close_matches(class_name, ops, n=1)
-        hint = f"; did you mean '{close[0]}'?" if close else ""
-        raise ValueError(f"{where} has no class '{class_name}'{hint} (its ops: {', '.join(ops) or 'none'})")
+        raise ValueError(f"{where} has no class '{class_name}'{did_you_mean(class_name, ops)} (its ops: {', '.join(ops) or 'none'})")
     if not inspect.isclass(cls) or not issubclass(cls, Op) or cls is Op:
         raise ValueError(f"{name}: {cls!r} of {where} is not a subclass of etl.Op")
     _check_class(cls, name)

@@ -58,7 +58,7 @@ import pyarrow as pa
 
 from etl.backends import cpu
 from etl.batch import Batch, Column, Strings
-from etl.errors import ArtifactError, ConfigError, InputError, RowError, SpecError
+from etl.errors import ArtifactError, ConfigError, InputError, RowError, SpecError, did_you_mean
 from etl.ids import id_dtype
 from etl.io.arrow import from_numpy, validity
 from etl.io.fs import Location
@@ -68,7 +68,7 @@ from etl.io.processed import StageRows
 from etl.io.text import raw_arrow_schema
 from etl.ops import InvalidRows, Op
 from etl.pipeline import artifacts
-from etl.pipeline.entries import PIPELINE_DOCS, check_parameters, did_you_mean, op_class
+from etl.pipeline.entries import PIPELINE_DOCS, check_parameters, op_class
 from etl.pipeline.fit import fit_shards
 from etl.pipeline.groupby import Groupby
 from etl.pipeline.split import Split, canonical, parse_split

@@ -9,10 +9,10 @@ it resembles and every parameter the op takes, read from the signature of its ``
 from __future__ import annotations
 
 import inspect
-from difflib import get_close_matches
 from pathlib import Path
 from typing import Any
 
+from etl.errors import did_you_mean
 from etl.ops import REGISTRY, Op
 from etl.ops.user import find_op, is_user_op
 
@@ -20,14 +20,6 @@ from etl.ops.user import find_op, is_user_op
 PIPELINE_DOCS = "pipelines/README.md"
 #: Where writing an op of one's own is documented.
 CUSTOM_OPS_DOCS = "docs/custom-ops.md"
-
-
-def did_you_mean(name: str, known: list[str]) -> str:
-    """``"; did you mean 'X'?"`` for the name of ``known`` closest to ``name`` when one is close (letter case
-    aside), else ``""``."""
-    folded = {k.lower(): k for k in reversed(known)}  # the first of names that differ only in case
-    close = get_close_matches(name.lower(), list(folded), n=1, cutoff=0.6)
-    return f"; did you mean '{folded[close[0]]}'?" if close else ""
 
 
 def op_class(name: Any, others: list[str], directory: Path | None) -> type[Op]:

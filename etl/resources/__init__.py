@@ -17,11 +17,10 @@ that path; a bare name (no ``/``, no ``.yaml``/``.yml`` ending) is a shipped fil
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 from typing import Literal
 
-from etl.errors import ConfigError
+from etl.errors import ConfigError, did_you_mean
 
 Kind = Literal["schemas", "pipelines"]
 
@@ -66,12 +65,6 @@ def shipped_name(kind: Kind, path: str | Path) -> str | None:
     """The name of the shipped file of ``kind`` that ``path`` is, or None when it is none of them."""
     where = Path(path).resolve()
     return next((name for name in names(kind) if resource_path(kind, name + ".yaml").resolve() == where), None)
-
-
-def did_you_mean(word: str, choices: list[str]) -> str:
-    """``"; did you mean 'x'?"`` for the choice closest to ``word`` (difflib), or nothing when none is close."""
-    close = difflib.get_close_matches(word, choices, n=1)
-    return f"; did you mean '{close[0]}'?" if close else ""
 
 
 def resolve(kind: Kind, value: str | Path) -> Path:

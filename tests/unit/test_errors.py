@@ -31,3 +31,11 @@ def test_errors_pickle_with_their_fields(error):
     assert type(back) is type(error)
     assert str(back) == str(error) and back.args == error.args
     assert vars(back) == vars(error)
+
+
+def test_did_you_mean_names_the_closest_known_name_letter_case_aside() -> None:
+    from etl.errors import did_you_mean
+
+    assert did_you_mean("categorify", ["Categorify", "Hash"]) == "; did you mean 'Categorify'?"
+    assert did_you_mean("freq_treshold", ["freq_threshold", "max_size"]) == "; did you mean 'freq_threshold'?"
+    assert did_you_mean("zzz", ["Categorify", "Hash"]) == ""

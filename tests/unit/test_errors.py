@@ -6,7 +6,19 @@ import pickle
 
 import pytest
 
-from etl.errors import ArtifactError, ClusterError, ConfigError, FitError, InputError, LoaderError, OutputError, RowError, SpecError, YamlError
+from etl.errors import (
+    ArtifactError,
+    ClusterError,
+    ConfigError,
+    FitError,
+    InputError,
+    LoaderError,
+    OutputError,
+    RowError,
+    SpecError,
+    YamlError,
+    did_you_mean,
+)
 
 
 @pytest.mark.parametrize(
@@ -34,8 +46,6 @@ def test_errors_pickle_with_their_fields(error):
 
 
 def test_did_you_mean_names_the_closest_known_name_letter_case_aside() -> None:
-    from etl.errors import did_you_mean
-
     assert did_you_mean("categorify", ["Categorify", "Hash"]) == "; did you mean 'Categorify'?"
     assert did_you_mean("freq_treshold", ["freq_threshold", "max_size"]) == "; did you mean 'freq_threshold'?"
     assert did_you_mean("zzz", ["Categorify", "Hash"]) == ""

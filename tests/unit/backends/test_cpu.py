@@ -278,11 +278,21 @@ def test_cross_keys_no_nulls_gives_none():
 
 @pytest.mark.parametrize("nkeys", [0, 1, 7, 5000])
 @pytest.mark.parametrize("oov_n", [1, 3])
-def test_lookup_table(nkeys, oov_n):
+@pytest.mark.parametrize("keys_kind", ["64-bit", "32-bit", "32-bit, large ids"])
+def test_lookup_table(nkeys, oov_n, keys_kind):
+    """Every present key gets its id, every absent one (keys of 2**32 and more among them) the hash bucket, in a
+    narrow table (32-bit keys and ids) as in a wide one."""
     rng = np.random.default_rng(nkeys + oov_n)
     table_keys = np.unique(rand_keys(nkeys, rng)) if nkeys else np.zeros(0, np.uint64)
+    if keys_kind != "64-bit":
+        table_keys = np.unique(table_keys & np.uint64(0xFFFFFFFF))
     ids = rng.permutation(len(table_keys)).astype(np.int64) + 2 + oov_n
+    if keys_kind == "32-bit, large ids" and nkeys:
+        ids[-1] = 2**32 - 1  # id + 1 no longer fits in 32 bits
     t = cpu.LookupTable(table_keys, ids)
+    assert t.narrow == (len(table_keys) == 0 or (int(table_keys.max()) < 2**32 and int(ids.max()) < 2**32 - 1))
+    assert t.narrow or keys_kind != "32-bit"
+    assert t.table.itemsize * (1 if t.narrow else 2) * len(table_keys) <= t.table.nbytes // (2 if t.narrow else 4)  # load <= 1/2, 1/4
     mapping = dict(zip(table_keys.tolist(), ids.tolist()))
     queries = np.concatenate([table_keys, rand_keys(500, rng), np.array(EDGE_KEYS, np.uint64)])
     valid = rng.random(len(queries)) > 0.1
@@ -334,6 +344,17 @@ def sorted_counts(kc: cpu.KeyCounter) -> tuple[np.ndarray, np.ndarray]:
     keys, counts = kc.at_least(1)
     order = np.argsort(keys)
     return keys[order], counts[order]
+
+
+def test_key_counter_fills_its_table_up_to_three_quarters_before_it_doubles():
+    kc = cpu.KeyCounter()
+    capacity = len(kc.table)
+    kc.add(np.arange(capacity * 3 // 4, dtype=np.uint64), None)
+    assert (len(kc.table), kc.size) == (capacity, capacity * 3 // 4)
+    kc.add(np.array([capacity], np.uint64), None)
+    assert len(kc.table) == 2 * capacity
+    keys, counts = sorted_counts(kc)
+    assert keys.tolist() == list(range(capacity * 3 // 4)) + [capacity] and set(counts.tolist()) == {1}
 
 
 def test_key_counter_at_least():

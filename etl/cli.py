@@ -730,7 +730,7 @@ def _bench_processes(pipeline: list[Path] | None, sizes: str, workers: int, repe
     """``etl bench --processes``: whole processes side by side (``etl.bench.processes``)."""
     from rich.table import Table
 
-    from etl.bench.processes import run_process_bench
+    from etl.bench.processes import duckdb_tools, run_process_bench
     from etl.resources import resolve, resource_path
 
     with user_errors(), err.status("process benchmark") as status:
@@ -762,10 +762,11 @@ def _bench_processes(pipeline: list[Path] | None, sizes: str, workers: int, repe
                               f"{ln['peak_rss_mb'].fixed:,.0f}", f"{ln['peak_rss_mb'].marginal:,.0f}")  # fmt: skip
             console.print(lines)
         for rows in report.sizes:
-            ours, duck = rep.figure("etl", rows), rep.figure("duckdb", rows)
-            if ours is not None and duck is not None:
-                console.print(f"{rows:,} rows, ours / DuckDB: wall {ours.wall / duck.wall:.2f}, CPU {ours.cpu / duck.cpu:.2f}, "
-                              f"peak RSS {ours.peak_rss_mb / duck.peak_rss_mb:.2f}")  # fmt: skip
+            for tool in duckdb_tools(rep):
+                ours, duck = rep.figure("etl", rows), rep.figure(tool, rows)
+                if ours is not None and duck is not None:
+                    console.print(f"{rows:,} rows, ours / {tool}: wall {ours.wall / duck.wall:.2f}, CPU {ours.cpu / duck.cpu:.2f}, "
+                                  f"peak RSS {ours.peak_rss_mb / duck.peak_rss_mb:.2f}")  # fmt: skip
         for tool, why in rep.skipped.items():
             console.print(f"{tool} skipped: {why}")
     if json_out:

@@ -6,6 +6,7 @@ DuckDB is an optional dependency of etl (the ``bench`` extra: ``pip install 'etl
 importable (``HAS_DUCKDB``), also as a process::
 
     python -m etl.bench.duckdb_baselines categorify OUT_DIR SHARD [SHARD ...]
+    python -m etl.bench.duckdb_baselines categorify-joined OUT_DIR SHARD [SHARD ...]
     python -m etl.bench.duckdb_baselines hash OUT_DIR SHARD [SHARD ...]
     python -m etl.bench.duckdb_baselines history OUT_DIR SHARD [SHARD ...]
     python -m etl.bench.duckdb_baselines sessions OUT_DIR SHARD [SHARD ...]
@@ -75,8 +76,7 @@ def duckdb_history(files: Sequence[PathLike], out_dir: PathLike, max_len: int = 
     time, then input position): the latest ``max_len`` events before that one are exactly the latest ``max_len``
     events strictly earlier than the time. ``first_value`` over (user, time) gives it to every event of the time."""
     max_len = _positive(max_len)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = _out_dir(out_dir)
     sql = f"""{_events_sql(files, [USER, ITEM, CATEGORY])},
     n AS (SELECT *, list({ITEM}) OVER w AS pi, list({CATEGORY}) OVER w AS pc FROM e
           WINDOW w AS (PARTITION BY {USER} ORDER BY {TIME}, pos ROWS BETWEEN {max_len} PRECEDING AND 1 PRECEDING)),
@@ -95,8 +95,7 @@ def duckdb_sessions(files: Sequence[PathLike], out_dir: PathLike, max_len: int =
     last click, the item ids of its last ``max_len`` events oldest first (``list(... ORDER BY time, position)``,
     sliced) and its number of events."""
     max_len = _positive(max_len)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = _out_dir(out_dir)
     sql = f"""{_events_sql(files, [ITEM])}
     SELECT {SESSION}, last({CLICK} ORDER BY {TIME}, pos)::FLOAT AS {CLICK},
            list_reverse(list({ITEM} ORDER BY {TIME} DESC, pos DESC)[1:{max_len}])::INTEGER[] AS {ITEM}_list,
@@ -131,19 +130,39 @@ def duckdb_categorify(files: Sequence[PathLike], out_dir: PathLike, freq_thresho
     missing → 1, out of vocabulary → 2; rows in file order (``ORDER BY`` the file's row number: a join does not
     keep it). Like the polars script it matches the raw strings, so it equals etl's output as long as every key is
     written in one case (as in Criteo's lowercase hex)."""
+    out = _out_dir(out_dir)
+    fit, ids, joins = _categorify_sql(files, freq_threshold)
+    transform = [f"COPY (SELECT {_criteo_dense()}, {ids} FROM read_parquet({_quoted(f)}, file_row_number=true) r {joins} "
+                 f"ORDER BY r.file_row_number) TO {_quoted(out / _part_name(i))} (FORMAT parquet)" for i, f in enumerate(files)]  # fmt: skip
+    _execute([*_MACROS, *fit, *transform], threads)
+
+
+def duckdb_categorify_joined(files: Sequence[PathLike], out_dir: PathLike, freq_threshold: int = 3, threads: int = 2) -> None:
+    """``duckdb_categorify`` trading memory for time: the same fit, then the ``LEFT JOIN`` of every file at once
+    into a temporary table (DuckDB keeps the rows in the order read: ``preserve_insertion_order``), written out file
+    by file. One join of the 26 vocabularies instead of one per file, and no sort; the whole output held in memory
+    (on the 2 M-row synthetic Criteo shards: ~1.2x faster, ~2x the memory). Same output."""
+    out = _out_dir(out_dir)
+    fit, ids, joins = _categorify_sql(files, freq_threshold)
+    every = "[" + ", ".join(_quoted(f) for f in files) + "]"
+    joined = f"CREATE TEMP TABLE joined AS SELECT r.filename AS f, {_criteo_dense()}, {ids} FROM read_parquet({every}, filename=true) r {joins}"
+    write = [f"COPY (SELECT * EXCLUDE (f) FROM joined WHERE f = {_quoted(f)}) TO {_quoted(out / _part_name(i))} (FORMAT parquet)"
+             for i, f in enumerate(files)]  # fmt: skip
+    _execute([*_MACROS, *fit, joined, *write], threads)
+
+
+def _categorify_sql(files: Sequence[PathLike], freq_threshold: int) -> tuple[list[str], str, str]:
+    """The categorify scripts' SQL: the statements of the fit (a vocabulary table ``v_C1``... per categorical
+    column), the select list of the ids of the rows ``r`` and the joins that give them."""
     if not isinstance(freq_threshold, int) or freq_threshold < 1:
         raise ValueError(f"freq_threshold must be an integer >= 1, got {freq_threshold!r}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     every = "[" + ", ".join(_quoted(f) for f in files) + "]"
     fit = [f"CREATE TEMP TABLE v_{c} AS SELECT s, (row_number() OVER (ORDER BY n DESC, hex8(s)) + {FIRST_VOCAB_ID - 1})::INTEGER AS id "
            f"FROM (SELECT {c} AS s, count(*) AS n FROM read_parquet({every}) WHERE {c} IS NOT NULL GROUP BY {c}) WHERE n >= {freq_threshold}"
            for c in CATS]  # fmt: skip
     ids = ", ".join(f"(CASE WHEN r.{c} IS NULL THEN {MISSING} ELSE coalesce(v_{c}.id, {OOV_ID}) END)::INTEGER AS {c}" for c in CATS)
     joins = " ".join(f"LEFT JOIN v_{c} ON r.{c} = v_{c}.s" for c in CATS)
-    transform = [f"COPY (SELECT {_criteo_dense()}, {ids} FROM read_parquet({_quoted(f)}, file_row_number=true) r {joins} "
-                 f"ORDER BY r.file_row_number) TO {_quoted(out / _part_name(i))} (FORMAT parquet)" for i, f in enumerate(files)]  # fmt: skip
-    _execute([*_MACROS, *fit, *transform], threads)
+    return fit, ids, joins
 
 
 def duckdb_hash(files: Sequence[PathLike], out_dir: PathLike, num_buckets: int = 40_000_000, seed: int = 0, threads: int = 2) -> None:
@@ -151,8 +170,7 @@ def duckdb_hash(files: Sequence[PathLike], out_dir: PathLike, num_buckets: int =
     (``fmix64(key XOR seed_word(seed))``, ``reduce(h, n) = ((h >> 32) * n) >> 32``, id = 2 + bucket, missing → 1) in
     SQL macros; output equal to etl's bit for bit (40 M buckets, seed 0), one file per shard."""
     check_buckets(num_buckets)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = _out_dir(out_dir)
     word = seed_word(seed)
     # a missing key's NULL goes through the arithmetic to coalesce (a CASE would keep DuckDB from computing the
     # macros' repeated subexpressions once)
@@ -161,6 +179,13 @@ def duckdb_hash(files: Sequence[PathLike], out_dir: PathLike, num_buckets: int =
     transform = [f"COPY (SELECT {_criteo_dense()}, {ids} FROM read_parquet({_quoted(f)})) TO {_quoted(out / _part_name(i))} (FORMAT parquet)"
                  for i, f in enumerate(files)]  # fmt: skip
     _execute([*_MACROS, *transform], threads)
+
+
+def _out_dir(out_dir: PathLike) -> Path:
+    """``out_dir``, created if need be."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
 
 
 def _part_name(i: int) -> str:
@@ -196,7 +221,8 @@ def _execute(statements: list[str], threads: int) -> None:
 
 
 SCRIPTS: dict[str, Callable[[Sequence[PathLike], PathLike], None]] = {
-    "categorify": duckdb_categorify, "hash": duckdb_hash, "history": duckdb_history, "sessions": duckdb_sessions,
+    "categorify": duckdb_categorify, "categorify-joined": duckdb_categorify_joined, "hash": duckdb_hash, "history": duckdb_history,
+    "sessions": duckdb_sessions,
 }  # fmt: skip
 
 

@@ -5,7 +5,7 @@ of ``SHARD_ROWS`` rows), ``repeat`` rounds each run, in turn, three whole proces
 
 - ``etl``: ``etl preprocess`` (start-up, fit, transform, write), as a user runs it;
 - ``duckdb``: the DuckDB SQL script of ``etl.bench.duckdb_baselines`` (skipped, with the reason, where duckdb is
-  not importable);
+  not importable); for Categorify also ``duckdb-joined``, its faster and larger variant;
 - ``polars``: the polars script of ``etl.bench.polars_baselines``.
 
 Each run's wall seconds, CPU seconds (user + system, of the process and the threads it ran) and peak resident set
@@ -201,13 +201,13 @@ def run_process_bench(
             for path, p, rep in zip(pipelines, loaded, report.pipelines):
                 kind = _fitted_op(p).lower()
                 tools = {"etl": preprocess_command(path, raw, work / "out-etl", workers)}
-                for name, module in MODULES.items():
+                for name, (module, script) in _scripts(kind).items():
                     if not kind:
                         rep.skipped[name] = f"no {name} script for {p.name} (one for a Categorify or Hash pipeline of Criteo)"
-                    elif name == "duckdb" and not duckdb_baselines.HAS_DUCKDB:
+                    elif module == MODULES["duckdb"] and not duckdb_baselines.HAS_DUCKDB:
                         rep.skipped[name] = "duckdb is not importable (pip install 'etl[bench]')"
                     else:
-                        tools[name] = [sys.executable, "-m", module, kind, str(work / f"out-{name}"), *map(str, shards)]
+                        tools[name] = [sys.executable, "-m", module, script, str(work / f"out-{name}"), *map(str, shards)]
                 runs: dict[str, list[ProcessRun]] = {t: [] for t in tools}
                 for k in range(repeat):  # rounds: the tools in turn, so that a busy spell hits them alike
                     for tool, command in tools.items():
@@ -225,6 +225,19 @@ def run_process_bench(
         return report
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _scripts(kind: str) -> dict[str, tuple[str, str]]:
+    """The scripts run beside ``etl preprocess`` for a pipeline whose fitted op is ``kind`` ("categorify", "hash"),
+    by tool name: (module, script name). Categorify has two DuckDB scripts: ``duckdb`` (a join per file) and
+    ``duckdb-joined`` (one join of every file: faster, more memory); the bench compares ours with both."""
+    joined = {"duckdb-joined": (MODULES["duckdb"], "categorify-joined")} if kind == "categorify" else {}
+    return {"duckdb": (MODULES["duckdb"], kind), **joined, "polars": (MODULES["polars"], kind)}
+
+
+def duckdb_tools(rep: PipelineProcesses) -> list[str]:
+    """The DuckDB scripts measured for ``rep`` (``duckdb``, ``duckdb-joined``), in the order run."""
+    return list(dict.fromkeys(f.tool for f in rep.figures if f.tool.startswith("duckdb")))
 
 
 def _compare(tool: str, kind: str, ours: Path, theirs: Path, name: str) -> bool | None:

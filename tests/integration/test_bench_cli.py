@@ -76,8 +76,11 @@ def test_bench_processes_at_two_sizes_reports_every_whole_process_and_the_fixed_
     proc = run_etl("bench", "--processes", "--sizes", "3000,6000", "--repeat", 1, "--json", js)
     doc = json.loads(js.read_text())
     assert doc["sizes"] == [3000, 6000] and doc["repeat"] == 1 and doc["cores"] >= 1
-    tools = ["etl", "duckdb", "polars"] if importlib.util.find_spec("duckdb") is not None else ["etl", "polars"]
+    has_duckdb = importlib.util.find_spec("duckdb") is not None
     for rep, kind in zip(doc["pipelines"], ("categorify", "hash")):
+        tools = ["etl", "duckdb", "duckdb-joined", "polars"] if kind == "categorify" else ["etl", "duckdb", "polars"]
+        if not has_duckdb:
+            tools = ["etl", "polars"]
         assert [(f["rows"], f["tool"]) for f in rep["figures"]] == [(n, t) for n in (3000, 6000) for t in tools]
         for f in rep["figures"]:
             assert f["wall"] > 0 and f["cpu"] > 0 and f["peak_rss_mb"] > 0 and f["cpu_utilisation"] > 0 and len(f["runs"]) == 1
@@ -85,8 +88,8 @@ def test_bench_processes_at_two_sizes_reports_every_whole_process_and_the_fixed_
             assert f["output_equal"] is want
         assert set(rep["lines"]) == set(tools)
         assert all(set(line) == {"wall", "cpu", "peak_rss_mb"} for line in rep["lines"].values())
-        if "duckdb" not in tools:
+        if not has_duckdb:
             assert "duckdb is not importable" in rep["skipped"]["duckdb"]
     assert "fixed (intercept) and marginal" in proc.stdout
-    if "duckdb" in tools:
-        assert "6,000 rows, ours / DuckDB: wall" in proc.stdout
+    if has_duckdb:
+        assert "6,000 rows, ours / duckdb: wall" in proc.stdout and "6,000 rows, ours / duckdb-joined: wall" in proc.stdout

@@ -27,7 +27,7 @@ from typer.core import TyperCommand, TyperGroup
 from etl.errors import ConfigError, EtlError, InputError
 from etl.io.fs import Location, location
 from etl.io.paths import expand_globs
-from etl.runtime.allocator import tune_allocator
+from etl.runtime.startup import prepare
 
 if TYPE_CHECKING:
     from etl.pipeline import OnError
@@ -114,10 +114,11 @@ def _show_version(show: bool) -> None:
 
 @app.callback()
 def _before_every_command(
+    ctx: typer.Context,
     show_version: bool = typer.Option(False, "--version", is_eager=True, callback=_show_version, help="Show the version and exit."),
 ) -> None:
-    """Process-wide setup before any command runs: tune the allocator for batch processing (``etl.runtime.allocator``)."""
-    tune_allocator()
+    """Process-wide setup before any command runs (``etl.runtime.startup``)."""
+    prepare(ctx.invoked_subcommand)
 
 
 # Write failures that are the environment's, not a bug: reported in one line naming the path.

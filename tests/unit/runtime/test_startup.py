@@ -1,0 +1,40 @@
+"""``etl.runtime.startup.prepare``, each case in a process of its own (it freezes the garbage collector of the
+process it runs in)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+
+def prepared(command: str) -> dict:
+    """What ``prepare(command)`` left in a fresh process: the libraries imported, the objects frozen, whether the
+    collector still runs."""
+    code = f"""
+import gc, json, sys
+from etl.runtime.startup import prepare
+before = gc.get_freeze_count()
+prepare({command!r})
+print(json.dumps({{"modules": sorted(m for m in ("numba", "polars", "pyarrow.parquet", "etl.pipeline") if m in sys.modules),
+                  "frozen_before": before, "frozen": gc.get_freeze_count(), "enabled": gc.isenabled()}}))
+"""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize("command", ["preprocess", "fit", "bench"])
+def test_a_data_command_imports_its_libraries_then_freezes_them(command: str) -> None:
+    got = prepared(command)
+    assert {"numba", "pyarrow.parquet", "etl.pipeline"} <= set(got["modules"])
+    assert got["frozen_before"] == 0 and got["frozen"] > 50_000  # numba's and pyarrow's objects among them
+    assert got["enabled"]  # collections still run, over what comes after
+
+
+def test_another_command_imports_nothing_more_and_freezes_what_is_there() -> None:
+    got = prepared("list")
+    assert got["modules"] == [] and 0 < got["frozen"] < 50_000 and got["enabled"]

@@ -13,6 +13,7 @@ import errno
 import shlex
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
@@ -641,6 +642,8 @@ def bench(
                                    "costs (etl.bench.processes)."),  # fmt: skip
     sizes: str = typer.Option("2000000,8000000", help="--processes: synthetic Criteo row counts, comma-separated (two or more for "
                               "the fixed and marginal costs)."),  # fmt: skip
+    markdown: Path | None = typer.Option(None, help="--processes: also write the tables into this Markdown file (e.g. BENCHMARKS.md) "
+                                         "in place of the block an earlier run wrote there (at its end the first time)."),  # fmt: skip
 ) -> None:
     """Measure read floor, every stage, fit, preprocess (also as a whole process), the loader, data wait and baselines
     in one run; with --follow, the lag, rows/s and stall of a following loader instead; with --sequences, History and
@@ -659,7 +662,7 @@ def bench(
         _bench_follow(pipeline, settings, json_out)
         return
     if processes:
-        _bench_processes(pipeline, sizes, workers, repeat, json_out)
+        _bench_processes(pipeline, sizes, workers, repeat, json_out, markdown)
         return
     if sequences:
         _bench_sequences(input, rows or 1_000_000, files, workers, batch_size, repeat, baselines, json_out)
@@ -727,11 +730,11 @@ def _bench_sequences(input: str | None, rows: int, files: int, workers: int, bat
         json_out.write_text(report.to_json())
 
 
-def _bench_processes(pipeline: list[Path] | None, sizes: str, workers: int, repeat: int, json_out: Path | None) -> None:
+def _bench_processes(pipeline: list[Path] | None, sizes: str, workers: int, repeat: int, json_out: Path | None, markdown: Path | None) -> None:
     """``etl bench --processes``: whole processes side by side (``etl.bench.processes``)."""
     from rich.table import Table
 
-    from etl.bench.processes import duckdb_tools, run_process_bench
+    from etl.bench.processes import against_duckdb, library_versions, run_process_bench, to_markdown, write_markdown
     from etl.resources import resolve, resource_path
 
     with user_errors(), err.status("process benchmark") as status:
@@ -762,16 +765,21 @@ def _bench_processes(pipeline: list[Path] | None, sizes: str, workers: int, repe
                 lines.add_row(tool, *(f"{v:.2f}" for w in ("wall", "cpu") for v in (ln[w].fixed, ln[w].marginal)),
                               f"{ln['peak_rss_mb'].fixed:,.0f}", f"{ln['peak_rss_mb'].marginal:,.0f}")  # fmt: skip
             console.print(lines)
-        for rows in report.sizes:
-            for tool in duckdb_tools(rep):
-                ours, duck = rep.figure("etl", rows), rep.figure(tool, rows)
-                if ours is not None and duck is not None:
-                    console.print(f"{rows:,} rows, ours / {tool}: wall {ours.wall / duck.wall:.2f}, CPU {ours.cpu / duck.cpu:.2f}, "
-                                  f"peak RSS {ours.peak_rss_mb / duck.peak_rss_mb:.2f}")  # fmt: skip
+        for r in against_duckdb(rep):
+            console.print(f"{r.rows:,} rows, ours / {r.tool}: wall {r.wall:.2f}, CPU {r.cpu:.2f}, peak RSS {r.peak_rss:.2f}")
         for tool, why in rep.skipped.items():
             console.print(f"{tool} skipped: {why}")
     if json_out:
         json_out.write_text(report.to_json())
+    if markdown:
+        command = shlex.join(["etl", "bench", "--processes", "--sizes", ",".join(map(str, report.sizes)), "--repeat", str(repeat),
+                              "--workers", str(workers), *(a for p in pipeline or () for a in ("--pipeline", str(p)))])  # fmt: skip
+        with user_errors():
+            try:
+                write_markdown(markdown, to_markdown(report, command, time.strftime("%Y-%m-%d", time.gmtime()), library_versions()))
+            except ValueError as e:
+                raise EtlError(str(e)) from None
+        console.print(f"tables written into {markdown}")
 
 
 def _print_report(report) -> None:

@@ -143,9 +143,6 @@ class PipelineProcesses:
     lines: dict[str, dict[str, Line]] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
 
-    def figure(self, tool: str, rows: int) -> ToolFigures | None:
-        return next((f for f in self.figures if f.tool == tool and f.rows == rows), None)
-
 
 @dataclass
 class ProcessReport:
@@ -235,9 +232,26 @@ def _scripts(kind: str) -> dict[str, tuple[str, str]]:
     return {"duckdb": (MODULES["duckdb"], kind), **joined, "polars": (MODULES["polars"], kind)}
 
 
-def duckdb_tools(rep: PipelineProcesses) -> list[str]:
-    """The DuckDB scripts measured for ``rep`` (``duckdb``, ``duckdb-joined``), in the order run."""
-    return list(dict.fromkeys(f.tool for f in rep.figures if f.tool.startswith("duckdb")))
+@dataclass(frozen=True)
+class Ratio:
+    """Ours over one DuckDB script (``tool``) at ``rows`` rows: wall, CPU seconds, peak RSS (below 1: ours is faster
+    or smaller)."""
+
+    rows: int
+    tool: str
+    wall: float
+    cpu: float
+    peak_rss: float
+
+
+def against_duckdb(rep: PipelineProcesses) -> list[Ratio]:
+    """Ours over each DuckDB script measured for ``rep`` (``duckdb``, ``duckdb-joined``), size by size."""
+    tools = dict.fromkeys(f.tool for f in rep.figures if f.tool.startswith("duckdb"))
+    out = []
+    for ours in (f for f in rep.figures if f.tool == "etl"):
+        for duck in (f for t in tools for f in rep.figures if f.tool == t and f.rows == ours.rows):
+            out.append(Ratio(ours.rows, duck.tool, ours.wall / duck.wall, ours.cpu / duck.cpu, ours.peak_rss_mb / duck.peak_rss_mb))
+    return out
 
 
 def _compare(tool: str, kind: str, ours: Path, theirs: Path, name: str) -> bool | None:
@@ -249,3 +263,65 @@ def _compare(tool: str, kind: str, ours: Path, theirs: Path, name: str) -> bool 
     if why is not None:
         raise RuntimeError(f"the {tool} script's output differs from etl preprocess's for {name}: {why}")
     return True
+
+
+def library_versions() -> dict[str, str]:
+    """The versions of Python and of the libraries the measured processes run on, by name (the importable ones)."""
+    import importlib.metadata
+    import platform
+
+    versions = {"Python": platform.python_version()}
+    for name, dist in (("DuckDB", "duckdb"), ("polars", "polars"), ("pyarrow", "pyarrow"), ("numba", "numba")):
+        try:
+            versions[name] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+#: The lines that open and close the block ``write_markdown`` keeps up to date in a Markdown file.
+MARKDOWN_BEGIN = "<!-- etl bench --processes: begin (written by the command below; edits inside are replaced) -->"
+MARKDOWN_END = "<!-- etl bench --processes: end -->"
+
+
+def to_markdown(report: ProcessReport, command: str, when: str, versions: dict[str, str]) -> str:
+    """The report as a Markdown block between ``MARKDOWN_BEGIN`` and ``MARKDOWN_END``: the command that made it,
+    ``when``, the library ``versions``, then per pipeline the figures, the fixed and marginal costs and ours over
+    each DuckDB script (below 1: ours is faster or smaller)."""
+    libs = ", ".join(f"{name} {v}" for name, v in versions.items())
+    out = [MARKDOWN_BEGIN, "", "```bash", command, "```", "",
+           f"{when}; {report.cores} core(s), `--workers {report.workers}`; {libs}. Whole processes, median of {report.repeat} "
+           "interleaved round(s); CPU = user + system seconds; util = CPU / wall / cores; peak RSS of the process alone."]  # fmt: skip
+    for rep in report.pipelines:
+        out += ["", f"**{Path(rep.pipeline).name}**", "", "| rows | process | wall s | CPU s | util | peak RSS MB | output |",
+                "|---:|---|---:|---:|---:|---:|---|"]  # fmt: skip
+        for f in rep.figures:
+            eq = "" if f.tool == "etl" else {True: "equal", False: "DIFFERS", None: "other hash"}[f.output_equal]
+            out.append(f"| {f.rows:,} | {f.tool} | {f.wall:.2f} | {f.cpu:.2f} | {100 * f.cpu_utilisation:.0f} % | {f.peak_rss_mb:,.0f} | {eq} |")
+        if rep.lines:
+            out += ["", "| process | wall s fixed | wall s / M rows | CPU s fixed | CPU s / M rows | RSS MB fixed | RSS MB / M rows |",
+                    "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+            for tool, ln in rep.lines.items():
+                out.append(f"| {tool} | {ln['wall'].fixed:.2f} | {ln['wall'].marginal:.2f} | {ln['cpu'].fixed:.2f} | {ln['cpu'].marginal:.2f} | "
+                           f"{ln['peak_rss_mb'].fixed:,.0f} | {ln['peak_rss_mb'].marginal:,.0f} |")  # fmt: skip
+        ratios = against_duckdb(rep)
+        if ratios:
+            out += ["", "| rows | ours / | wall | CPU s | peak RSS |", "|---:|---|---:|---:|---:|"]
+            out += [f"| {r.rows:,} | {r.tool} | {r.wall:.2f} | {r.cpu:.2f} | {r.peak_rss:.2f} |" for r in ratios]
+        out += [f"\n{tool} skipped: {why}" for tool, why in rep.skipped.items()]
+    return "\n".join([*out, "", MARKDOWN_END]) + "\n"
+
+
+def write_markdown(path: Path, block: str) -> None:
+    """Put ``block`` (from ``to_markdown``) into the Markdown file ``path``: in place of the block between
+    ``MARKDOWN_BEGIN`` and ``MARKDOWN_END`` where the file has one, else at its end (a missing file is created).
+    ValueError when the file holds one marker without the other, or either twice."""
+    text = path.read_text() if path.exists() else ""
+    begins, ends = text.count(MARKDOWN_BEGIN), text.count(MARKDOWN_END)
+    if (begins, ends) == (0, 0):
+        path.write_text(text + ("\n" if text and not text.endswith("\n") else "") + ("\n" if text else "") + block)
+        return
+    if (begins, ends) != (1, 1) or text.index(MARKDOWN_BEGIN) > text.index(MARKDOWN_END):
+        raise ValueError(f"{path}: expected one block from {MARKDOWN_BEGIN!r} to {MARKDOWN_END!r}, found {begins} begin and {ends} end line(s)")
+    start, end = text.index(MARKDOWN_BEGIN), text.index(MARKDOWN_END) + len(MARKDOWN_END)
+    path.write_text(text[:start] + block.rstrip("\n") + text[end:])

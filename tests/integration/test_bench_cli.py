@@ -72,8 +72,9 @@ def test_bench_follow_reports_lags_of_every_shard_listed_in_a_producer_manifest(
 def test_bench_processes_at_two_sizes_reports_every_whole_process_and_the_fixed_and_marginal_costs(tmp_path: Path) -> None:
     import importlib.util
 
-    js = tmp_path / "proc.json"
-    proc = run_etl("bench", "--processes", "--sizes", "3000,6000", "--repeat", 1, "--json", js)
+    js, md = tmp_path / "proc.json", tmp_path / "BENCHMARKS.md"
+    md.write_text("# Benchmarks\n")
+    proc = run_etl("bench", "--processes", "--sizes", "3000,6000", "--repeat", 1, "--json", js, "--markdown", md)
     doc = json.loads(js.read_text())
     assert doc["sizes"] == [3000, 6000] and doc["repeat"] == 1 and doc["cores"] >= 1
     has_duckdb = importlib.util.find_spec("duckdb") is not None
@@ -91,5 +92,8 @@ def test_bench_processes_at_two_sizes_reports_every_whole_process_and_the_fixed_
         if not has_duckdb:
             assert "duckdb is not importable" in rep["skipped"]["duckdb"]
     assert "fixed (intercept) and marginal" in proc.stdout
+    table = md.read_text()
+    assert table.startswith("# Benchmarks\n") and "etl bench --processes --sizes 3000,6000 --repeat 1 --workers 2" in table
+    assert "**criteo.yaml**" in table and "**criteo_hash.yaml**" in table and "| 6,000 | etl |" in table
     if has_duckdb:
         assert "6,000 rows, ours / duckdb: wall" in proc.stdout and "6,000 rows, ours / duckdb-joined: wall" in proc.stdout

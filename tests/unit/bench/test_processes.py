@@ -85,3 +85,52 @@ def test_without_duckdb_its_rows_are_skipped_with_the_reason(monkeypatch: pytest
     assert [f.tool for f in rep.figures] == ["etl", "polars"] and rep.lines == {}
     assert rep.skipped == {"duckdb": "duckdb is not importable (pip install 'etl[bench]')"}
     assert [f.output_equal for f in rep.figures] == [True, None] and all(len(f.runs) == 1 for f in rep.figures)
+
+
+def small_report() -> processes.ProcessReport:
+    """A report of one pipeline at two sizes: ours and two DuckDB scripts, made-up figures."""
+    rep = processes.PipelineProcesses("/x/criteo.yaml")
+    for rows, scale in ((1_000_000, 1.0), (3_000_000, 2.0)):
+        rep.figures += [processes.ToolFigures("etl", rows, 1.0 * scale, 1.5 * scale, 500.0, 0.75, True),
+                        processes.ToolFigures("duckdb", rows, 4.0 * scale, 6.0 * scale, 250.0, 0.75, True),
+                        processes.ToolFigures("duckdb-joined", rows, 2.0 * scale, 3.0 * scale, 1000.0, 0.75, True)]  # fmt: skip
+    for tool in ("etl", "duckdb", "duckdb-joined"):
+        figs = [f for f in rep.figures if f.tool == tool]
+        rep.lines[tool] = {w: processes.fit_line([f.rows for f in figs], [getattr(f, w) for f in figs]) for w in ("wall", "cpu", "peak_rss_mb")}
+    return processes.ProcessReport([1_000_000, 3_000_000], 2, 2, 3, [rep])
+
+
+def test_ours_over_each_duckdb_script_size_by_size() -> None:
+    ratios = processes.against_duckdb(small_report().pipelines[0])
+    assert [(r.rows, r.tool, r.wall, r.cpu, r.peak_rss) for r in ratios] == [
+        (1_000_000, "duckdb", 0.25, 0.25, 2.0), (1_000_000, "duckdb-joined", 0.5, 0.5, 0.5),
+        (3_000_000, "duckdb", 0.25, 0.25, 2.0), (3_000_000, "duckdb-joined", 0.5, 0.5, 0.5),
+    ]  # fmt: skip
+
+
+def test_markdown_block_replaces_the_last_one_and_keeps_the_rest(tmp_path: Path) -> None:
+    block = processes.to_markdown(small_report(), "etl bench --processes --sizes 1000000,3000000", "2026-12-03", {"DuckDB": "2.0.1"})
+    assert block.startswith(processes.MARKDOWN_BEGIN) and block.rstrip().endswith(processes.MARKDOWN_END)
+    assert "| 3,000,000 | duckdb-joined | 4.00 | 6.00 | 75 % | 1,000 | equal |" in block
+    assert "| 1,000,000 | duckdb-joined | 0.50 | 0.50 | 0.50 |" in block and "DuckDB 2.0.1" in block
+    assert "| etl | 0.50 | 0.50 | 0.75 | 0.75 | 500 | 0 |" in block  # fixed and marginal: through both points
+    doc = tmp_path / "BENCHMARKS.md"
+    doc.write_text("# Benchmarks\n\nbefore\n")
+    processes.write_markdown(doc, block)  # no block yet: appended
+    assert doc.read_text() == "# Benchmarks\n\nbefore\n\n" + block
+    doc.write_text(doc.read_text() + "\nafter\n")
+    newer = block.replace("2026-12-03", "2026-12-04")
+    processes.write_markdown(doc, newer)  # replaced in place, the text around it kept
+    assert doc.read_text() == "# Benchmarks\n\nbefore\n\n" + newer + "\nafter\n"
+    processes.write_markdown(tmp_path / "new.md", block)
+    assert (tmp_path / "new.md").read_text() == block
+
+
+@pytest.mark.parametrize("text", [processes.MARKDOWN_BEGIN + "\n", processes.MARKDOWN_END + "\n" + processes.MARKDOWN_BEGIN + "\n",
+                                  (processes.MARKDOWN_BEGIN + "\n" + processes.MARKDOWN_END + "\n") * 2])  # fmt: skip
+def test_markdown_block_refuses_a_file_whose_markers_do_not_pair(tmp_path: Path, text: str) -> None:
+    doc = tmp_path / "BENCHMARKS.md"
+    doc.write_text(text)
+    with pytest.raises(ValueError, match="expected one block"):
+        processes.write_markdown(doc, processes.to_markdown(small_report(), "etl bench --processes", "today", {}))
+    assert doc.read_text() == text

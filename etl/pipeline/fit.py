@@ -130,6 +130,7 @@ def emit_prepared(
         t = pipeline.run_ops(batch, prep, on_error, labels=True, output=False)
         t.stages = stages
         emit(t)
+        del batch, t  # one row group held at a time: this one goes before the next is read
 
 
 def fit_batches(

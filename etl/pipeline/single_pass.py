@@ -130,6 +130,7 @@ def fit_stashing(
             with lock:
                 keys.append((index, i))
             emit(t)
+            del raw, batch, t  # one row group held at a time: this one goes before the next is read
 
     items = list(enumerate(shards))
     rows = rows_of(shards)

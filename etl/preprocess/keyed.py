@@ -178,6 +178,7 @@ def _exchange(run: RunSettings, pipeline: Pipeline, step: KeyedStep, work: Path)
                 counts.add(counted)
             if run.progress is not None:
                 run.progress("exchange", table.num_rows)
+            del table, rows  # one row group held at a time: this one goes before the next is read
 
     run_workers(list(range(len(run.shards))), run.workers, work_shard)
     return sorted(files), counts

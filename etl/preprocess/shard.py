@@ -207,8 +207,10 @@ def _write_shard(
                         q_writer = ExclusiveParquetWriter(q_tmp, q.schema)
                     q_writer.write_table(q)
                     rows_q += q.num_rows
+                    del q
                 if progress is not None:
                     progress(n)
+                del t, raw, table  # a worker holds one row group at a time: this one goes before the next is read
     finally:
         if q_writer is not None:
             q_writer.close()

@@ -98,6 +98,7 @@ def each_row_group(pipeline: Pipeline, columns: list[str], shards: list[Location
             if progress is not None:
                 with lock:
                     progress(name, table.num_rows)
+            del table, part, rows  # one row group held at a time: this one goes before the next is read
         if shard_done is not None:
             shard_done(index)
 

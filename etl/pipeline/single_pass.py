@@ -181,11 +181,12 @@ def transform_stashed(
     pipeline: Pipeline, plan: Plan, entry: Batch | RawRows, shard: Shard, on_error: OnError, training: bool = False
 ) -> tuple[int, Transformed, pa.Table | None]:
     """Transform a stashed row group of ``shard`` as ``pipeline.transform`` transforms it from the source (as
-    training rows when ``training``): the number of rows it holds, the transformed batch, and the raw rows (for the
-    quarantine; None for a prepared batch, whose raw rows are not at hand). A prepared batch in which a row is
-    rejected is transformed again from the source."""
+    training rows when ``training``): the number of rows it holds, the transformed batch, and the raw rows when a
+    row was rejected (for the quarantine; else None, so that they are freed before the output is written). A
+    prepared batch in which a row is rejected is transformed again from the source."""
     if isinstance(entry, RawRows):
-        return entry.table.num_rows, _transform_raw(pipeline, entry, on_error, training), entry.table
+        t = _transform_raw(pipeline, entry, on_error, training)
+        return entry.table.num_rows, t, entry.table if t.rejected else None
     entry = _completed(plan, entry, shard)
     t = pipeline.run_ops(entry, plan.rest, "quarantine", labels=False, output=True, training=training)
     if not t.rejected:

@@ -76,9 +76,9 @@ class WrittenShard:
     npy: tuple[tuple[Location, str], ...] = ()
 
 
-#: How one row group of an open shard becomes output: its number of rows, the transformed batch, and its rows as read
-#: from the source (what the quarantine takes the rejected ones from; None when none was rejected and they were not
-#: read).
+#: How one row group of an open shard becomes output: its number of rows, the transformed batch, and, when a row was
+#: rejected, its rows as read from the source (what the quarantine takes the rejected ones from; else None, so that
+#: they are freed before the output is written).
 RowGroupTransform = Callable[[Shard, int], tuple[int, Transformed, pa.Table | None]]
 
 
@@ -91,7 +91,7 @@ def transform_read(pipeline: Pipeline, on_error: OnError, training: bool = False
         batch, stages = staged_batch(pipeline.stages, pipeline.schema, raw, str(shard.path), i, shard.row_group_starts[i])
         t = pipeline.transform(batch, on_error, training=training)
         t.stages = stages
-        return raw.num_rows, t, raw
+        return raw.num_rows, t, raw if t.rejected else None
 
     return run
 

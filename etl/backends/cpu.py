@@ -669,8 +669,9 @@ def cross_keys(keys: list[np.ndarray], valids: list[np.ndarray | None], seed: in
 #
 # Both tables below are one (capacity, 2) uint64 array, a power-of-two number of slots of [key, value] (16 bytes,
 # so a probe touches one cache line, not one per array), linear probing from ``fmix64(key)``, value 0 = empty
-# slot. The probe loops prefetch the home slot of the key ``_PREFETCH`` positions ahead, so that the memory
-# latency of large tables (a million keys is 32 MB) overlaps instead of adding up.
+# slot; or, *narrow*, one uint64 a slot, ``key << 32 | value``, where keys and values fit in 32 bits. The probe
+# loops prefetch the home slot of the key ``_PREFETCH`` positions ahead, so that the memory latency of large tables
+# (a million keys is 32 MB) overlaps instead of adding up.
 
 
 @_jit
@@ -820,7 +821,7 @@ def _count_limit(capacity):
 
 @_jit
 def _count(tab, keys, valid, start, size):
-    """Count present keys from position ``start`` until the end or until the table is ``_COUNT_LOAD`` full; returns
+    """Count present keys from position ``start`` until the end or until the table holds ``_count_limit`` keys; returns
     (position reached, number of keys in the table)."""
     mask = np.uint64(len(tab) - 1)
     limit = _count_limit(len(tab))

@@ -38,3 +38,22 @@ def test_a_data_command_imports_its_libraries_then_freezes_them(command: str) ->
 def test_another_command_imports_nothing_more_and_freezes_what_is_there() -> None:
     got = prepared("list")
     assert got["modules"] == [] and 0 < got["frozen"] < 50_000 and got["enabled"]
+
+
+def test_garbage_from_before_is_collected_not_frozen() -> None:
+    """An object in a reference cycle, unreachable when ``prepare`` runs (a dropped loader whose threads stop when it
+    is collected), is collected then: freezing it would keep it, and its threads, for the life of the process."""
+    code = """
+import gc, weakref
+from etl.runtime.startup import prepare
+class Node: pass
+a, b = Node(), Node()
+a.other, b.other = b, a
+collected = []
+weakref.finalize(a, collected.append, "a")
+del a, b
+prepare("list")
+print(collected)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "['a']"

@@ -734,7 +734,7 @@ def _bench_processes(pipeline: list[Path] | None, sizes: str, workers: int, repe
     """``etl bench --processes``: whole processes side by side (``etl.bench.processes``)."""
     from rich.table import Table
 
-    from etl.bench.processes import against_duckdb, library_versions, run_process_bench, to_markdown, write_markdown
+    from etl.bench.processes import against_duckdb, library_versions, markdown_span, run_process_bench, to_markdown, write_markdown
     from etl.resources import resolve, resource_path
 
     with user_errors(), err.status("process benchmark") as status:
@@ -746,6 +746,11 @@ def _bench_processes(pipeline: list[Path] | None, sizes: str, workers: int, repe
             raise EtlError(f"--sizes {sizes!r}: row counts >= 1")
         defaults = [resource_path("pipelines", "criteo.yaml"), resource_path("pipelines", "criteo_hash.yaml")]
         pipelines = [resolve("pipelines", str(p)) for p in expand_globs(pipeline)] if pipeline else defaults
+        if markdown is not None:
+            try:
+                markdown_span(markdown)  # a file the tables cannot go into is refused before the runs, not after
+            except ValueError as e:
+                raise EtlError(str(e)) from None
         report = run_process_bench(pipelines, counts, workers=workers, repeat=repeat, progress=lambda msg: status.update(msg))
     console.print(f"whole processes, median of {report.repeat}; workers {report.workers}, {report.cores} core(s); "
                   "CPU = user + sys seconds, util = CPU / wall / cores")  # fmt: skip
@@ -775,7 +780,7 @@ def _bench_processes(pipeline: list[Path] | None, sizes: str, workers: int, repe
         command = shlex.join(["etl", "bench", "--processes", "--sizes", ",".join(map(str, report.sizes)), "--repeat", str(repeat),
                               "--workers", str(workers), *(a for p in pipeline or () for a in ("--pipeline", str(p)))])  # fmt: skip
         with user_errors():
-            try:
+            try:  # the file may have changed during the runs
                 write_markdown(markdown, to_markdown(report, command, time.strftime("%Y-%m-%d", time.gmtime()), library_versions()))
             except ValueError as e:
                 raise EtlError(str(e)) from None

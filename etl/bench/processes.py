@@ -312,16 +312,24 @@ def to_markdown(report: ProcessReport, command: str, when: str, versions: dict[s
     return "\n".join([*out, "", MARKDOWN_END]) + "\n"
 
 
-def write_markdown(path: Path, block: str) -> None:
-    """Put ``block`` (from ``to_markdown``) into the Markdown file ``path``: in place of the block between
-    ``MARKDOWN_BEGIN`` and ``MARKDOWN_END`` where the file has one, else at its end (a missing file is created).
-    ValueError when the file holds one marker without the other, or either twice."""
+def markdown_span(path: Path) -> tuple[str, tuple[int, int] | None]:
+    """The text of the Markdown file ``path`` ("" when it does not exist) and the span of its block from
+    ``MARKDOWN_BEGIN`` to ``MARKDOWN_END`` (None: it has none). ValueError when it holds one marker without the
+    other, or either twice; the bench checks this before it runs, so that no run is lost to a file it cannot update."""
     text = path.read_text() if path.exists() else ""
     begins, ends = text.count(MARKDOWN_BEGIN), text.count(MARKDOWN_END)
     if (begins, ends) == (0, 0):
-        path.write_text(text + ("\n" if text and not text.endswith("\n") else "") + ("\n" if text else "") + block)
-        return
+        return text, None
     if (begins, ends) != (1, 1) or text.index(MARKDOWN_BEGIN) > text.index(MARKDOWN_END):
         raise ValueError(f"{path}: expected one block from {MARKDOWN_BEGIN!r} to {MARKDOWN_END!r}, found {begins} begin and {ends} end line(s)")
-    start, end = text.index(MARKDOWN_BEGIN), text.index(MARKDOWN_END) + len(MARKDOWN_END)
-    path.write_text(text[:start] + block.rstrip("\n") + text[end:])
+    return text, (text.index(MARKDOWN_BEGIN), text.index(MARKDOWN_END) + len(MARKDOWN_END))
+
+
+def write_markdown(path: Path, block: str) -> None:
+    """Put ``block`` (from ``to_markdown``) into the Markdown file ``path``: in place of its block (``markdown_span``)
+    where it has one, else at its end (a missing file is created)."""
+    text, span = markdown_span(path)
+    if span is None:
+        path.write_text(text + ("\n" if text and not text.endswith("\n") else "") + ("\n" if text else "") + block)
+    else:
+        path.write_text(text[: span[0]] + block.rstrip("\n") + text[span[1] :])

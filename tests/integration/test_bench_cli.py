@@ -97,3 +97,13 @@ def test_bench_processes_at_two_sizes_reports_every_whole_process_and_the_fixed_
     assert "**criteo.yaml**" in table and "**criteo_hash.yaml**" in table and "| 6,000 | etl |" in table
     if has_duckdb:
         assert "6,000 rows, ours / duckdb: wall" in proc.stdout and "6,000 rows, ours / duckdb-joined: wall" in proc.stdout
+
+
+def test_bench_processes_refuses_a_markdown_file_it_could_not_update_before_it_runs(tmp_path: Path) -> None:
+    from etl.bench.processes import MARKDOWN_BEGIN
+
+    md = tmp_path / "BENCHMARKS.md"
+    md.write_text(f"# Benchmarks\n{MARKDOWN_BEGIN}\n")  # a block without its end line
+    proc = run_etl("bench", "--processes", "--sizes", "3000,6000", "--repeat", 1, "--markdown", md, check=False)
+    assert proc.returncode == 2 and "expected one block" in proc.stderr and str(md) in proc.stderr
+    assert "generating" not in proc.stdout + proc.stderr and md.read_text() == f"# Benchmarks\n{MARKDOWN_BEGIN}\n"

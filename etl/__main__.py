@@ -1,5 +1,5 @@
 """``python -m etl`` runs the command line."""
 
-from etl.cli import app
+from etl.cli import main
 
-app()
+main()

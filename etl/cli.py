@@ -28,6 +28,7 @@ from typer.core import TyperCommand, TyperGroup
 from etl.errors import ConfigError, EtlError, InputError
 from etl.io.fs import Location, location
 from etl.io.paths import expand_globs
+from etl.runtime.allocator import tune_allocator
 from etl.runtime.startup import prepare
 
 if TYPE_CHECKING:
@@ -115,11 +116,17 @@ def _show_version(show: bool) -> None:
 
 @app.callback()
 def _before_every_command(
-    ctx: typer.Context,
     show_version: bool = typer.Option(False, "--version", is_eager=True, callback=_show_version, help="Show the version and exit."),
 ) -> None:
-    """Process-wide setup before any command runs (``etl.runtime.startup``)."""
-    prepare(ctx.invoked_subcommand)
+    """Process-wide setup before any command runs: tune the allocator for batch processing (``etl.runtime.allocator``)."""
+    tune_allocator()
+
+
+def main() -> None:
+    """The ``etl`` program (``etl ...``, ``python -m etl ...``): prepare this process for the command its command line
+    names (``etl.runtime.startup``), then run it."""
+    prepare(next((a for a in sys.argv[1:] if not a.startswith("-")), None))
+    app()
 
 
 # Write failures that are the environment's, not a bug: reported in one line naming the path.

@@ -177,7 +177,9 @@ def main() -> None:
     timeline = Timeline()
     measure_stages(profile)
     from etl.cli import app
+    from etl.runtime.startup import prepare
 
+    prepare("preprocess")  # as the etl program does before the command
     shutil.rmtree(args.out, ignore_errors=True)
     try:
         with contextlib.redirect_stdout(io.StringIO()):

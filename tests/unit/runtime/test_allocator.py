@@ -78,10 +78,9 @@ def test_environment_turns_tuning_off(fake_libc, monkeypatch):
 def test_every_command_and_the_loader_tune(monkeypatch, tmp_path):
     from etl import cli
     from etl.loader import api
-    from etl.runtime import startup
 
     calls = []
-    monkeypatch.setattr(startup, "tune_allocator", lambda: calls.append("cli"))
+    monkeypatch.setattr(cli, "tune_allocator", lambda: calls.append("cli"))
     monkeypatch.setattr(api, "tune_allocator", lambda: calls.append("loader"))
     result = CliRunner().invoke(cli.app, ["inspect", str(tmp_path / "missing")])
     assert result.exit_code == 2

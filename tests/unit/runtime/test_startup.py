@@ -3,6 +3,7 @@ process it runs in)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
@@ -57,3 +58,24 @@ print(collected)
 """
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     assert proc.stdout.strip() == "['a']"
+
+
+def test_the_program_prepares_its_process_and_the_command_line_run_from_python_does_not() -> None:
+    """``python -m etl`` (as the ``etl`` script) freezes its imports before the command; ``etl.cli.app`` called in a
+    process that has other work (tests, a user's program) leaves that process's collector alone."""
+    from typer.testing import CliRunner
+
+    from etl import cli
+
+    code = """
+import atexit, gc, json, runpy, sys
+atexit.register(lambda: print(json.dumps({"frozen": gc.get_freeze_count(), "numba": "numba" in sys.modules})))
+sys.argv = ["etl", "generate", "--help"]
+runpy.run_module("etl", run_name="__main__", alter_sys=True)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["frozen"] > 50_000 and got["numba"]  # generate is a data command: its libraries came first
+    before = gc.get_freeze_count()
+    assert CliRunner().invoke(cli.app, ["list"]).exit_code == 0
+    assert gc.get_freeze_count() == before

@@ -923,21 +923,6 @@ def _rehash_narrow(old, new):
 
 
 @_jit
-def _widen(old, new):
-    """Insert every used slot of the narrow table ``old`` into the empty (wide) table ``new``."""
-    mask = np.uint64(len(new) - 1)
-    for i in range(len(old)):
-        e = old[i]
-        if e != 0:
-            k = e >> _S32
-            j = _slot(k, mask)
-            while new[j, 1] != 0:
-                j = (j + 1) & np.int64(mask)
-            new[j, 0] = k
-            new[j, 1] = e & _LOW
-
-
-@_jit
 def _at_least_narrow(tab, threshold, size):
     keys = np.empty(size, np.uint64)
     counts = np.empty(size, np.int64)
@@ -1015,9 +1000,11 @@ class KeyCounter:
             self.table = new
 
     def _widen(self) -> None:
-        """Make the table wide (as many slots, 16 bytes each)."""
+        """Make the table wide (as many slots, 16 bytes each), its keys and counts put in by ``_table_insert`` (which
+        stores value + 1: each count goes in as count - 1). Once per table at most."""
+        used = self.table[self.table != 0]
         new = np.zeros((len(self.table), 2), np.uint64)
-        _widen(self.table, new)
+        _table_insert(new, used >> _S32, (used & _LOW).astype(np.int64) - 1)
         self.table = new
 
     def at_least(self, threshold: int) -> tuple[np.ndarray, np.ndarray]:

@@ -763,7 +763,7 @@ def _bench_processes(pipeline: list[Path] | None, sizes: str, workers: int, repe
                   "CPU = user + sys seconds, util = CPU / wall / cores")  # fmt: skip
     for rep in report.pipelines:
         t = Table(title=rep.pipeline)
-        for col in ("rows", "process", "wall s", "CPU s", "util", "peak RSS MB", "output"):
+        for col in ("rows", "process", "wall s", "CPU s", "util", "peak RSS MiB", "output"):
             t.add_column(col, justify="left" if col in ("process", "output") else "right")
         for f in rep.figures:
             eq = {True: "equal", False: "DIFFERS", None: "other hash"}[f.output_equal] if f.tool != "etl" else ""
@@ -771,7 +771,7 @@ def _bench_processes(pipeline: list[Path] | None, sizes: str, workers: int, repe
         console.print(t)
         if rep.lines:
             lines = Table(title="fixed (intercept) and marginal (per million rows) costs")
-            for col in ("process", "wall s fixed", "wall s / M rows", "CPU s fixed", "CPU s / M rows", "RSS MB fixed", "RSS MB / M rows"):
+            for col in ("process", "wall s fixed", "wall s / M rows", "CPU s fixed", "CPU s / M rows", "RSS MiB fixed", "RSS MiB / M rows"):
                 lines.add_column(col, justify="left" if col == "process" else "right")
             for tool, ln in rep.lines.items():
                 lines.add_row(tool, *(f"{v:.2f}" for w in ("wall", "cpu") for v in (ln[w].fixed, ln[w].marginal)),

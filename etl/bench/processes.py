@@ -46,7 +46,7 @@ MODULES = {"duckdb": "etl.bench.duckdb_baselines", "polars": "etl.bench.polars_b
 
 @dataclass(frozen=True)
 class ProcessRun:
-    """One whole process: wall seconds, user and system CPU seconds, peak resident set size in MB."""
+    """One whole process: wall seconds, user and system CPU seconds, peak resident set size in MiB (the field keeps its JSON name)."""
 
     wall: float
     user: float
@@ -293,13 +293,13 @@ def to_markdown(report: ProcessReport, command: str, when: str, versions: dict[s
            f"{when}; {report.cores} core(s), `--workers {report.workers}`; {libs}. Whole processes, median of {report.repeat} "
            "interleaved round(s); CPU = user + system seconds; util = CPU / wall / cores; peak RSS of the process alone."]  # fmt: skip
     for rep in report.pipelines:
-        out += ["", f"**{Path(rep.pipeline).name}**", "", "| rows | process | wall s | CPU s | util | peak RSS MB | output |",
+        out += ["", f"**{Path(rep.pipeline).name}**", "", "| rows | process | wall s | CPU s | util | peak RSS MiB | output |",
                 "|---:|---|---:|---:|---:|---:|---|"]  # fmt: skip
         for f in rep.figures:
             eq = "" if f.tool == "etl" else {True: "equal", False: "DIFFERS", None: "other hash"}[f.output_equal]
             out.append(f"| {f.rows:,} | {f.tool} | {f.wall:.2f} | {f.cpu:.2f} | {100 * f.cpu_utilisation:.0f} % | {f.peak_rss_mb:,.0f} | {eq} |")
         if rep.lines:
-            out += ["", "| process | wall s fixed | wall s / M rows | CPU s fixed | CPU s / M rows | RSS MB fixed | RSS MB / M rows |",
+            out += ["", "| process | wall s fixed | wall s / M rows | CPU s fixed | CPU s / M rows | RSS MiB fixed | RSS MiB / M rows |",
                     "|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
             for tool, ln in rep.lines.items():
                 out.append(f"| {tool} | {ln['wall'].fixed:.2f} | {ln['wall'].marginal:.2f} | {ln['cpu'].fixed:.2f} | {ln['cpu'].marginal:.2f} | "

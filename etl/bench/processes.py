@@ -37,6 +37,7 @@ import numpy as np
 
 from etl.bench import baselines, duckdb_baselines
 from etl.bench.run import _child_env, _fitted_op, preprocess_command
+from etl.io.files import atomic_write_bytes
 from etl.pipeline import Pipeline
 from etl.tools.synth import generate
 
@@ -327,9 +328,10 @@ def markdown_span(path: Path) -> tuple[str, tuple[int, int] | None]:
 
 def write_markdown(path: Path, block: str) -> None:
     """Put ``block`` (from ``to_markdown``) into the Markdown file ``path``: in place of its block (``markdown_span``)
-    where it has one, else at its end (a missing file is created)."""
+    where it has one, else at its end (a missing file is created), through a temporary file and a rename."""
     text, span = markdown_span(path)
     if span is None:
-        path.write_text(text + ("\n" if text and not text.endswith("\n") else "") + ("\n" if text else "") + block)
+        text = text + ("\n" if text and not text.endswith("\n") else "") + ("\n" if text else "") + block
     else:
-        path.write_text(text[: span[0]] + block.rstrip("\n") + text[span[1] :])
+        text = text[: span[0]] + block.rstrip("\n") + text[span[1] :]
+    atomic_write_bytes(path, text.encode())  # an interrupted write leaves the file as it was

@@ -42,6 +42,7 @@ row and column, or quarantines those rows and runs the op again on the rest. Fit
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -114,6 +115,10 @@ class Op:
     #: column names is one input made of those columns (TargetEncode); the op then gets its columns as a list of
     #: names and lists of names
     crosses: ClassVar[bool] = False
+    #: ``transform`` writes each of ``columns`` in place from that column alone, with fitted state it never changes:
+    #: the op on some of its columns (``on_columns``) gives them the values the whole op gives them. ``etl
+    #: preprocess`` transforms a pipeline of such ops a few columns at a time (``etl.pipeline.column_groups``).
+    columnwise: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """A subclass that sets no ``name`` of its own is named after its class."""
@@ -137,6 +142,16 @@ class Op:
         self.columns = list(columns)
         self.params = params
         self.specs: dict[str, ColumnSpec] = {}
+
+    def on_columns(self, columns: list[str]) -> Op:
+        """This op on those of its ``columns`` that ``columns`` names, sharing its parameters and fitted state (a
+        ``columnwise`` op only: ``TypeError`` otherwise)."""
+        if not self.columnwise:
+            raise TypeError(f"{self.name} is not columnwise: it cannot run on some of its columns")
+        op = copy.copy(self)
+        op.columns = [c for c in self.columns if c in columns]
+        op.specs = {c: s for c, s in self.specs.items() if c in op.columns}
+        return op
 
     @classmethod
     def implied_columns(cls, params: dict[str, Any]) -> Any:

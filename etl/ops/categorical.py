@@ -48,6 +48,7 @@ class Decode(Op):
     DateParts) is left as it is."""
 
     name = "Decode"
+    columnwise = True
     reads, writes = "raw", "keys"
     keeps = "keys"
 
@@ -109,6 +110,7 @@ class Hash(Op):
     ``num_buckets`` is 1 .. 2**31. The same key gets the same id on every backend, shard and worker."""
 
     name = "Hash"
+    columnwise = True
     reads, writes = "keys", "ids"
 
     def __init__(self, columns: list[str], num_buckets: int, seed: int = 0):
@@ -193,6 +195,7 @@ class Categorify(Op):
     ``ttl_rows``, ``oov_buckets`` and ``seed`` (a saved state is refused by a pipeline where one differs)."""
 
     name = "Categorify"
+    columnwise = True
     reads, writes = "keys", "ids"
     fittable = True
 
@@ -213,7 +216,7 @@ class Categorify(Op):
         check_seed(seed)
         self.freq_threshold, self.max_size, self.oov_buckets, self.seed = freq_threshold, max_size, oov_buckets, seed
         self.vocab: dict[str, pa.Table] = {}
-        self._tables: dict[str, LookupTablesProtocol] = {}
+        self._tables: dict[tuple[str, tuple[str, ...]], LookupTablesProtocol] = {}
 
     @property
     def is_fitted(self) -> bool:
@@ -317,14 +320,16 @@ class Categorify(Op):
     # ---- transform
     def _lookup_tables(self, xp: Backend) -> LookupTablesProtocol:
         """The lookup tables of every column for backend ``xp``, built once (the first thread to need them builds
-        them while the others wait)."""
-        t = self._tables.get(xp.__name__)
+        them while the others wait). The op and its copies on some of its columns (``on_columns``) share the cache,
+        keyed by backend and columns, so that each copy's tables too are built once."""
+        key = (xp.__name__, tuple(self.columns))
+        t = self._tables.get(key)
         if t is None:
             with _BUILDING:
-                t = self._tables.get(xp.__name__)
+                t = self._tables.get(key)
                 if t is None:
                     vocabs = [self.vocab[c] for c in self.columns]
-                    t = self._tables[xp.__name__] = xp.LookupTables([(to_numpy(v.column("key")), to_numpy(v.column("id"))) for v in vocabs])
+                    t = self._tables[key] = xp.LookupTables([(to_numpy(v.column("key")), to_numpy(v.column("id"))) for v in vocabs])
         return t
 
     def transform(self, batch: Batch, xp: Backend) -> dict[str, Column]:

@@ -22,6 +22,7 @@ class FillMissing(Op):
     A present NaN or ±inf is not a missing value: it is invalid input (``InvalidRows``)."""
 
     name = "FillMissing"
+    columnwise = True
 
     def __init__(self, columns: list[str], value: float = 0.0):
         super().__init__(columns)
@@ -41,6 +42,7 @@ class Clamp(Op):
     """Limit values to ``[min, max]`` (either bound optional). Missing values stay missing."""
 
     name = "Clamp"
+    columnwise = True
 
     def __init__(self, columns: list[str], min: float | None = None, max: float | None = None):
         super().__init__(columns)
@@ -58,6 +60,7 @@ class Log1p(Op):
     """ln(1 + x) in float64. Values below -1 give NaN: clamp first (the DLRM pipeline clamps at 0)."""
 
     name = "Log1p"
+    columnwise = True
 
     def transform(self, batch: Batch, xp: Backend) -> dict[str, Column]:
         return {c: Column(xp.log1p(batch[c].values), batch[c].valid) for c in self.columns}
@@ -76,6 +79,7 @@ class Normalize(Op):
     (``fit_warnings``) kept in the state."""
 
     name = "Normalize"
+    columnwise = True
     fittable = True
 
     def __init__(self, columns: list[str]):
@@ -161,6 +165,7 @@ class Bucketize(Op):
     (sorted ascending) that are <= the value. Cardinality: len(boundaries) + 3."""
 
     name = "Bucketize"
+    columnwise = True
     writes = "ids"
 
     def __init__(self, columns: list[str], boundaries: list[float]):

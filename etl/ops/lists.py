@@ -13,6 +13,7 @@ class FirstX(Op):
     Works at any stage: on raw text, on keys or on ids."""
 
     name = "FirstX"
+    columnwise = True
     reads = writes = None
 
     def __init__(self, columns: list[str], x: int):

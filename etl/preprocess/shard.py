@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from etl.batch import Column
+from etl.errors import RowError
 from etl.io.files import ExclusiveParquetWriter, HashingFile, buffered_stream, temporary_path
 from etl.io.fs import Location, fingerprint
 from etl.io.fs import replace as replace_file
@@ -28,6 +30,7 @@ from etl.io.processed import (
     quarantine_name,
 )
 from etl.pipeline import OnError, Pipeline, Transformed
+from etl.pipeline.column_groups import ColumnGroup, column_groups
 from etl.pipeline.stages import stage_totals, staged_batch
 from etl.runtime.cluster_tasks import Stop
 
@@ -84,9 +87,18 @@ RowGroupTransform = Callable[[Shard, int], tuple[int, Transformed, pa.Table | No
 
 def transform_read(pipeline: Pipeline, on_error: OnError, training: bool = False) -> RowGroupTransform:
     """The ``RowGroupTransform`` that reads the row group from the shard, runs the pipeline's reshaping stages and
-    ``pipeline.transform`` (``training``: of training rows, ``Pipeline.transform``)."""
+    ``pipeline.transform`` (``training``: of training rows, ``Pipeline.transform``). A pipeline that
+    ``column_groups`` cuts into groups of columns has its row groups read and transformed a group at a time; a row
+    group where a row is invalid is then transformed again whole, which raises the error or quarantines the rows."""
+    groups = column_groups(pipeline) if pipeline.is_fitted else None
 
     def run(shard: Shard, i: int) -> tuple[int, Transformed, pa.Table | None]:
+        if groups is not None:
+            try:
+                t = _by_column_groups(pipeline, groups, shard, i, training)
+                return t.batch.num_rows, t, None
+            except RowError:
+                pass  # transformed whole below: the same error, or the rows quarantined as a whole row group has them
         raw = shard.read_table(i)
         batch, stages = staged_batch(pipeline.stages, pipeline.schema, raw, str(shard.path), i, shard.row_group_starts[i])
         t = pipeline.transform(batch, on_error, training=training)
@@ -94,6 +106,19 @@ def transform_read(pipeline: Pipeline, on_error: OnError, training: bool = False
         return raw.num_rows, t, raw if t.rejected else None
 
     return run
+
+
+def _by_column_groups(pipeline: Pipeline, groups: list[ColumnGroup], shard: Shard, i: int, training: bool) -> Transformed:
+    """Row group ``i`` of ``shard`` transformed a group of columns at a time (``etl.pipeline.column_groups``): each
+    group read, checked and transformed before the next is read, keeping its output columns. ``RowError`` for the
+    first invalid row a group finds."""
+    columns: dict[str, Column] = {}
+    for g in groups:
+        t = pipeline.run_ops(shard.read(i, list(g.columns)), list(g.ops), "raise", labels=True, output=True, training=training)
+        columns.update((c, t.batch[c]) for c in g.columns)
+        batch = t.batch
+        del t  # the group's columns as read go before the next group is read
+    return Transformed(replace(batch, columns=columns))
 
 
 def process_shard(

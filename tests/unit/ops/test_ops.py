@@ -716,3 +716,60 @@ def test_every_op_and_parameter_is_documented_with_a_valid_example():
         cls = REGISTRY[doc.pop("op")]
         cols = doc.pop("columns") if "columns" in doc else cls.implied_columns(doc)  # Expr: the expression's columns
         cls(cols if isinstance(cols, list) else [cols], **doc)
+
+
+# ---------------------------------------------------------------- columnwise ops on some of their columns
+
+
+def _columnwise_cases() -> list[tuple[object, dict[str, Column]]]:
+    """Each columnwise op of the registry on three columns (fitted when it fits), with a batch of them."""
+    rng = np.random.default_rng(5)
+    numbers = {c: Column(rng.normal(3, 2, 40), rng.random(40) < 0.8) for c in "abc"}
+    keys = {c: Column(rng.integers(0, 6, 40).astype(np.uint64), rng.random(40) < 0.9) for c in "abc"}
+    hexes = {c: col_from([f"{k:08x}" if k % 7 else None for k in rng.integers(0, 50, 40)], spec(c, width=8)) for c in "abc"}
+    filled = {c: Column(np.nan_to_num(v.values)) for c, v in numbers.items()}
+    cols = ["a", "b", "c"]
+    return [
+        (FillMissing(cols, value=1.5), {c: Column(v.values, v.valid) for c, v in numbers.items()}),
+        (Clamp(cols, min=2.0, max=4.0), numbers),
+        (Log1p(cols), {c: Column(np.abs(v.values), v.valid) for c, v in numbers.items()}),
+        (fit(Normalize(cols), [batch_of(**filled)]), filled),
+        (Bucketize(cols, boundaries=[1.0, 3.0, 5.0]), numbers),
+        (bound(Decode(cols), *(spec(c, width=8) for c in cols)), hexes),
+        (Hash(cols, num_buckets=17, seed=3), keys),
+        (fit(bound(Categorify(cols, freq_threshold=2), *(spec(c) for c in cols)), [batch_of(**keys)]), keys),
+        (FirstX(cols, x=2), {c: Column(np.arange(9, dtype=np.uint64), None, np.array([0, 3, 3, 9])) for c in cols}),
+    ]
+
+
+def test_the_columnwise_ops_are_those_tested_here() -> None:
+    assert sorted(name for name, cls in REGISTRY.items() if cls.columnwise) == sorted(type(op).name for op, _ in _columnwise_cases())
+
+
+@pytest.mark.parametrize("case", range(9))
+def test_a_columnwise_op_on_some_columns_gives_them_the_values_of_the_whole_op(case: int) -> None:
+    op, cols = _columnwise_cases()[case]
+    whole = op.transform(batch_of(**cols), XP)
+    part = op.on_columns(["c", "a", "zz"])
+    assert part.columns == ["a", "c"]  # the op's order; columns it does not transform are left out
+    assert op.columns == ["a", "b", "c"]  # the op itself is left whole
+    got = part.transform(batch_of(a=cols["a"], c=cols["c"]), XP)  # "b" is not needed
+    assert sorted(got) == ["a", "c"]
+    for c in got:
+        assert np.array_equal(got[c].values, whole[c].values)
+        assert (got[c].valid is None) == (whole[c].valid is None)
+        if got[c].valid is not None:
+            assert np.array_equal(got[c].valid, whole[c].valid)
+
+
+def test_on_columns_of_an_op_that_is_not_columnwise_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match="not columnwise"):
+        HashedCross(["a", "b"], num_buckets=10).on_columns(["a"])
+
+
+def test_copies_of_categorify_on_the_same_columns_share_their_lookup_tables() -> None:
+    keys = Column(np.arange(10, dtype=np.uint64) % 4)
+    op = fit(bound(Categorify(["a", "b"]), spec("a"), spec("b")), [batch_of(a=keys, b=keys)])
+    one, two = op.on_columns(["b"]), op.on_columns(["b"])
+    assert two._lookup_tables(XP) is one._lookup_tables(XP)  # built once for the copies on ["b"]
+    assert op._lookup_tables(XP) is not one._lookup_tables(XP)  # the whole op's tables are its own

@@ -8,17 +8,20 @@ check, output check) and transformed by the ops restricted to its columns (``Op.
 read, so a worker holds one group's rows as read and the output of the groups before it, never a whole row group
 as read with its intermediate arrays (on Criteo-like shards: a third of the memory of a whole row group).
 
-A row that a check or an op finds invalid makes the caller transform its row group whole again
-(``etl.preprocess.shard.transform_read``): the error raised, or the rows quarantined with the first reason in
+The fit that stashes what it reads (``etl.pipeline.single_pass``) reads the columns it keeps the same way, through
+the ops it runs first (Decode). A row that a check or an op finds invalid makes the caller transform its row group
+whole again (``etl.preprocess.shard.transform_read``, ``single_pass``): the error raised, or the rows quarantined with the first reason in
 pipeline order, are then exactly those of a whole-row-group transform.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from etl.batch import Column
+from etl.io.parquet import Shard
 from etl.ops import Op
-from etl.pipeline.core import Pipeline
+from etl.pipeline.core import Pipeline, Transformed
 
 #: the schema columns a group holds (the last group may hold fewer): 4 to 8 measured alike in time and memory on
 #: Criteo-like shards; one column a group reads measurably slower (each read has its own set-up)
@@ -34,20 +37,37 @@ class ColumnGroup:
     ops: tuple[Op, ...]
 
 
-def column_groups(pipeline: Pipeline, size: int = GROUP_COLUMNS) -> list[ColumnGroup] | None:
-    """The groups of ``size`` schema columns ``pipeline`` (fitted) transforms one after the other, or None when
-    its row groups must be transformed whole: an op that is not columnwise, a reshaping stage, a Groupby, or so
-    few columns that a single group holds them all."""
+def column_groups(
+    pipeline: Pipeline, size: int = GROUP_COLUMNS, *, ops: list[Op] | None = None, columns: list[str] | None = None
+) -> list[ColumnGroup] | None:
+    """The groups of ``size`` of the schema columns ``columns`` (default: all of them) that ``ops`` (default: every
+    op of ``pipeline``, fitted) transform one group after the other, or None when their row groups must be
+    transformed whole: an op that is not columnwise, a reshaping stage, a Groupby, or so few columns that a single
+    group holds them all."""
     if size < 1:
         raise ValueError(f"column_groups: size must be >= 1, got {size}")
-    if pipeline.stages or pipeline.groupby is not None or not all(op.columnwise for op in pipeline.ops):
+    ops = pipeline.ops if ops is None else ops
+    if pipeline.stages or pipeline.groupby is not None or not all(op.columnwise for op in ops):
         return None
-    names = pipeline.schema.names
+    names = [c for c in pipeline.schema.names if columns is None or c in columns]
     if len(names) <= size:
         return None
     groups = []
     for k in range(0, len(names), size):
-        columns = names[k : k + size]
-        ops = tuple(op.on_columns(columns) for op in pipeline.ops if any(c in columns for c in op.columns))
-        groups.append(ColumnGroup(tuple(columns), ops))
+        chunk = names[k : k + size]
+        groups.append(ColumnGroup(tuple(chunk), tuple(op.on_columns(chunk) for op in ops if any(c in chunk for c in op.columns))))
     return groups
+
+
+def read_by_groups(pipeline: Pipeline, groups: list[ColumnGroup], shard: Shard, i: int, *, output: bool, training: bool = False) -> Transformed:
+    """Row group ``i`` of ``shard`` read and transformed a group at a time: each group's columns read, the label
+    check and the group's ops run (then the output check when ``output``; ``training`` as ``Pipeline.transform``
+    says) before the next group is read. The batch holds every group's columns as the ops left them. ``RowError``
+    for the first invalid row a group finds."""
+    columns: dict[str, Column] = {}
+    for g in groups:
+        t = pipeline.run_ops(shard.read(i, list(g.columns)), list(g.ops), "raise", labels=True, output=output, training=training)
+        columns.update((c, t.batch[c]) for c in g.columns)
+        batch = t.batch
+        del t  # the group's columns as read go before the next group is read
+    return Transformed(replace(batch, columns=columns))

@@ -35,11 +35,12 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from etl.batch import Batch
-from etl.errors import InputError
+from etl.errors import InputError, RowError
 from etl.io.fs import Location, Url, fingerprint
 from etl.io.parquet import Shard, open_shard
 from etl.io.processed import StageRows
 from etl.ops import Op
+from etl.pipeline.column_groups import column_groups, read_by_groups
 from etl.pipeline.core import OnError, Pipeline, Transformed
 from etl.pipeline.fit import emit_prepared, fit_batches, rows_of
 from etl.pipeline.plan import fit_plan, fit_stages, stage_name
@@ -114,9 +115,22 @@ def fit_stashing(
         if partial:
             with lock:
                 versions[str(path)] = fingerprint(path)
+        groups = column_groups(pipeline, ops=first, columns=kept) if partial and exact else None
         for i in range(shard.num_row_groups):
             if stop.is_set():
                 return
+            if groups is not None:
+                try:
+                    t = read_by_groups(pipeline, groups, shard, i, output=False)
+                except RowError:
+                    pass  # read whole below: rows are rejected (or the error raised) as a whole row group has them
+                else:
+                    stash.put((index, i), t.batch)
+                    with lock:
+                        keys.append((index, i))
+                    emit(t)
+                    del t
+                    continue
             raw = RawRows(shard.read_table(i, kept if partial else None), str(path), i, shard.row_group_starts[i])
             batch, staged = _staged(pipeline, raw, kept if partial else None)
             t = pipeline.run_ops(batch, first, on_error, labels=True, output=False)

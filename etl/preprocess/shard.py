@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from etl.batch import Column
 from etl.errors import RowError
 from etl.io.files import ExclusiveParquetWriter, HashingFile, buffered_stream, temporary_path
 from etl.io.fs import Location, fingerprint
@@ -30,7 +29,7 @@ from etl.io.processed import (
     quarantine_name,
 )
 from etl.pipeline import OnError, Pipeline, Transformed
-from etl.pipeline.column_groups import ColumnGroup, column_groups
+from etl.pipeline.column_groups import column_groups, read_by_groups
 from etl.pipeline.stages import stage_totals, staged_batch
 from etl.runtime.cluster_tasks import Stop
 
@@ -95,7 +94,7 @@ def transform_read(pipeline: Pipeline, on_error: OnError, training: bool = False
     def run(shard: Shard, i: int) -> tuple[int, Transformed, pa.Table | None]:
         if groups is not None:
             try:
-                t = _by_column_groups(pipeline, groups, shard, i, training)
+                t = read_by_groups(pipeline, groups, shard, i, output=True, training=training)
                 return t.batch.num_rows, t, None
             except RowError:
                 pass  # transformed whole below: the same error, or the rows quarantined as a whole row group has them
@@ -106,19 +105,6 @@ def transform_read(pipeline: Pipeline, on_error: OnError, training: bool = False
         return raw.num_rows, t, raw if t.rejected else None
 
     return run
-
-
-def _by_column_groups(pipeline: Pipeline, groups: list[ColumnGroup], shard: Shard, i: int, training: bool) -> Transformed:
-    """Row group ``i`` of ``shard`` transformed a group of columns at a time (``etl.pipeline.column_groups``): each
-    group read, checked and transformed before the next is read, keeping its output columns. ``RowError`` for the
-    first invalid row a group finds."""
-    columns: dict[str, Column] = {}
-    for g in groups:
-        t = pipeline.run_ops(shard.read(i, list(g.columns)), list(g.ops), "raise", labels=True, output=True, training=training)
-        columns.update((c, t.batch[c]) for c in g.columns)
-        batch = t.batch
-        del t  # the group's columns as read go before the next group is read
-    return Transformed(replace(batch, columns=columns))
 
 
 def process_shard(

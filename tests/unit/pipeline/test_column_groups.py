@@ -50,3 +50,13 @@ def test_few_columns_or_a_bad_size() -> None:
     assert len(column_groups(p, size=1) or []) == len(p.schema.names)
     with pytest.raises(ValueError, match="size must be >= 1"):
         column_groups(p, size=0)
+
+
+def test_groups_of_some_ops_over_some_columns() -> None:
+    p = pipeline(HASH)
+    cats = p.schema.by_role("categorical")
+    groups = column_groups(p, ops=[p.ops[2]], columns=["label", *cats])  # Decode, over the label and the keys
+    assert groups is not None
+    assert [c for g in groups for c in g.columns] == ["label", *cats]
+    assert [[op.name for op in g.ops] for g in groups] == [["Decode"]] * len(groups)
+    assert groups[0].ops[0].columns == cats[:7]

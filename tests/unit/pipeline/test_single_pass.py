@@ -13,7 +13,7 @@ import yaml
 
 from etl.batch import Batch
 from etl.errors import InputError
-from etl.io.parquet import open_shard
+from etl.io.parquet import Shard, open_shard
 from etl.pipeline import Pipeline
 from etl.pipeline.plan import fit_plan, fit_stages
 from etl.pipeline.single_pass import fit_stashing, runs_first, transform_stashed
@@ -149,3 +149,29 @@ def test_a_row_group_with_rows_rejected_by_the_fit_is_stashed_whole(criteo, tmp_
         assert isinstance(entry, RawRows) and entry.table.column_names == p.schema.names
         n, t, raw = transform_stashed(p, plan, entry, open_shard(path, p.schema), "quarantine")
         assert n == table.num_rows and t.batch.num_rows == table.num_rows - 1 and raw is not None
+
+
+def test_the_fit_reads_the_columns_it_keeps_a_group_at_a_time(criteo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Criteo's first stage (label check, Decode) is columnwise: the 27 columns it keeps are read 8 at a time, and
+    the prepared batch holds what running it on the row group whole gives."""
+    paths = criteo[0]
+    p = Pipeline.from_file(PIPELINES / "criteo.yaml")
+    first, _ = fit_plan(p, fit_stages(p.ops)[0])
+    reads: list[list[str] | None] = []
+    read_table = Shard.read_table
+
+    def spy(self: Shard, i: int, columns: list[str] | None = None) -> pa.Table:
+        reads.append(columns)
+        return read_table(self, i, columns)
+
+    monkeypatch.setattr(Shard, "read_table", spy)
+    with Stash(1 << 30, tmp_path) as stash:
+        plan = fit_stashing(p, paths[:1], stash, {0})
+        entry = stash.get((0, 0))
+    monkeypatch.undo()
+    assert reads and all(c is not None and len(c) <= 8 for c in reads)
+    kept = [c for c in p.schema.names if c not in plan.reread]
+    whole = p.run_ops(open_shard(paths[0], p.schema).read(0, kept), first, "raise", labels=True, output=False).batch
+    assert isinstance(entry, Batch) and list(entry.columns) == list(whole.columns) == kept
+    for c in kept:
+        assert np.array_equal(entry[c].values, whole[c].values) and np.array_equal(entry.row_ids, whole.row_ids)

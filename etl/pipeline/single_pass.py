@@ -30,17 +30,17 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pyarrow as pa
 
-from etl.batch import Batch
+from etl.batch import Batch, Column
 from etl.errors import InputError, RowError
 from etl.io.fs import Location, Url, fingerprint
 from etl.io.parquet import Shard, open_shard
 from etl.io.processed import StageRows
 from etl.ops import Op
-from etl.pipeline.column_groups import column_groups, read_by_groups
+from etl.pipeline.column_groups import ColumnGroup, column_groups, read_by_groups
 from etl.pipeline.core import OnError, Pipeline, Transformed
 from etl.pipeline.fit import emit_prepared, fit_batches, rows_of
 from etl.pipeline.plan import fit_plan, fit_stages, stage_name
@@ -197,32 +197,55 @@ def transform_stashed(
     """Transform a stashed row group of ``shard`` as ``pipeline.transform`` transforms it from the source (as
     training rows when ``training``): the number of rows it holds, the transformed batch, and the raw rows when a
     row was rejected (for the quarantine; else None, so that they are freed before the output is written). A
-    prepared batch in which a row is rejected is transformed again from the source."""
+    prepared batch in which a row is rejected is transformed again from the source. When the ops left are
+    columnwise (``column_groups``), a prepared batch is transformed a group of columns at a time, its columns
+    consumed as they go."""
     if isinstance(entry, RawRows):
         t = _transform_raw(pipeline, entry, on_error, training)
         return entry.table.num_rows, t, entry.table if t.rejected else None
-    entry = _completed(plan, entry, shard)
-    t = pipeline.run_ops(entry, plan.rest, "quarantine", labels=False, output=True, training=training)
-    if not t.rejected:
-        return entry.num_rows, t, None
+    groups = column_groups(pipeline, ops=plan.rest)
+    n = entry.num_rows
+    try:
+        if groups is None:
+            t = pipeline.run_ops(_completed(plan, entry, shard), plan.rest, "raise", labels=False, output=True, training=training)
+        else:
+            t = _by_groups(pipeline, plan, entry, shard, groups, training)
+        return n, t, None
+    except RowError:
+        pass  # transformed again from the source below: the error raised, or the rows quarantined, as a two-pass run has them
     raw = RawRows(shard.read_table(entry.row_group), entry.source, entry.row_group, shard.row_group_starts[entry.row_group])
     return raw.table.num_rows, _transform_raw(pipeline, raw, on_error, training), raw.table
 
 
-def _completed(plan: Plan, entry: Batch, shard: Shard) -> Batch:
-    """The prepared batch ``entry`` of ``shard`` with the columns the fit did not stash (``plan.reread``) read
-    from the shard again, in the columns' order of a batch prepared from the whole row group. ``InputError`` when
-    the shard changed since the fit read it."""
-    if entry.source not in plan.versions:
+def _by_groups(pipeline: Pipeline, plan: Plan, entry: Batch, shard: Shard, groups: list[ColumnGroup], training: bool) -> Transformed:
+    """The prepared batch ``entry`` transformed by the ops left a group of columns at a time, each group's columns
+    not stashed read from the shard then (``_completed``); ``entry``'s columns are taken out of it as their group is
+    done, so that their memory goes as the output's comes. ``RowError`` for the first invalid row."""
+    columns: dict[str, Column] = {}
+    for g in groups:
+        part = replace(entry, columns={c: entry.columns.pop(c) for c in g.columns if c in entry.columns})
+        t = pipeline.run_ops(_completed(plan, part, shard, [c for c in plan.reread if c in g.columns]), list(g.ops), "raise",
+                             labels=False, output=True, training=training)  # fmt: skip
+        columns.update((c, t.batch[c]) for c in g.columns)
+        del part, t
+    return Transformed(replace(entry, columns=columns))
+
+
+def _completed(plan: Plan, entry: Batch, shard: Shard, reread: list[str] | None = None) -> Batch:
+    """The prepared batch ``entry`` of ``shard`` with the columns ``reread`` (default: every column the fit did not
+    stash, ``plan.reread``) read from the shard again, in the columns' order of a batch prepared from the whole row
+    group. ``InputError`` when the shard changed since the fit read it."""
+    reread = list(plan.reread) if reread is None else reread
+    if entry.source not in plan.versions or not reread:
         return entry
     if fingerprint(shard.path) != plan.versions[entry.source]:
         raise InputError(entry.source, "the file changed while it was preprocessed (after the fit read it); run again", row_group=entry.row_group)
-    more = shard.read(entry.row_group, list(plan.reread))
+    more = shard.read(entry.row_group, reread)
     if more.num_rows != entry.num_rows:
         raise InputError(entry.source, f"row group {entry.row_group} holds {more.num_rows} rows, the fit read {entry.num_rows}; "
                          "was the file replaced while it was preprocessed?", row_group=entry.row_group)  # fmt: skip
     names = shard.schema.names
-    columns = {c: entry.columns[c] if c in entry.columns else more.columns[c] for c in names}
+    columns = {c: entry.columns[c] if c in entry.columns else more.columns[c] for c in names if c in entry.columns or c in more.columns}
     columns.update((c, col) for c, col in entry.columns.items() if c not in columns)
     return Batch(columns, entry.num_rows, entry.source, entry.row_group, entry.row_ids)
 

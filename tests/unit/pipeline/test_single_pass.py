@@ -12,8 +12,10 @@ import pytest
 import yaml
 
 from etl.batch import Batch
-from etl.errors import InputError
+from etl.errors import InputError, RowError
 from etl.io.parquet import Shard, open_shard
+from etl.ops import InvalidRows
+from etl.ops.dense import FillMissing
 from etl.pipeline import Pipeline
 from etl.pipeline.plan import fit_plan, fit_stages
 from etl.pipeline.single_pass import fit_stashing, runs_first, transform_stashed
@@ -175,3 +177,59 @@ def test_the_fit_reads_the_columns_it_keeps_a_group_at_a_time(criteo, tmp_path: 
     assert isinstance(entry, Batch) and list(entry.columns) == list(whole.columns) == kept
     for c in kept:
         assert np.array_equal(entry[c].values, whole[c].values) and np.array_equal(entry.row_ids, whole.row_ids)
+
+
+def test_the_transform_of_a_prepared_batch_goes_a_group_of_columns_at_a_time(criteo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = criteo[0][0]
+    p = Pipeline.from_file(PIPELINES / "criteo.yaml")
+    shard = open_shard(path, p.schema)
+    with Stash(1 << 30, tmp_path) as stash:
+        plan = fit_stashing(p, [path], stash, {0})
+        expected = p.to_arrow(p.transform(shard.read(0)).batch)
+        entry = stash.pop((0, 0))
+        reads: list[list[str] | None] = []
+        read_table = Shard.read_table
+
+        def spy(self: Shard, i: int, columns: list[str] | None = None) -> pa.Table:
+            reads.append(columns)
+            return read_table(self, i, columns)
+
+        monkeypatch.setattr(Shard, "read_table", spy)
+        n, t, raw = transform_stashed(p, plan, entry, shard, "raise")
+    assert (n, raw, t.rejected) == (shard.file.metadata.row_group(0).num_rows, None, [])
+    assert p.to_arrow(t.batch).equals(expected)
+    assert reads and all(c is not None and len(c) <= 8 and set(c) <= set(plan.reread) for c in reads)  # dense columns, by group
+
+
+@pytest.mark.parametrize("on_error", ["raise", "quarantine"])
+def test_a_row_the_transform_of_a_prepared_batch_refuses_is_handled_as_from_the_source(
+    criteo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, on_error: str
+) -> None:
+    """Rows 3 and 41 refused by FillMissing in I5 (a column the fit does not read, so the fit stashed the row group
+    prepared): the row group is transformed again from the source, which raises or quarantines them."""
+    path = criteo[0][0]
+    p = Pipeline.from_file(PIPELINES / "criteo.yaml")
+    shard = open_shard(path, p.schema)
+    fill = FillMissing.transform
+
+    def refusing(self: FillMissing, batch: Batch, xp):  # type: ignore[no-untyped-def]
+        if "I5" in self.columns:
+            bad = np.isin(batch.row_ids, [3, 41])
+            if bad.any():
+                raise InvalidRows("I5", bad, "refused")
+        return fill(self, batch, xp)
+
+    monkeypatch.setattr(FillMissing, "transform", refusing)
+    with Stash(1 << 30, tmp_path) as stash:
+        plan = fit_stashing(p, [path], stash, {0}, on_error=on_error)  # type: ignore[arg-type]
+        entry = stash.pop((0, 0))
+        assert isinstance(entry, Batch)  # the fit saw no bad row
+        if on_error == "raise":
+            with pytest.raises(RowError, match="row 3, column 'I5'"):
+                transform_stashed(p, plan, entry, shard, "raise")
+            return
+        n, t, raw = transform_stashed(p, plan, entry, shard, "quarantine")
+    whole = p.transform(shard.read(0), "quarantine")
+    assert raw is not None and n == raw.num_rows == whole.batch.num_rows + 2
+    assert [(r.rows.tolist(), r.column, r.reason) for r in t.rejected] == [([3, 41], "I5", "refused")]
+    assert p.to_arrow(t.batch).equals(p.to_arrow(whole.batch))

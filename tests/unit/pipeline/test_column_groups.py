@@ -59,4 +59,4 @@ def test_groups_of_some_ops_over_some_columns() -> None:
     assert groups is not None
     assert [c for g in groups for c in g.columns] == ["label", *cats]
     assert [[op.name for op in g.ops] for g in groups] == [["Decode"]] * len(groups)
-    assert groups[0].ops[0].columns == cats[:7]
+    assert groups[0].ops[0].columns == cats[: GROUP_COLUMNS - 1]

@@ -17,6 +17,7 @@ from etl.io.parquet import Shard, open_shard
 from etl.ops import InvalidRows
 from etl.ops.dense import FillMissing
 from etl.pipeline import Pipeline
+from etl.pipeline.column_groups import GROUP_COLUMNS
 from etl.pipeline.plan import fit_plan, fit_stages
 from etl.pipeline.single_pass import fit_stashing, runs_first, transform_stashed
 from etl.pipeline.stash import RawRows, Stash
@@ -154,7 +155,7 @@ def test_a_row_group_with_rows_rejected_by_the_fit_is_stashed_whole(criteo, tmp_
 
 
 def test_the_fit_reads_the_columns_it_keeps_a_group_at_a_time(criteo, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Criteo's first stage (label check, Decode) is columnwise: the 27 columns it keeps are read 8 at a time, and
+    """Criteo's first stage (label check, Decode) is columnwise: the 27 columns it keeps are read GROUP_COLUMNS at a time, and
     the prepared batch holds what running it on the row group whole gives."""
     paths = criteo[0]
     p = Pipeline.from_file(PIPELINES / "criteo.yaml")
@@ -171,7 +172,7 @@ def test_the_fit_reads_the_columns_it_keeps_a_group_at_a_time(criteo, tmp_path: 
         plan = fit_stashing(p, paths[:1], stash, {0})
         entry = stash.get((0, 0))
     monkeypatch.undo()
-    assert reads and all(c is not None and len(c) <= 8 for c in reads)
+    assert reads and all(c is not None and len(c) <= GROUP_COLUMNS for c in reads)
     kept = [c for c in p.schema.names if c not in plan.reread]
     whole = p.run_ops(open_shard(paths[0], p.schema).read(0, kept), first, "raise", labels=True, output=False).batch
     assert isinstance(entry, Batch) and list(entry.columns) == list(whole.columns) == kept
@@ -198,7 +199,7 @@ def test_the_transform_of_a_prepared_batch_goes_a_group_of_columns_at_a_time(cri
         n, t, raw = transform_stashed(p, plan, entry, shard, "raise")
     assert (n, raw, t.rejected) == (shard.file.metadata.row_group(0).num_rows, None, [])
     assert p.to_arrow(t.batch).equals(expected)
-    assert reads and all(c is not None and len(c) <= 8 and set(c) <= set(plan.reread) for c in reads)  # dense columns, by group
+    assert reads and all(c is not None and len(c) <= GROUP_COLUMNS and set(c) <= set(plan.reread) for c in reads)  # dense columns, by group
 
 
 @pytest.mark.parametrize("on_error", ["raise", "quarantine"])

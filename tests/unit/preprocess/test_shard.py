@@ -12,6 +12,7 @@ import pytest
 from etl.errors import RowError
 from etl.io.parquet import Shard, open_shard
 from etl.pipeline import Pipeline
+from etl.pipeline.column_groups import GROUP_COLUMNS
 from etl.preprocess.shard import transform_read
 from tests.conftest import REPO, criteo_table
 
@@ -56,8 +57,8 @@ def test_groups_of_columns_give_the_output_of_a_whole_row_group(pipeline: Pipeli
         n, t, raw = run(shard, i)
         assert (n, raw, t.rejected) == (shard.file.metadata.row_group(i).num_rows, None, [])
         assert pipeline.to_arrow(t.batch).equals(expected[i])
-    assert reads and all(c is not None and len(c) <= 8 for c in reads)  # never the whole row group at once
-    assert len(reads) == shard.num_row_groups * -(-len(pipeline.schema.names) // 8)
+    assert reads and all(c is not None and len(c) <= GROUP_COLUMNS for c in reads)  # never the whole row group at once
+    assert len(reads) == shard.num_row_groups * -(-len(pipeline.schema.names) // GROUP_COLUMNS)
 
 
 def test_an_invalid_row_is_raised_as_a_whole_row_group_raises_it(pipeline: Pipeline, tmp_path: Path) -> None:

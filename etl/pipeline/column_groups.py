@@ -9,9 +9,10 @@ read, so a worker holds one group's rows as read and the output of the groups be
 as read with its intermediate arrays.
 
 The fit that stashes what it reads (``etl.pipeline.single_pass``) reads the columns it keeps the same way, through
-the ops it runs first (Decode). A row that a check or an op finds invalid makes the caller transform its row group
-whole again (``etl.preprocess.shard.transform_read``, ``single_pass``): the error raised, or the rows quarantined with the first reason in
-pipeline order, are then exactly those of a whole-row-group transform.
+the ops it runs first (Decode), and transforms a stashed row group with the ops left a group at a time. A row that a
+check or an op finds invalid makes the caller transform its row group whole again (``etl.preprocess.shard
+.transform_read``, ``single_pass``): the error raised, or the rows quarantined with the first reason in pipeline
+order, are then exactly those of a whole-row-group transform.
 """
 
 from __future__ import annotations

@@ -25,9 +25,9 @@ from etl.ops import Op
 from etl.pipeline.core import Pipeline, Transformed
 
 #: the schema columns a group holds (the last group may hold fewer). Fewer columns a group hold less memory and cost
-#: more reads: on Criteo-like shards (40 columns, 131,072-row row groups, 2 workers), groups of 8, 10, 14 and 20
-#: columns peaked at ~400, ~415, ~440 and ~490 MiB against ~570 whole, the Hash pipeline taking 0-8 % more wall time
-#: over 8 M rows (2 % more CPU time) with 10
+#: more reads: on Criteo-like shards (40 columns, 131,072-row row groups, 2 workers, 8 M rows), groups of 8, 10, 14
+#: and 20 columns peaked at ~400, ~410, ~430 and ~490 MiB (Hash) against ~570 whole, for 4-8 % more wall time and
+#: 1-4 % more CPU time than whole row groups (within the noise of 2 M rows)
 GROUP_COLUMNS = 10
 
 

@@ -225,3 +225,18 @@ def filtered_copies(shards: list[Path], keep, out: Path) -> list[Path]:
                 w.write_table(t.filter(pc.fill_null(keep(t), False)))
         paths.append(out / shard.name)
     return paths
+
+
+def spy_reads(monkeypatch: pytest.MonkeyPatch) -> list[list[str] | None]:
+    """The columns of every ``Shard.read_table`` call from now on (None: the whole row group), in call order."""
+    from etl.io.parquet import Shard
+
+    reads: list[list[str] | None] = []
+    read_table = Shard.read_table
+
+    def spy(self: Shard, i: int, columns: list[str] | None = None) -> pa.Table:
+        reads.append(columns)
+        return read_table(self, i, columns)
+
+    monkeypatch.setattr(Shard, "read_table", spy)
+    return reads

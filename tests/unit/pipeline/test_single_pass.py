@@ -13,7 +13,7 @@ import yaml
 
 from etl.batch import Batch
 from etl.errors import InputError, RowError
-from etl.io.parquet import Shard, open_shard
+from etl.io.parquet import open_shard
 from etl.ops import InvalidRows
 from etl.ops.dense import FillMissing
 from etl.pipeline import Pipeline
@@ -21,7 +21,7 @@ from etl.pipeline.column_groups import GROUP_COLUMNS
 from etl.pipeline.plan import fit_plan, fit_stages
 from etl.pipeline.single_pass import fit_stashing, runs_first, transform_stashed
 from etl.pipeline.stash import RawRows, Stash
-from tests.conftest import tree_bytes
+from tests.conftest import spy_reads, tree_bytes
 from tests.unit.pipeline.conftest import DLRM, PIPELINES, write_pipeline
 
 DATED_SCHEMA = {
@@ -160,14 +160,7 @@ def test_the_fit_reads_the_columns_it_keeps_a_group_at_a_time(criteo, tmp_path: 
     paths = criteo[0]
     p = Pipeline.from_file(PIPELINES / "criteo.yaml")
     first, _ = fit_plan(p, fit_stages(p.ops)[0])
-    reads: list[list[str] | None] = []
-    read_table = Shard.read_table
-
-    def spy(self: Shard, i: int, columns: list[str] | None = None) -> pa.Table:
-        reads.append(columns)
-        return read_table(self, i, columns)
-
-    monkeypatch.setattr(Shard, "read_table", spy)
+    reads = spy_reads(monkeypatch)
     with Stash(1 << 30, tmp_path) as stash:
         plan = fit_stashing(p, paths[:1], stash, {0})
         entry = stash.get((0, 0))
@@ -188,14 +181,7 @@ def test_the_transform_of_a_prepared_batch_goes_a_group_of_columns_at_a_time(cri
         plan = fit_stashing(p, [path], stash, {0})
         expected = p.to_arrow(p.transform(shard.read(0)).batch)
         entry = stash.pop((0, 0))
-        reads: list[list[str] | None] = []
-        read_table = Shard.read_table
-
-        def spy(self: Shard, i: int, columns: list[str] | None = None) -> pa.Table:
-            reads.append(columns)
-            return read_table(self, i, columns)
-
-        monkeypatch.setattr(Shard, "read_table", spy)
+        reads = spy_reads(monkeypatch)
         n, t, raw = transform_stashed(p, plan, entry, shard, "raise")
     assert (n, raw, t.rejected) == (shard.file.metadata.row_group(0).num_rows, None, [])
     assert p.to_arrow(t.batch).equals(expected)

@@ -14,7 +14,7 @@ from etl.io.parquet import Shard, open_shard
 from etl.pipeline import Pipeline
 from etl.pipeline.column_groups import GROUP_COLUMNS
 from etl.preprocess.shard import transform_read
-from tests.conftest import REPO, criteo_table
+from tests.conftest import REPO, criteo_table, spy_reads
 
 
 @pytest.fixture(params=["criteo", "criteo_hash"])
@@ -44,14 +44,7 @@ def whole(pipeline: Pipeline, shard: Shard, i: int, on_error: str = "raise"):
 def test_groups_of_columns_give_the_output_of_a_whole_row_group(pipeline: Pipeline, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     shard = open_shard(write(criteo_table(400, seed=7), tmp_path / "a.parquet"), pipeline.schema)
     expected = [pipeline.to_arrow(whole(pipeline, shard, i).batch) for i in range(shard.num_row_groups)]
-    reads: list[list[str] | None] = []
-    read_table = Shard.read_table
-
-    def spy(self: Shard, i: int, columns: list[str] | None = None) -> pa.Table:
-        reads.append(columns)
-        return read_table(self, i, columns)
-
-    monkeypatch.setattr(Shard, "read_table", spy)
+    reads = spy_reads(monkeypatch)
     run = transform_read(pipeline, "raise")
     for i in range(shard.num_row_groups):
         n, t, raw = run(shard, i)

@@ -45,16 +45,16 @@ def column_groups(
 ) -> list[ColumnGroup] | None:
     """The groups of ``size`` of the schema columns ``columns`` (default: all of them) that ``ops`` (default: every
     op of ``pipeline``, fitted) transform one group after the other, or None when their row groups must be
-    transformed whole: an op that is not columnwise, a reshaping stage, a Groupby, or so few columns that a single
-    group holds them all."""
+    transformed whole: an op that is not columnwise, an op on a column that is not one of ``columns`` (one an earlier
+    op created), a reshaping stage, a Groupby, or so few columns that a single group holds them all."""
     if size < 1:
         raise ValueError(f"column_groups: size must be >= 1, got {size}")
     ops = pipeline.ops if ops is None else ops
     if pipeline.stages or pipeline.groupby is not None or not all(op.columnwise for op in ops):
         return None
     names = [c for c in pipeline.schema.names if columns is None or c in columns]
-    if len(names) <= size:
-        return None
+    if len(names) <= size or any(c not in names for op in ops for c in op.columns):
+        return None  # one group, or an op on a column an earlier op made (a DateParts part): kept whole
     groups = []
     for k in range(0, len(names), size):
         chunk = names[k : k + size]

@@ -60,3 +60,10 @@ def test_groups_of_some_ops_over_some_columns() -> None:
     assert [c for g in groups for c in g.columns] == ["label", *cats]
     assert [[op.name for op in g.ops] for g in groups] == [["Decode"]] * len(groups)
     assert groups[0].ops[0].columns == cats[: GROUP_COLUMNS - 1]
+
+
+def test_ops_on_a_column_an_earlier_op_made_keep_row_groups_whole() -> None:
+    """Avazu: DateParts makes hour_hour, which Categorify then reads; the ops after DateParts are columnwise, but
+    hour_hour is no schema column a group could hold."""
+    p = Pipeline.from_file(REPO / "pipelines" / "avazu.yaml")
+    assert column_groups(p, ops=p.ops[1:]) is None

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -184,17 +185,25 @@ def s3(s3_server: str, monkeypatch: pytest.MonkeyPatch) -> str:
     return f"s3://{bucket}"
 
 
-def etl_threads() -> list[str]:
-    return sorted(t.name for t in threading.enumerate() if t.name.startswith("etl-"))
+def etl_threads() -> set[threading.Thread]:
+    """The package's threads (named ``etl-...``) alive now."""
+    return {t for t in threading.enumerate() if t.name.startswith("etl-")}
 
 
-def wait_for_threads(baseline: int, timeout: float = 60.0) -> list[str]:
-    """The etl- threads still alive once they are down to ``baseline`` or ``timeout`` passed (pool threads exit
-    asynchronously after ``shutdown(wait=False)``, once what they are doing ends: on a busy machine, seconds)."""
+def new_threads(before: set[threading.Thread], allow: int = 0, timeout: float = 60.0) -> list[threading.Thread]:
+    """The ``etl-`` threads not in ``before`` still alive once at most ``allow`` of them are, or ``timeout`` seconds
+    passed (pool threads exit asynchronously after ``shutdown(wait=False)``, once what they are doing ends: on a
+    busy machine, seconds). ``new_threads(set())`` waits for every one of them."""
     deadline = time.monotonic() + timeout
-    while len(etl_threads()) > baseline and time.monotonic() < deadline:
+    while len(left := etl_threads() - before) > allow and time.monotonic() < deadline:
         time.sleep(0.02)
-    return etl_threads()
+    return sorted(left, key=lambda t: t.name)
+
+
+def stacks(threads: list[threading.Thread]) -> str:
+    """Each thread's name and where it is now: what a test that finds threads left over reports."""
+    frames = sys._current_frames()
+    return "\n".join(f"{t.name}:\n{''.join(traceback.format_stack(frames[t.ident]))}" for t in threads if t.ident in frames)
 
 
 def pipeline_with_stages(pipeline: Path, stages: list[dict], path: Path) -> Path:

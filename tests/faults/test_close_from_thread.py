@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from etl.loader import Loader
-from tests.conftest import etl_threads, wait_for_threads
+from tests.conftest import etl_threads, new_threads, stacks
 
 PIPELINE = "name: stream\nschema: schema.yaml\nops:\n  - {op: FillMissing, columns: [rid], value: 0}\n"
 SCHEMA = "name: stream\ncolumns:\n  - {name: label, role: label, dtype: int64}\n  - {name: rid, role: dense, dtype: int64}\n"
@@ -66,7 +66,7 @@ def test_a_following_loader_closed_from_another_thread_ends_its_consumers_loop(r
     close_while_consuming(loader, consumer, after=1.0)  # every row delivered long before: it waits for a shard
     assert sorted(consumer.rows) == list(range(ROWS))
     assert loader.state_dict()["follow"]["shard"] == "part-00001.parquet"
-    assert wait_for_threads(len(before)) == before
+    assert not (left := new_threads(before)), stacks(left)
 
 
 def test_an_epoch_closed_from_another_thread_stops_and_a_later_pass_delivers_the_rest(raw: Path) -> None:
@@ -80,4 +80,4 @@ def test_an_epoch_closed_from_another_thread_stops_and_a_later_pass_delivers_the
     rest = [r for batch in loader for r in batch.dense[:, 0].long().tolist()]
     assert sorted(consumer.rows + rest) == list(range(ROWS))  # every row once across the two passes
     loader.close()
-    assert wait_for_threads(len(before)) == before
+    assert not (left := new_threads(before)), stacks(left)

@@ -28,7 +28,7 @@ from etl.loader.threads import ThreadEngine
 from etl.pipeline import Pipeline
 from etl.schema import load_schema
 from etl.tools.synth import generate
-from tests.conftest import REPO, etl_threads, run_etl, wait_for_threads
+from tests.conftest import REPO, etl_threads, new_threads, run_etl, stacks
 
 HASH = REPO / "pipelines/criteo_hash.yaml"
 DENSE = [f"I{i}" for i in range(1, 14)]
@@ -325,7 +325,7 @@ def _with_bad_hex(root: Path, rows: int, bad_row: int, group_rows: int) -> Path:
 
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_a_malformed_value_raises_row_error_with_its_location(tmp_path: Path, shuffle: bool) -> None:
-    baseline = len(etl_threads())
+    before = etl_threads()
     good = generate(load_schema(REPO / "schemas/criteo.yaml"), 4_500, 1, tmp_path / "good", seed=7)[0]
     bad = _with_bad_hex(tmp_path, 5_000, bad_row=2_345, group_rows=1_000)
     loader = Loader([good, bad], pipeline=HASH, batch_size=1_000, shuffle=shuffle, shuffle_buffer=1_500)
@@ -335,7 +335,7 @@ def test_a_malformed_value_raises_row_error_with_its_location(tmp_path: Path, sh
     e = info.value
     assert (e.path, e.row_group, e.row, e.column) == (str(bad), 2, 2_345, "C5")
     assert str(bad) in str(e) and "row group 2" in str(e) and "row 2345" in str(e) and "'C5'" in str(e)
-    assert len(wait_for_threads(baseline)) <= baseline, etl_threads()  # the error stopped the threads
+    assert not (left := new_threads(before)), stacks(left)  # the error stopped the threads
 
 
 def test_row_error_counts_rows_from_the_file_start_when_a_rank_starts_mid_group(tmp_path: Path) -> None:
@@ -354,7 +354,8 @@ def test_row_error_counts_rows_from_the_file_start_when_a_rank_starts_mid_group(
 def test_an_unexpected_worker_failure_is_wrapped_with_the_piece(raw: Path, monkeypatch) -> None:
     # workers of earlier loaders finish their current piece after shutdown(wait=False): let them, so that they
     # do not count as calls below
-    baseline = len(wait_for_threads(0))
+    new_threads(set())
+    before = etl_threads()
     original = etl.loader.chunk.Chunk.from_batch.__func__
     calls = []
     lock = threading.Lock()
@@ -381,44 +382,43 @@ def test_an_unexpected_worker_failure_is_wrapped_with_the_piece(raw: Path, monke
     # batches made of the pieces before it came first; none with rows of the failed piece
     rows_before = loader.groups[0].num_rows + loader.groups[1].num_rows
     assert 0 < got <= rows_before
-    assert len(wait_for_threads(baseline)) <= baseline, etl_threads()
+    assert not (left := new_threads(before)), stacks(left)
 
 
 # ---------------------------------------------------------------- (5) shutdown
 
 
 def test_break_mid_epoch_stops_the_threads(raw: Path) -> None:
-    baseline = len(wait_for_threads(0))
+    before = etl_threads()
     loader = Loader(raw, pipeline=HASH, batch_size=500, num_workers=2, prefetch=2)
     it = iter(loader)
     for _ in range(3):
         next(it)
-    assert len(etl_threads()) > baseline  # the assembler (and workers) run while iterating
-    assert "etl-assembler" in etl_threads()
+    assert "etl-assembler" in {t.name for t in etl_threads() - before}  # the assembler (and workers) run while iterating
     del it
     gc.collect()
-    assert len(wait_for_threads(baseline)) <= baseline, etl_threads()
+    assert not (left := new_threads(before)), stacks(left)
 
     # the same with a for loop and break
     for i, _ in enumerate(Loader(raw, pipeline=HASH, batch_size=500)):
         if i == 2:
             break
     gc.collect()
-    assert len(wait_for_threads(baseline)) <= baseline, etl_threads()
+    assert not (left := new_threads(before)), stacks(left)
 
 
 def test_many_short_epochs_do_not_grow_the_threads(small_raw: Path) -> None:
     """Between epochs only the next epoch's pass runs (its assembler and num_workers workers); close stops it."""
-    baseline = len(wait_for_threads(0))
+    before = etl_threads()
     loader = Loader(small_raw, pipeline=HASH, batch_size=500, shuffle=True, shuffle_buffer=800, num_workers=2)
     counts = []
     for epoch in range(20):
         loader.set_epoch(epoch)
         assert sum(len(b) for b in loader) == 3_000
-        counts.append(len(wait_for_threads(baseline + 3)))
-    assert max(counts) <= baseline + 3, counts
+        counts.append(len(new_threads(before, allow=3)))
+    assert max(counts) <= 3, counts
     loader.close()
-    assert len(wait_for_threads(baseline)) <= baseline, etl_threads()
+    assert not (left := new_threads(before)), stacks(left)
 
 
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
@@ -449,7 +449,7 @@ def test_the_next_epoch_starts_while_the_current_one_drains(small_raw: Path, dev
 
 
 def test_close_is_idempotent(small_raw: Path) -> None:
-    baseline = len(wait_for_threads(0))
+    before = etl_threads()
     loader = Loader(small_raw, pipeline=HASH, batch_size=500)
     loader.close()
     loader.close()  # before any iteration
@@ -457,11 +457,11 @@ def test_close_is_idempotent(small_raw: Path) -> None:
     next(it)
     loader.close()
     loader.close()
-    assert len(wait_for_threads(baseline)) <= baseline
+    assert not (left := new_threads(before)), stacks(left)
     del it
     gc.collect()
     loader.close()
-    assert len(wait_for_threads(baseline)) <= baseline
+    assert not (left := new_threads(before)), stacks(left)
 
 
 def test_iterating_again_after_a_break_does_not_hang(small_raw: Path) -> None:
@@ -479,7 +479,7 @@ def test_iterating_again_after_a_break_does_not_hang(small_raw: Path) -> None:
     finally:
         loader.close()  # stops the assembler, so a stuck consumer thread ends with an error
         gc.collect()
-        wait_for_threads(0)
+        new_threads(set())
 
 
 # ---------------------------------------------------------------- (6) stats

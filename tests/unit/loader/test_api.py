@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import sys
-import threading
-import time
 import types
 from pathlib import Path
 
@@ -15,6 +13,7 @@ from etl.errors import ConfigError
 from etl.loader import Loader, LoaderBatch
 from etl.schema import load_schema
 from etl.tools.synth import generate
+from tests.conftest import etl_threads, new_threads, stacks
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -114,29 +113,20 @@ def test_source_and_state_mismatches_are_config_errors(raw: Path) -> None:
         b.load_state_dict(a.state_dict())
 
 
-def _loader_threads(baseline: int, timeout: float = 5.0) -> int:
-    """How many loader threads are alive once they are down to ``baseline`` or ``timeout`` passed (pool threads
-    exit asynchronously)."""
-    deadline = time.monotonic() + timeout
-    while (alive := sum(t.name.startswith("etl-") for t in threading.enumerate())) > baseline and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return alive
-
-
 def test_a_dropped_loader_stops_its_threads(raw: Path) -> None:
     """No thread of a pass refers to the loader, so dropping it (and its iterators) ends every pass it started,
     including the next epoch's, which runs in the background after a whole pass."""
-    baseline = _loader_threads(0)
+    before = etl_threads()
     loader = Loader(raw, pipeline=REPO / "pipelines/criteo_hash.yaml", batch_size=500, shuffle=True)
     assert sum(len(b) for b in loader) == 3000
     assert loader._engine.ahead is not None and loader._engine.ahead.thread.is_alive()
     del loader
-    assert _loader_threads(baseline) <= baseline
+    assert not (left := new_threads(before)), stacks(left)
     loader = Loader(raw, pipeline=REPO / "pipelines/criteo_hash.yaml", batch_size=500, prefetch=1)
     it = iter(loader)
     next(it)
     del loader, it
-    assert _loader_threads(baseline) <= baseline
+    assert not (left := new_threads(before)), stacks(left)
 
 
 def _batches(loader: Loader) -> list[tuple[torch.Tensor, ...]]:
@@ -151,17 +141,18 @@ def test_no_workers_runs_in_the_calling_thread_with_the_batches_of_one_worker(ra
     settings = dict(pipeline=REPO / "pipelines/criteo_hash.yaml", batch_size=400, shuffle=True, seed=3, shuffle_buffer=700)
     one = Loader(raw, num_workers=1, **settings)
     inline = Loader(raw, num_workers=0, **settings)
-    baseline = _loader_threads(0)
+    before = etl_threads()
     for epoch in (0, 1):
         one.set_epoch(epoch)
         inline.set_epoch(epoch)
         want = _batches(one)
         one.close()
-        before = set(threading.enumerate())
+        running = etl_threads()
         got = _batches(inline)
-        assert not {t for t in set(threading.enumerate()) - before if t.name.startswith("etl-")}  # no thread started
+        assert not etl_threads() - running  # no thread started
         assert _equal(got, want) and sum(len(b[0]) for b in got) == 3000
-    assert inline._engine.ahead is None and _loader_threads(baseline) <= baseline
+    assert inline._engine.ahead is None
+    assert not (left := new_threads(before)), stacks(left)
     it = iter(inline)  # resumes exactly, as with workers
     next(it), next(it)
     state = inline.state_dict()

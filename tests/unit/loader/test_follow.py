@@ -19,6 +19,7 @@ from etl.errors import ConfigError, InputError
 from etl.io.arrivals_manifest import read_arrivals, write_arrivals
 from etl.loader import Loader
 from etl.loader.follow_position import FollowPosition
+from tests.conftest import etl_threads, new_threads, stacks
 
 SCHEMA = "name: stream\ncolumns:\n  - {name: label, role: label, dtype: int64}\n  - {name: rid, role: dense, dtype: int64}\n"
 PIPELINE = "name: stream\nschema: schema.yaml\nops:\n  - {op: FillMissing, columns: [rid], value: 0}\n"
@@ -222,11 +223,8 @@ def test_a_shard_of_a_partly_delivered_buffer_replaced_while_stopped_is_an_error
     again.close()
 
 
-def _follow_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name.startswith(("etl-follow", "etl-loader"))]
-
-
 def test_close_break_and_drop_stop_every_thread(stream: Path) -> None:
+    before = etl_threads()
     add_shard(stream, 0, 0, 100)
     ld = loader(stream)
     it = iter(ld)
@@ -238,10 +236,7 @@ def test_close_break_and_drop_stop_every_thread(stream: Path) -> None:
     gc.collect()
     # a thread ends once what it is doing ends (a first numba compile on a busy machine takes seconds): no speed
     # is asserted here, only that every thread stops
-    deadline = time.monotonic() + 60
-    while _follow_threads() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not _follow_threads()
+    assert not (left := new_threads(before)), stacks(left)
 
 
 def test_settings_that_cannot_follow_are_config_errors(stream: Path) -> None:

@@ -16,9 +16,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from etl.errors import RowError
+from etl.errors import InputError, RowError
 from etl.io.files import ExclusiveParquetWriter, HashingFile, buffered_stream, temporary_path
-from etl.io.fs import Location, fingerprint
+from etl.io.fs import Location, fingerprint, identity
 from etl.io.fs import replace as replace_file
 from etl.io.npy import ChunkWriter, FixedColumns, NpySpec
 from etl.io.parquet import Shard, footer_sha256, open_shard
@@ -180,7 +180,11 @@ def _write_shard(
     progress: Callable[[int], None] | None,
     chunks: ChunkWriter | None,
 ) -> ManifestEntry | None:
-    """``process_shard``'s writing, into ``out_tmp`` (None: no Parquet file), ``q_tmp`` and ``chunks``."""
+    """``process_shard``'s writing, into ``out_tmp`` (None: no Parquet file), ``q_tmp`` and ``chunks``. Each read
+    of a row group (or of a group of its columns) opens the file again: a file replaced or rewritten while it is
+    read could give rows of two versions, so its ``identity`` is taken before the first read and checked after the
+    last (``InputError`` naming it when it changed: nothing of it is committed)."""
+    before = identity(source)
     size, mtime_ns = fingerprint(source)
     footer = footer_sha256(source)
     shard = open_shard(source, pipeline.schema)
@@ -229,6 +233,8 @@ def _write_shard(
     removed = sum(s.rows_in - s.rows_out for s in stages or ())
     if rows_in != rows_out + rows_q + removed or (stages and stages[0].rows_in != rows_in):
         raise RuntimeError(f"{source}: row accounting broke: {rows_in} in, {rows_out} out, {rows_q} quarantined, stages {stages}")
+    if _identity_or_none(source) != before:
+        raise InputError(str(source), "the file changed while it was preprocessed (replaced, rewritten or removed): run again")
     if chunks is not None:
         chunks.close()
     return ManifestEntry(
@@ -245,6 +251,14 @@ def _write_shard(
         npy_chunks=tuple(chunks.chunks) if chunks is not None else None,
         stages=stages,
     )
+
+
+def _identity_or_none(path: Location) -> tuple[int, ...] | None:
+    """``identity`` of ``path``; None once it is gone."""
+    try:
+        return identity(path)
+    except FileNotFoundError:
+        return None
 
 
 def fixed_columns(pipeline: Pipeline) -> FixedColumns:

@@ -1,19 +1,22 @@
 """transform_read: a row group read and transformed a group of columns at a time gives the output, the error and
-the quarantined rows of a row group transformed whole."""
+the quarantined rows of a row group transformed whole; process_shard refuses a shard that changed while it was
+read."""
 
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from etl.errors import RowError
+from etl.errors import InputError, RowError
 from etl.io.parquet import Shard, open_shard
 from etl.pipeline import Pipeline
 from etl.pipeline.column_groups import GROUP_COLUMNS
-from etl.preprocess.shard import transform_read
+from etl.preprocess.shard import process_shard, transform_read
 from tests.conftest import REPO, criteo_table, spy_reads
 
 
@@ -74,3 +77,25 @@ def test_quarantined_rows_are_those_of_a_whole_row_group(pipeline: Pipeline, tmp
     assert [(r.rows.tolist(), r.column, r.reason) for r in got.rejected] == [(r.rows.tolist(), r.column, r.reason) for r in expected.rejected]
     assert sorted(x for r in got.rejected for x in r.rows.tolist()) == [3, 40, 77]
     assert pipeline.to_arrow(got.batch).equals(pipeline.to_arrow(expected.batch))
+
+
+def test_a_shard_replaced_between_two_reads_of_a_row_group_is_refused(pipeline: Pipeline, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second group of columns would come from another file with as many rows: an error naming the shard,
+    and nothing left in the output directory, rather than rows made of two files."""
+    source = write(criteo_table(400, seed=7), tmp_path / "a.parquet")
+    other = write(criteo_table(400, seed=8), tmp_path / "b.parquet")
+    read_table = Shard.read_table
+
+    def replacing(shard: Shard, i: int, columns: list[str] | None = None) -> pa.Table:
+        table = read_table(shard, i, columns)
+        if other.exists():
+            os.replace(other, source)  # after the first read: the next ones read the other file
+        return table
+
+    monkeypatch.setattr(Shard, "read_table", replacing)
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(InputError, match="changed while it was preprocessed") as e:
+        process_shard(pipeline, source, out / "part-00000.parquet", "raise", threading.Event())
+    assert e.value.path == str(source)
+    assert list(out.iterdir()) == []

@@ -322,6 +322,14 @@ def identity(path: Location) -> tuple[int, ...]:
     return fingerprint(path)
 
 
+def current_identity(path: Location) -> tuple[int, ...] | None:
+    """``identity`` of ``path``; None when there is no such file (it was removed)."""
+    try:
+        return identity(path)
+    except FileNotFoundError:
+        return None
+
+
 def fingerprint(path: Location) -> tuple[int, int]:
     """(size in bytes, modification time in ns) of a file: from ``stat`` for a local one, from the object's
     metadata for a URL (its last-modified time; a store without one gives 0)."""

@@ -22,7 +22,9 @@ the same, to the byte.
 ``transform_stashed`` then transforms a stashed row group with the ops left (``Plan.rest``, in pipeline order)
 and the output check. A prepared batch where one of them rejects a row is transformed again from the source the
 two-pass way (its rows are read again: bad rows are rare, and the quarantine keeps the raw rows with the first
-reason in pipeline order), so the output, quarantine included, has the bytes of a two-pass run.
+reason in pipeline order), so the output, quarantine included, has the bytes of a two-pass run. A shard that is no
+longer the file the fit read (``etl.io.fs.identity``: replaced or rewritten between fit and transform) is refused
+with an ``InputError`` naming it.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import pyarrow as pa
 
 from etl.batch import Batch, Column
 from etl.errors import InputError, RowError
-from etl.io.fs import Location, Url, fingerprint
+from etl.io.fs import Location, Url, current_identity, identity
 from etl.io.parquet import Shard, open_shard
 from etl.io.processed import StageRows
 from etl.ops import Op
@@ -53,14 +55,14 @@ from etl.runtime.progress import Progress
 class Plan:
     """What the transform of stashed row groups runs: the ops the first fitting stage ran before its statistics
     (``first``; prepared batches hold their output), the others in pipeline order (``rest``). ``reread``: the
-    schema columns a prepared batch of a shard in ``versions`` lacks, which the transform reads from the shard
-    again; ``versions``: those shards (by path) with their ``fingerprint`` when the fit read them (a shard
-    changed since is refused rather than mixed with what the fit read)."""
+    schema columns a prepared batch lacks, which the transform reads from the shard again (local shards);
+    ``versions``: each stashed shard (by path) with its ``identity`` before the fit read it (a shard changed since
+    is refused rather than mixed with what the fit read, or recorded in the manifest as the file it is now)."""
 
     first: list[Op]
     rest: list[Op]
     reread: tuple[str, ...] = ()
-    versions: dict[str, tuple[int, int]] = field(default_factory=dict)
+    versions: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 def runs_first(ops: list[Op], first: list[Op]) -> bool:
@@ -103,7 +105,7 @@ def fit_stashing(
     read = {c for stage in stages for c in fit_plan(pipeline, stage)[1]}
     kept = [c for c in pipeline.schema.names if c in read]
     reread = tuple(c for c in pipeline.schema.names if c not in read) if exact and not pipeline.stages else ()
-    versions: dict[str, tuple[int, int]] = {}
+    versions: dict[str, tuple[int, ...]] = {}
 
     def prepare_first(item: tuple[int, Location], emit: Callable[[Transformed], None], stop: threading.Event) -> None:
         index, path = item
@@ -111,10 +113,10 @@ def fit_stashing(
             emit_prepared(pipeline, path, columns, first, on_error, emit, stop)
             return
         shard = open_shard(path, pipeline.schema)
+        version = identity(path)  # before any row group is read
+        with lock:
+            versions[str(path)] = version
         partial = bool(reread) and not isinstance(path, Url)  # a re-read from object storage costs requests
-        if partial:
-            with lock:
-                versions[str(path)] = fingerprint(path)
         groups = column_groups(pipeline, ops=first, columns=kept) if partial and exact else None
         for i in range(shard.num_row_groups):
             if stop.is_set():
@@ -199,7 +201,10 @@ def transform_stashed(
     row was rejected (for the quarantine; else None, so that they are freed before the output is written). A
     prepared batch in which a row is rejected is transformed again from the source. When the ops left are
     columnwise (``column_groups``), a prepared batch is transformed a group of columns at a time, its columns
-    consumed as they go."""
+    consumed as they go. ``InputError`` when the shard is no longer the file the fit read (checked at its first row
+    group, where its output begins, and before each read from it)."""
+    if entry.row_group == 0:
+        _check_unchanged(plan, shard, 0)
     if isinstance(entry, RawRows):
         t = _transform_raw(pipeline, entry, on_error, training)
         return entry.table.num_rows, t, entry.table if t.rejected else None
@@ -231,15 +236,20 @@ def _by_groups(pipeline: Pipeline, plan: Plan, entry: Batch, shard: Shard, group
     return Transformed(replace(entry, columns=columns))
 
 
+def _check_unchanged(plan: Plan, shard: Shard, row_group: int) -> None:
+    """``InputError`` when ``shard`` is no longer the file the fit read (``Plan.versions``)."""
+    if current_identity(shard.path) != plan.versions.get(str(shard.path)):
+        raise InputError(str(shard.path), "the file changed while it was preprocessed (after the fit read it); run again", row_group=row_group)
+
+
 def _completed(plan: Plan, entry: Batch, shard: Shard, reread: list[str] | None = None) -> Batch:
     """The prepared batch ``entry`` of ``shard`` with the columns ``reread`` (default: every column the fit did not
     stash, ``plan.reread``) read from the shard again, in the columns' order of a batch prepared from the whole row
     group. ``InputError`` when the shard changed since the fit read it."""
-    reread = list(plan.reread) if reread is None else reread
-    if entry.source not in plan.versions or not reread:
+    reread = [c for c in (plan.reread if reread is None else reread) if c not in entry.columns]  # none: stashed whole
+    if not reread:
         return entry
-    if fingerprint(shard.path) != plan.versions[entry.source]:
-        raise InputError(entry.source, "the file changed while it was preprocessed (after the fit read it); run again", row_group=entry.row_group)
+    _check_unchanged(plan, shard, entry.row_group)
     more = shard.read(entry.row_group, reread)
     if more.num_rows != entry.num_rows:
         raise InputError(entry.source, f"row group {entry.row_group} holds {more.num_rows} rows, the fit read {entry.num_rows}; "

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 
 from etl.errors import InputError, RowError
 from etl.io.files import ExclusiveParquetWriter, HashingFile, buffered_stream, temporary_path
-from etl.io.fs import Location, fingerprint, identity
+from etl.io.fs import Location, current_identity, fingerprint, identity
 from etl.io.fs import replace as replace_file
 from etl.io.npy import ChunkWriter, FixedColumns, NpySpec
 from etl.io.parquet import Shard, footer_sha256, open_shard
@@ -233,7 +233,7 @@ def _write_shard(
     removed = sum(s.rows_in - s.rows_out for s in stages or ())
     if rows_in != rows_out + rows_q + removed or (stages and stages[0].rows_in != rows_in):
         raise RuntimeError(f"{source}: row accounting broke: {rows_in} in, {rows_out} out, {rows_q} quarantined, stages {stages}")
-    if _identity_or_none(source) != before:
+    if current_identity(source) != before:
         raise InputError(str(source), "the file changed while it was preprocessed (replaced, rewritten or removed): run again")
     if chunks is not None:
         chunks.close()
@@ -251,14 +251,6 @@ def _write_shard(
         npy_chunks=tuple(chunks.chunks) if chunks is not None else None,
         stages=stages,
     )
-
-
-def _identity_or_none(path: Location) -> tuple[int, ...] | None:
-    """``identity`` of ``path``; None once it is gone."""
-    try:
-        return identity(path)
-    except FileNotFoundError:
-        return None
 
 
 def fixed_columns(pipeline: Pipeline) -> FixedColumns:

@@ -10,6 +10,7 @@ cluster run in one worker and those of the S3 server in one worker, so each star
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -39,6 +40,15 @@ MOVIELENS_SAMPLE = DEEPCTR / "movielens_sample.txt"
 SLOW_DIRS = ("integration", "faults")
 #: Session fixtures shared by many tests: each group runs in one xdist worker (and its tests are ``slow``).
 SHARED_SERVICES = {"local_cluster": "dask", "s3_server": "s3"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C as a terminal delivers it, however the suite was started: a process started in the background by a
+    non-interactive shell (``pytest ... &`` in a script, some CI runners) inherits SIGINT ignored, as would every
+    ``etl`` process it starts, while the tests that send SIGINT check what a foreground program does with it (a
+    KeyboardInterrupt, exit status 130)."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -108,7 +108,7 @@ def test_workers_validation(workers):
         run_workers([1, 2], workers, lambda w, i, s: i)
 
 
-#: Two workers wait for ``stop`` (for at most 60 s) while a third thread sends SIGINT to the main thread, which waits
+#: Two workers wait for ``stop`` (for at most 10 s each) while a third thread sends SIGINT to the main thread, which waits
 #: for them in ``run_workers``; prints what came out of it and the workers still running then.
 _CTRL_C = """
 import signal, threading
@@ -122,7 +122,7 @@ def work(w, item, stop):
     running.append(w)
     if item < 2:
         started.wait(timeout=5)
-    stop.wait(60)
+    stop.wait(10)
     running.remove(w)
 
 def interrupt():
@@ -141,6 +141,7 @@ except KeyboardInterrupt:
 def test_ctrl_c_while_the_threads_run_stops_them_before_it_propagates():
     """SIGINT reaches the main thread while it waits for the workers: they see ``stop`` and have ended when the
     KeyboardInterrupt comes out of run_workers. In a process of its own, as a run has it (Python's handler, then
-    polars' registered on import), with a timeout: were the signal lost, the test would fail, not wait forever."""
+    polars' registered on import), the workers' waits bounded: were the signal lost, run_workers would return
+    ("returned ...") and the test would fail, not hang."""
     done = subprocess.run([sys.executable, "-c", _CTRL_C], capture_output=True, text=True, timeout=120)
     assert (done.returncode, done.stdout.strip()) == (0, "KeyboardInterrupt []"), done.stderr
